@@ -1,0 +1,20 @@
+//! Pure decision code of loxi-ccm.
+//!
+//! Everything here is a function from plain data to plain data: no Kubernetes types, no HTTP,
+//! no clocks. The controller turns API objects into the views defined here, asks this crate
+//! what should exist, and applies the answer at its edges (DESIGN.md §2, steps 1 and 3).
+
+pub mod diff;
+pub mod intent;
+pub mod ipam;
+pub mod model;
+pub mod naming;
+pub mod plan;
+pub mod selection;
+
+pub use diff::{Action, diff_rules};
+pub use intent::{AnnotationError, Defaults, ServiceIntent, parse_intent};
+pub use ipam::{AllocError, Allocator, Pool};
+pub use model::{Endpoint, EndpointSelection, NatMode, Protocol, Rule, RuleKey};
+pub use naming::{ClusterId, RuleName};
+pub use plan::{NodeView, PlanError, ServicePortView, ServiceView, plan_rules};

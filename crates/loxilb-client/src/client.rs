@@ -1,0 +1,319 @@
+//! The HTTP client.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde::Serialize;
+use url::Url;
+
+use crate::dto::{LoadbalanceEntry, ResultBody, RuleList, VersionInfo};
+use crate::error::{ClientError, classify};
+
+/// Installs the one rustls crypto provider of the process (ring, which kube also uses).
+/// Two providers in one binary make client creation panic, so every entry point calls this;
+/// later calls are no-ops.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// Bounded retries for retryable failures (connection errors, timeouts, 5xx) inside one call.
+/// Longer-term retries belong to the caller's per-object backoff.
+#[derive(Debug, Clone, Copy)]
+pub struct RetryPolicy {
+    pub attempts: usize,
+    pub min_delay: Duration,
+    pub max_delay: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            attempts: 3,
+            min_delay: Duration::from_millis(50),
+            max_delay: Duration::from_millis(500),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// e.g. `http://10.0.0.5:11111`; the API base path `/netlox/v1` is added.
+    pub url: String,
+    /// Per-call timeout.
+    pub timeout: Duration,
+    /// Sent verbatim in `Authorization` (loxilb wants no `Bearer ` prefix).
+    pub token: Option<String>,
+    /// PEM CA bundle that signs loxilb's HTTPS certificate.
+    pub ca_pem: Option<Vec<u8>>,
+    pub retry: RetryPolicy,
+}
+
+impl ClientConfig {
+    pub fn new(url: &str) -> ClientConfig {
+        ClientConfig {
+            url: url.to_string(),
+            timeout: Duration::from_secs(5),
+            token: None,
+            ca_pem: None,
+            retry: RetryPolicy::default(),
+        }
+    }
+}
+
+/// Result of a successful write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteOutcome {
+    /// 200 `{"result":"Success"}`: created or updated.
+    Applied,
+    /// 409 with `exist`: loxilb already holds exactly this (the normal idempotent answer).
+    AlreadyPresent,
+}
+
+/// Result of a successful delete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeleteOutcome {
+    Deleted,
+    /// 404 `no-rule`: nothing to delete.
+    AlreadyAbsent,
+}
+
+#[derive(Clone)]
+pub struct LoxilbClient {
+    http: reqwest::Client,
+    base: Arc<Url>,
+    display: Arc<str>,
+    cfg: Arc<ClientConfig>,
+}
+
+impl std::fmt::Debug for LoxilbClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoxilbClient").field("url", &self.display).finish()
+    }
+}
+
+enum Answer {
+    Ok(bytes::Bytes),
+    Status(StatusCode, ResultBody),
+}
+
+impl LoxilbClient {
+    pub fn new(cfg: ClientConfig) -> Result<LoxilbClient, ClientError> {
+        install_crypto_provider();
+        let trimmed = cfg.url.trim_end_matches('/');
+        let base = Url::parse(&format!("{trimmed}/netlox/v1/"))
+            .map_err(|e| ClientError::Config(format!("loxilb URL {:?}: {e}", cfg.url)))?;
+        if !matches!(base.scheme(), "http" | "https") || base.host().is_none() {
+            return Err(ClientError::Config(format!(
+                "loxilb URL {:?} must be http:// or https:// with a host",
+                cfg.url
+            )));
+        }
+        let mut builder = reqwest::Client::builder()
+            .timeout(cfg.timeout)
+            .connect_timeout(cfg.timeout.min(Duration::from_secs(2)))
+            .pool_idle_timeout(Duration::from_secs(60));
+        if let Some(pem) = &cfg.ca_pem {
+            let certs = reqwest::Certificate::from_pem_bundle(pem)
+                .map_err(|e| ClientError::Config(format!("loxilb CA bundle: {e}")))?;
+            builder = builder.tls_certs_only(certs);
+        }
+        let http = builder
+            .build()
+            .map_err(|e| ClientError::Config(format!("HTTP client: {e}")))?;
+        Ok(LoxilbClient {
+            http,
+            display: trimmed.into(),
+            base: Arc::new(base),
+            cfg: Arc::new(cfg),
+        })
+    }
+
+    /// The URL this client talks to, as configured (for logs, metrics, reports).
+    pub fn url(&self) -> &str {
+        &self.display
+    }
+
+    /// `GET /version`: the cheapest liveness probe (no auth, CONTRACT.md §3.4).
+    pub async fn version(&self) -> Result<VersionInfo, ClientError> {
+        let bytes = self.get_ok("version").await?;
+        serde_json::from_slice(&bytes).map_err(|e| ClientError::BadResponse(format!("version: {e}")))
+    }
+
+    /// `GET /config/loadbalancer/all`, in loxilb's (unspecified) order.
+    pub async fn list_rules(&self) -> Result<Vec<LoadbalanceEntry>, ClientError> {
+        let bytes = self.get_ok("config/loadbalancer/all").await?;
+        let list: RuleList = serde_json::from_slice(&bytes)
+            .map_err(|e| ClientError::BadResponse(format!("rule list: {e}")))?;
+        Ok(list.rules)
+    }
+
+    /// `POST /config/loadbalancer` with the complete rule.
+    pub async fn apply_rule(&self, entry: &LoadbalanceEntry) -> Result<WriteOutcome, ClientError> {
+        match self.send(Method::POST, "config/loadbalancer", Some(entry)).await? {
+            Answer::Ok(bytes) => success_body(&bytes).map(|()| WriteOutcome::Applied),
+            Answer::Status(StatusCode::CONFLICT, body)
+                if body_mentions(&body, "exist") && !body_mentions(&body, "cant modify") =>
+            {
+                Ok(WriteOutcome::AlreadyPresent)
+            }
+            Answer::Status(status, body) => Err(classify(status.as_u16(), body.message, body.result)),
+        }
+    }
+
+    /// Deletes the single-port rule `ip:port/protocol` (empty host, block 0).
+    pub async fn delete_rule(
+        &self,
+        ip: &str,
+        port: u16,
+        protocol: &str,
+        bgp: bool,
+    ) -> Result<DeleteOutcome, ClientError> {
+        let path = format!(
+            "config/loadbalancer/externalipaddress/{ip}/port/{port}/protocol/{protocol}?bgp={bgp}&block=0"
+        );
+        match self.send::<()>(Method::DELETE, &path, None).await? {
+            Answer::Ok(bytes) => success_body(&bytes).map(|()| DeleteOutcome::Deleted),
+            Answer::Status(StatusCode::NOT_FOUND, body)
+                if body_mentions(&body, "no-rule") || body_mentions(&body, "not found") =>
+            {
+                Ok(DeleteOutcome::AlreadyAbsent)
+            }
+            Answer::Status(status, body) => Err(classify(status.as_u16(), body.message, body.result)),
+        }
+    }
+
+    /// `DELETE /config/loadbalancer/name/{name}`: every rule with exactly this name (200 even
+    /// when none matched).
+    pub async fn delete_rules_named(&self, name: &str) -> Result<(), ClientError> {
+        let mut url = (*self.base).clone();
+        url.path_segments_mut()
+            .map_err(|()| ClientError::Config("base URL cannot have segments".into()))?
+            .pop_if_empty()
+            .extend(["config", "loadbalancer", "name", name]);
+        match self.send_url::<()>(Method::DELETE, url, None).await? {
+            Answer::Ok(bytes) => success_body(&bytes),
+            Answer::Status(status, body) => Err(classify(status.as_u16(), body.message, body.result)),
+        }
+    }
+
+    async fn get_ok(&self, path: &str) -> Result<bytes::Bytes, ClientError> {
+        match self.send::<()>(Method::GET, path, None).await? {
+            Answer::Ok(bytes) => Ok(bytes),
+            Answer::Status(status, body) => Err(classify(status.as_u16(), body.message, body.result)),
+        }
+    }
+
+    async fn send<B: Serialize>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<Answer, ClientError> {
+        let url = self
+            .base
+            .join(path)
+            .map_err(|e| ClientError::Config(format!("path {path:?}: {e}")))?;
+        self.send_url(method, url, body).await
+    }
+
+    /// One call with bounded retries of retryable failures.
+    async fn send_url<B: Serialize>(
+        &self,
+        method: Method,
+        url: Url,
+        body: Option<&B>,
+    ) -> Result<Answer, ClientError> {
+        let policy = self.cfg.retry;
+        let mut delay = policy.min_delay;
+        let mut attempt = 1;
+        loop {
+            let result = self.send_once(method.clone(), url.clone(), body).await;
+            let retry = match &result {
+                Err(e) => e.is_retryable(),
+                Ok(Answer::Status(status, _)) => status.is_server_error() && !matches!(
+                    classify(status.as_u16(), None, None),
+                    ClientError::Unauthorized { .. }
+                ),
+                Ok(Answer::Ok(_)) => false,
+            };
+            if !retry || attempt >= policy.attempts.max(1) {
+                return result;
+            }
+            tracing::debug!(%url, attempt, "retrying loxilb call");
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(policy.max_delay);
+            attempt += 1;
+        }
+    }
+
+    async fn send_once<B: Serialize>(
+        &self,
+        method: Method,
+        url: Url,
+        body: Option<&B>,
+    ) -> Result<Answer, ClientError> {
+        let mut req = self.http.request(method, url.clone());
+        if let Some(token) = &self.cfg.token {
+            req = req.header(reqwest::header::AUTHORIZATION, token);
+        }
+        if let Some(body) = body {
+            // `.json()` sets `Content-Type: application/json`, without which loxilb answers 415.
+            req = req.json(body);
+        }
+        let resp = req.send().await.map_err(|e| self.transport_error(e))?;
+        let status = resp.status();
+        let bytes = resp.bytes().await.map_err(|e| self.transport_error(e))?;
+        if status == StatusCode::OK {
+            return Ok(Answer::Ok(bytes));
+        }
+        let body: ResultBody = serde_json::from_slice(&bytes).unwrap_or_else(|_| ResultBody {
+            message: Some(String::from_utf8_lossy(&bytes).trim().to_string()),
+            ..Default::default()
+        });
+        Ok(Answer::Status(status, body))
+    }
+
+    fn transport_error(&self, e: reqwest::Error) -> ClientError {
+        if e.is_timeout() {
+            ClientError::Timeout {
+                url: self.display.to_string(),
+                timeout_ms: self.cfg.timeout.as_millis() as u64,
+            }
+        } else {
+            // The innermost cause ("Connection refused") is what an operator needs to read.
+            let mut detail = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                detail = s.to_string();
+                source = s.source();
+            }
+            ClientError::Unreachable {
+                url: self.display.to_string(),
+                detail,
+            }
+        }
+    }
+}
+
+fn body_mentions(body: &ResultBody, needle: &str) -> bool {
+    body.result
+        .as_deref()
+        .or(body.message.as_deref())
+        .is_some_and(|t| t.to_ascii_lowercase().contains(needle))
+}
+
+/// A 200 is a success only when `result` is "Success": DSR with a non-hash selection answers
+/// 200 with `{"result":"Error: ..."}` (CONTRACT.md §1.3).
+fn success_body(bytes: &[u8]) -> Result<(), ClientError> {
+    let body: ResultBody = serde_json::from_slice(bytes)
+        .map_err(|e| ClientError::BadResponse(format!("write answer: {e}")))?;
+    match body.result.as_deref() {
+        Some("Success") => Ok(()),
+        Some(other) => Err(ClientError::Rejected {
+            status: 200,
+            message: other.to_string(),
+        }),
+        None => Err(ClientError::BadResponse("200 without a result".into())),
+    }
+}

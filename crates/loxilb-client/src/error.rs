@@ -1,0 +1,81 @@
+//! Error classification (CONTRACT.md §1.3-1.5).
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum ClientError {
+    /// Connection refused, reset, DNS: loxilb is not there. Retryable.
+    #[error("loxilb at {url} is unreachable: {detail}")]
+    Unreachable { url: String, detail: String },
+    /// No answer within the per-call timeout. Retryable.
+    #[error("loxilb at {url} did not answer within {timeout_ms} ms")]
+    Timeout { url: String, timeout_ms: u64 },
+    /// A 4xx (or a 200 carrying an error `result`) for a request loxilb will never accept as
+    /// sent: retrying it unchanged cannot help.
+    #[error("loxilb rejected the request (HTTP {status}): {message}")]
+    Rejected { status: u16, message: String },
+    /// 403 for a limit such as the 2048-rule high-water mark (CONTRACT.md §5).
+    #[error("loxilb capacity exceeded (HTTP {status}): {message}")]
+    Capacity { status: u16, message: String },
+    /// 401, or the 500 loxilb's token validators answer with.
+    #[error("loxilb refused the credentials (HTTP {status}): {message}")]
+    Unauthorized { status: u16, message: String },
+    /// 5xx: loxilb failed or is in maintenance. Retryable with backoff.
+    #[error("loxilb failed (HTTP {status}): {message}")]
+    Server { status: u16, message: String },
+    /// An answer that does not follow the API (not JSON, unexpected shape).
+    #[error("unexpected answer from loxilb: {0}")]
+    BadResponse(String),
+    /// The client itself could not be built (bad URL, unreadable CA).
+    #[error("invalid loxilb client configuration: {0}")]
+    Config(String),
+}
+
+impl ClientError {
+    /// Whether the same call may succeed later without any change.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Unreachable { .. } | ClientError::Timeout { .. } | ClientError::Server { .. }
+        )
+    }
+
+    /// Stable, low-cardinality category: used as Event reason and metric label.
+    pub fn category(&self) -> &'static str {
+        match self {
+            ClientError::Unreachable { .. } => "LoxilbUnreachable",
+            ClientError::Timeout { .. } => "LoxilbTimeout",
+            ClientError::Rejected { .. } => "LoxilbRejected",
+            ClientError::Capacity { .. } => "CapacityExceeded",
+            ClientError::Unauthorized { .. } => "LoxilbUnauthorized",
+            ClientError::Server { .. } => "LoxilbServerError",
+            ClientError::BadResponse(_) => "LoxilbBadResponse",
+            ClientError::Config(_) => "LoxilbConfig",
+        }
+    }
+}
+
+/// Classifies a non-success answer from its status and body text.
+pub(crate) fn classify(status: u16, message: Option<String>, result: Option<String>) -> ClientError {
+    // The raw loxilb error string is the most specific text; the framework's `message` next.
+    let text = result
+        .clone()
+        .filter(|r| !r.is_empty())
+        .or(message)
+        .unwrap_or_else(|| format!("HTTP {status}"));
+    let lower = text.to_ascii_lowercase();
+    match status {
+        401 => ClientError::Unauthorized { status, message: text },
+        403 => ClientError::Capacity { status, message: text },
+        500 if lower.contains("invalid token") || lower.contains("token not found") => {
+            ClientError::Unauthorized { status, message: text }
+        }
+        // Deterministic core errors loxilb reports as 500 (CONTRACT.md §2.2, §2.5): the same
+        // request will fail the same way.
+        500 if lower.contains("modify error") || lower.contains("not tcp service") => {
+            ClientError::Rejected { status, message: text }
+        }
+        500..=599 => ClientError::Server { status, message: text },
+        _ => ClientError::Rejected { status, message: text },
+    }
+}

@@ -1,0 +1,11 @@
+//! Typed client for the loxilb REST API (`/netlox/v1`), following how loxilb really behaves
+//! (`reference/loxilb-api/CONTRACT.md`) rather than only its published spec.
+
+mod client;
+pub mod convert;
+pub mod dto;
+mod error;
+
+pub use client::{ClientConfig, DeleteOutcome, LoxilbClient, RetryPolicy, WriteOutcome, install_crypto_provider};
+pub use dto::{AllowedSource, EndpointEntry, LoadbalanceEntry, SecondaryIp, ServiceArguments, VersionInfo};
+pub use error::ClientError;
