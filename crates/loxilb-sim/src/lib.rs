@@ -1,0 +1,304 @@
+//! `loxilb-sim`: a faithful, stateful stand-in for the loxilb REST API
+//! (see `shared/reference/loxilb-api/CONTRACT.md`).
+//!
+//! It parses requests itself (from `serde_json::Value`, Go decoding rules)
+//! instead of reusing the client's DTOs, so that it checks the client rather
+//! than mirroring it.
+//!
+//! The API lives under [`API_BASE`]; a small admin API under `/admin` on the
+//! same listener drives the simulation (restart, down/up, latency, faults).
+//! While the simulator is down its listener is closed, so `POST /admin/up`
+//! cannot be reached: come back with [`Simulator::come_up`] or with the timed
+//! form `POST /admin/down {"seconds":N}`.
+
+mod admin;
+mod decode;
+mod errors;
+mod routes;
+mod server;
+mod state;
+mod validate;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub use errors::status_for;
+pub use routes::{ApiRoute, api_routes};
+pub use state::{SimEndpoint, SimRule};
+
+/// Base path of the loxilb API.
+pub const API_BASE: &str = "/netlox/v1";
+
+/// Simulator settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimConfig {
+    /// Number of LB rules (internal indexes `1..=max_rules`); loxilb: 2048.
+    pub max_rules: usize,
+    /// When set, every API call except `/version` needs `Authorization: <token>`.
+    pub auth_token: Option<String>,
+    /// Reported by `GET /version`.
+    pub version: String,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            max_rules: 2048,
+            auth_token: None,
+            version: "0.9.8-sim".to_string(),
+        }
+    }
+}
+
+/// Error injection: matched API calls answer `status` (handler error shape)
+/// without touching state. `rate` in `0..=1` is applied deterministically:
+/// the n-th eligible call fails iff `floor(n*rate) > floor((n-1)*rate)`
+/// (1.0 = every call, 0.5 = every 2nd, 0.25 = every 4th).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Fault {
+    pub status: u16,
+    #[serde(default = "default_rate")]
+    pub rate: f64,
+    /// Only non-GET calls are eligible.
+    #[serde(default)]
+    pub only_writes: bool,
+}
+
+fn default_rate() -> f64 {
+    1.0
+}
+
+/// State and knobs shared by the handlers.
+pub(crate) struct Shared {
+    cfg: SimConfig,
+    state: Mutex<state::SimState>,
+    latency_nanos: AtomicU64,
+    fault: Mutex<Option<Fault>>,
+    fault_seen: AtomicU64,
+    faults_injected: AtomicU64,
+    requests: AtomicU64,
+    restarts: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock cannot leave the state half-updated in a
+    // way worse than a crash would; keep serving instead of propagating.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Shared {
+    fn new(cfg: SimConfig) -> Self {
+        Shared {
+            state: Mutex::new(state::SimState::new(cfg.max_rules)),
+            cfg,
+            latency_nanos: AtomicU64::new(0),
+            fault: Mutex::new(None),
+            fault_seen: AtomicU64::new(0),
+            faults_injected: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+            restarts: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn state(&self) -> MutexGuard<'_, state::SimState> {
+        lock(&self.state)
+    }
+
+    pub(crate) fn latency(&self) -> Duration {
+        Duration::from_nanos(self.latency_nanos.load(Ordering::Relaxed))
+    }
+
+    fn set_latency(&self, d: Duration) {
+        let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.latency_nanos.store(nanos, Ordering::Relaxed);
+    }
+
+    fn set_fault(&self, f: Option<Fault>) {
+        *lock(&self.fault) = f;
+        self.fault_seen.store(0, Ordering::Relaxed);
+    }
+
+    /// Decides whether this matched API call gets an injected fault.
+    #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation)]
+    pub(crate) fn injected_fault(&self, is_write: bool) -> Option<u16> {
+        let f = (*lock(&self.fault))?;
+        if f.only_writes && !is_write {
+            return None;
+        }
+        let rate = if f.rate.is_nan() {
+            0.0
+        } else {
+            f.rate.clamp(0.0, 1.0)
+        };
+        let n = self.fault_seen.fetch_add(1, Ordering::Relaxed) + 1;
+        let hit = ((n as f64) * rate).floor() > (((n - 1) as f64) * rate).floor();
+        if hit {
+            self.faults_injected.fetch_add(1, Ordering::Relaxed);
+            Some(f.status)
+        } else {
+            None
+        }
+    }
+
+    pub(crate) fn count_request(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn restart(&self) {
+        *self.state() = state::SimState::new(self.cfg.max_rules);
+        self.requests.store(0, Ordering::Relaxed);
+        self.fault_seen.store(0, Ordering::Relaxed);
+        self.faults_injected.store(0, Ordering::Relaxed);
+        self.restarts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn current_fault(&self) -> Option<Fault> {
+        *lock(&self.fault)
+    }
+
+    fn stats(&self) -> serde_json::Value {
+        let fault = self.current_fault();
+        serde_json::json!({
+            "requests": self.requests.load(Ordering::Relaxed),
+            "rules": self.state().rule_count(),
+            "maxRules": self.cfg.max_rules,
+            "latencyMs": u64::try_from(self.latency().as_millis()).unwrap_or(u64::MAX),
+            "fault": fault,
+            "faultsInjected": self.faults_injected.load(Ordering::Relaxed),
+            "restarts": self.restarts.load(Ordering::Relaxed),
+            "version": self.cfg.version,
+            "authEnabled": self.cfg.auth_token.is_some(),
+        })
+    }
+}
+
+/// Handler state: the admin side needs the lifecycle, held weakly so the
+/// server task does not keep the simulator alive forever.
+#[derive(Clone)]
+pub(crate) struct AppState {
+    shared: Arc<Shared>,
+    sim: Weak<Inner>,
+}
+
+struct Inner {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    router: axum::Router,
+    /// `Some` while listening. A tokio mutex: down/up are serialized and
+    /// hold it across the listener shutdown so a rebind never races it.
+    running: tokio::sync::Mutex<Option<server::Running>>,
+}
+
+/// Handle to a running simulator; cheap to clone.
+#[derive(Clone)]
+pub struct Simulator {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Simulator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Simulator")
+            .field("addr", &self.inner.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Simulator {
+    /// Binds `addr` (port 0 picks a free port) and serves the API and admin
+    /// routes; returns once the listener accepts connections.
+    pub async fn start(addr: SocketAddr, cfg: SimConfig) -> std::io::Result<Simulator> {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared::new(cfg));
+        let inner = Arc::new_cyclic(|weak: &Weak<Inner>| {
+            let app = AppState {
+                shared: shared.clone(),
+                sim: weak.clone(),
+            };
+            Inner {
+                shared,
+                addr,
+                router: routes::router(app),
+                running: tokio::sync::Mutex::new(None),
+            }
+        });
+        let running = server::Running::spawn(listener, inner.router.clone());
+        *inner.running.lock().await = Some(running);
+        tracing::info!(%addr, "loxilb-sim listening");
+        Ok(Simulator { inner })
+    }
+
+    /// `http://IP:PORT` without trailing slash; the API base is `url() + API_BASE`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.inner.addr)
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.inner.addr
+    }
+
+    /// Snapshot of the stored rules, ordered by internal index.
+    pub fn rules(&self) -> Vec<SimRule> {
+        self.inner.shared.state().snapshot()
+    }
+
+    /// Simulated loxilb restart: all state back to boot defaults (rules,
+    /// HA states, request/fault counters). Latency and fault settings, which
+    /// are simulator knobs rather than loxilb state, are kept.
+    pub fn restart(&self) {
+        self.inner.shared.restart();
+        tracing::info!("simulated restart: state wiped");
+    }
+
+    /// Closes the listener (new connections are refused) and closes open
+    /// connections (in-flight requests are answered first, bounded wait).
+    /// State is kept. No-op when already down.
+    pub async fn go_down(&self) {
+        let mut running = self.inner.running.lock().await;
+        if let Some(r) = running.take() {
+            r.stop().await;
+            tracing::info!(addr = %self.inner.addr, "loxilb-sim down");
+        }
+    }
+
+    /// Listens again on the same address with the state kept. No-op when up.
+    pub async fn come_up(&self) -> std::io::Result<()> {
+        let mut running = self.inner.running.lock().await;
+        if running.is_none() {
+            let listener = tokio::net::TcpListener::bind(self.inner.addr).await?;
+            *running = Some(server::Running::spawn(listener, self.inner.router.clone()));
+            tracing::info!(addr = %self.inner.addr, "loxilb-sim up");
+        }
+        Ok(())
+    }
+
+    /// Whether the listener is currently open.
+    pub async fn is_up(&self) -> bool {
+        self.inner.running.lock().await.is_some()
+    }
+
+    /// Delay added before every API (not admin) call is handled.
+    pub fn set_latency(&self, d: Duration) {
+        self.inner.shared.set_latency(d);
+    }
+
+    /// Sets or clears fault injection (resets the deterministic counter).
+    pub fn set_fault(&self, f: Option<Fault>) {
+        self.inner.shared.set_fault(f);
+    }
+
+    /// API calls received since start or the last restart (admin excluded).
+    pub fn request_count(&self) -> u64 {
+        self.inner.shared.requests.load(Ordering::Relaxed)
+    }
+
+    /// Stops serving for good.
+    pub async fn shutdown(self) {
+        self.go_down().await;
+    }
+}

@@ -1,0 +1,81 @@
+//! `loxilb-sim` binary: serves the simulated loxilb API (and `/admin`) until
+//! Ctrl-C or SIGTERM.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use loxilb_sim::{API_BASE, SimConfig, Simulator};
+
+/// Stateful stand-in for the loxilb REST API (in-memory, for tests and demos).
+///
+/// The loxilb API is served under /netlox/v1; a JSON admin API under /admin
+/// on the same listener offers: POST /admin/restart, POST /admin/down
+/// [{"seconds":N}], PUT /admin/latency {"ms":N}, PUT|DELETE /admin/fault
+/// {"status":500,"rate":1.0,"onlyWrites":true}, GET /admin/rules, GET /admin/stats.
+/// While down the listener is closed, so only the timed form of /admin/down
+/// brings the simulator back.
+#[derive(Debug, Parser)]
+#[command(name = "loxilb-sim", version, about, long_about)]
+struct Args {
+    /// Address to listen on (API and admin share it); port 0 picks a free port.
+    #[arg(long, env = "LOXILB_SIM_LISTEN", default_value = "127.0.0.1:11111")]
+    listen: SocketAddr,
+
+    /// Maximum number of LB rules (loxilb: 2048); one more answers 403 rule-hwm error.
+    #[arg(long, env = "LOXILB_SIM_MAX_RULES", default_value_t = 2048)]
+    max_rules: usize,
+
+    /// Require `Authorization: <TOKEN>` (verbatim, no "Bearer") on every API call except /version.
+    #[arg(long, env = "LOXILB_SIM_TOKEN")]
+    token: Option<String>,
+
+    /// Artificial delay in milliseconds added before every API call.
+    #[arg(long, env = "LOXILB_SIM_LATENCY_MS", default_value_t = 0)]
+    latency_ms: u64,
+}
+
+#[cfg(unix)]
+async fn terminate() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut s) => {
+            s.recv().await;
+        }
+        // Without a SIGTERM handler, Ctrl-C still works.
+        Err(_) => std::future::pending::<()>().await,
+    }
+}
+
+#[cfg(not(unix))]
+async fn terminate() {
+    std::future::pending::<()>().await;
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let args = Args::parse();
+    let cfg = SimConfig {
+        max_rules: args.max_rules,
+        auth_token: args.token,
+        ..SimConfig::default()
+    };
+    let sim = Simulator::start(args.listen, cfg)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    sim.set_latency(Duration::from_millis(args.latency_ms));
+    tracing::info!(api = %format!("{}{API_BASE}", sim.url()), "ready");
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r.context("waiting for Ctrl-C")?,
+        () = terminate() => {}
+    }
+    tracing::info!("shutting down");
+    sim.shutdown().await;
+    Ok(())
+}

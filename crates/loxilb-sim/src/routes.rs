@@ -1,0 +1,490 @@
+//! The loxilb API surface (`/netlox/v1/...`).
+//!
+//! Routing is done by hand rather than with axum's router so that the
+//! go-openapi behaviour is reproduced exactly: per-method route tables
+//! (a literal segment beats a parameter), 404/405 in the framework shape with
+//! an `Allow` header, and then, in this order, fault injection, auth, the 415
+//! content-type check, decoding/validation and finally the handler.
+
+use std::collections::HashMap;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, Method, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::decode::{GoObj, body_object, parse_body};
+use crate::errors::{ApiError, CODE_INVALID_TYPE, ok_json, result_200, success};
+use crate::state::RuleKey;
+use crate::validate::{core_check, decode_lb, parse_ip};
+use crate::{API_BASE, AppState, Shared, admin};
+
+/// Request bodies above this size are rejected (loxilb has no limit, but
+/// the simulator must not buffer unbounded input).
+const MAX_BODY: usize = 8 * 1024 * 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Version,
+    LbCreate,
+    LbList,
+    LbDeleteAll,
+    LbDeleteName,
+    LbDeleteTuple,
+    CiList,
+    CiSet,
+    /// BGP is disabled (loxilb's default): every BGP route answers 403.
+    Bgp,
+}
+
+struct RouteDef {
+    method: &'static str,
+    pattern: &'static str,
+    op: Op,
+}
+
+const fn r(method: &'static str, pattern: &'static str, op: Op) -> RouteDef {
+    RouteDef {
+        method,
+        pattern,
+        op,
+    }
+}
+
+/// Every route served under [`API_BASE`] (spellings from swagger.yml).
+const ROUTES: &[RouteDef] = &[
+    r("GET", "/version", Op::Version),
+    r("POST", "/config/loadbalancer", Op::LbCreate),
+    r("GET", "/config/loadbalancer/all", Op::LbList),
+    r("DELETE", "/config/loadbalancer/all", Op::LbDeleteAll),
+    r(
+        "DELETE",
+        "/config/loadbalancer/name/{lb_name}",
+        Op::LbDeleteName,
+    ),
+    r(
+        "DELETE",
+        "/config/loadbalancer/externalipaddress/{ip_address}/port/{port}/protocol/{proto}",
+        Op::LbDeleteTuple,
+    ),
+    r(
+        "DELETE",
+        "/config/loadbalancer/externalipaddress/{ip_address}/port/{port}/portmax/{portmax}/protocol/{proto}",
+        Op::LbDeleteTuple,
+    ),
+    r(
+        "DELETE",
+        "/config/loadbalancer/hosturl/{hosturl}/externalipaddress/{ip_address}/port/{port}/protocol/{proto}",
+        Op::LbDeleteTuple,
+    ),
+    r(
+        "DELETE",
+        "/config/loadbalancer/hosturl/{hosturl}/externalipaddress/{ip_address}/port/{port}/portmax/{portmax}/protocol/{proto}",
+        Op::LbDeleteTuple,
+    ),
+    r("GET", "/config/cistate/all", Op::CiList),
+    r("POST", "/config/cistate", Op::CiSet),
+    r("GET", "/config/bgp/neigh/all", Op::Bgp),
+    r("POST", "/config/bgp/neigh", Op::Bgp),
+    r("DELETE", "/config/bgp/neigh/{ip_address}", Op::Bgp),
+    r(
+        "GET",
+        "/config/bgp/policy/definedsets/{defineset_type}/{type_name}",
+        Op::Bgp,
+    ),
+    r(
+        "DELETE",
+        "/config/bgp/policy/definedsets/{defineset_type}/{type_name}",
+        Op::Bgp,
+    ),
+    r(
+        "POST",
+        "/config/bgp/policy/definedsets/{defineset_type}",
+        Op::Bgp,
+    ),
+    r("GET", "/config/bgp/policy/definitions/all", Op::Bgp),
+    r("POST", "/config/bgp/policy/definitions", Op::Bgp),
+    r(
+        "DELETE",
+        "/config/bgp/policy/definitions/{policy_name}",
+        Op::Bgp,
+    ),
+    r("POST", "/config/bgp/policy/apply", Op::Bgp),
+    r("DELETE", "/config/bgp/policy/apply", Op::Bgp),
+    r("POST", "/config/bgp/global", Op::Bgp),
+];
+
+/// One served API route: HTTP method and path template relative to
+/// [`API_BASE`] (swagger spelling, e.g. `/config/loadbalancer/name/{lb_name}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApiRoute {
+    pub method: &'static str,
+    pub path: &'static str,
+}
+
+/// The API routes the simulator serves.
+pub fn api_routes() -> Vec<ApiRoute> {
+    ROUTES
+        .iter()
+        .map(|d| ApiRoute {
+            method: d.method,
+            path: d.pattern,
+        })
+        .collect()
+}
+
+/// The complete HTTP app: admin routes plus the hand-routed API.
+pub(crate) fn router(app: AppState) -> Router {
+    admin::routes().fallback(api_entry).with_state(app)
+}
+
+fn hex(b: u8) -> Option<u8> {
+    char::from(b)
+        .to_digit(16)
+        .and_then(|d| u8::try_from(d).ok())
+}
+
+/// Percent-decoding of one path segment or query component. Malformed
+/// escapes are kept literally.
+fn percent_decode(s: &str, plus_is_space: bool) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' if i + 2 < b.len() => match (hex(b[i + 1]), hex(b[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push(h * 16 + l);
+                    i += 3;
+                    continue;
+                }
+                _ => out.push(b'%'),
+            },
+            b'+' if plus_is_space => out.push(b' '),
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+type Params = HashMap<&'static str, String>;
+
+/// Matches `segs` against a template; returns (number of literal segments, params).
+fn match_template(pattern: &'static str, segs: &[String]) -> Option<(usize, Params)> {
+    let tpl: Vec<&'static str> = pattern.split('/').skip(1).collect();
+    if tpl.len() != segs.len() {
+        return None;
+    }
+    let mut literals = 0;
+    let mut params = Params::new();
+    for (t, s) in tpl.iter().zip(segs) {
+        if let Some(name) = t.strip_prefix('{').and_then(|t| t.strip_suffix('}')) {
+            if s.is_empty() {
+                return None;
+            }
+            params.insert(name, s.clone());
+        } else if t == s {
+            literals += 1;
+        } else {
+            return None;
+        }
+    }
+    Some((literals, params))
+}
+
+/// Per-method lookup like go-openapi: the best match for the request method,
+/// else 405 listing the methods whose tables match the path, else 404.
+fn route(method: &Method, rel: &str, full_path: &str) -> Result<(Op, Params), ApiError> {
+    let segs: Vec<String> = if rel.starts_with('/') {
+        rel.split('/')
+            .skip(1)
+            .map(|s| percent_decode(s, false))
+            .collect()
+    } else {
+        // "/netlox/v1" itself (kube-loxilb's liveness probe) and "/netlox/v1x".
+        return Err(ApiError::not_found_path(full_path));
+    };
+    let mut best: Option<(usize, Op, Params)> = None;
+    let mut allow: Vec<&'static str> = Vec::new();
+    for def in ROUTES {
+        let Some((score, params)) = match_template(def.pattern, &segs) else {
+            continue;
+        };
+        if def.method == method.as_str() {
+            if best.as_ref().is_none_or(|(s, _, _)| score > *s) {
+                best = Some((score, def.op, params));
+            }
+        } else if !allow.contains(&def.method) {
+            allow.push(def.method);
+        }
+    }
+    if let Some((_, op, params)) = best {
+        return Ok((op, params));
+    }
+    if allow.is_empty() {
+        return Err(ApiError::not_found_path(full_path));
+    }
+    allow.sort_unstable();
+    Err(ApiError::Framework {
+        status: 405,
+        code: 405,
+        message: format!(
+            "method {method} is not allowed, but [{}] are",
+            allow.join(",")
+        ),
+        allow: Some(allow.join(", ")),
+    })
+}
+
+fn check_auth(shared: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(token) = &shared.cfg.auth_token else {
+        return Ok(());
+    };
+    match headers.get(header::AUTHORIZATION) {
+        None => Err(ApiError::framework(
+            401,
+            401,
+            "unauthenticated for invalid credentials",
+        )),
+        // Raw token compared verbatim: no "Bearer " prefix (§1.5).
+        Some(v) if v.as_bytes() == token.as_bytes() => Ok(()),
+        Some(_) => Err(ApiError::framework(500, 500, "invalid token")),
+    }
+}
+
+fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+    // go-openapi defaults a missing Content-Type to application/octet-stream.
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/octet-stream");
+    let media = ct.split(';').next().unwrap_or("").trim();
+    if media.eq_ignore_ascii_case("application/json") {
+        Ok(())
+    } else {
+        Err(ApiError::framework(
+            415,
+            415,
+            format!("unsupported media type {ct:?}, only [application/json] are allowed"),
+        ))
+    }
+}
+
+fn parse_query(q: Option<&str>) -> HashMap<String, String> {
+    let mut out = HashMap::new();
+    for pair in q.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        // First value wins, like url.Values.Get.
+        out.entry(percent_decode(k, true))
+            .or_insert_with(|| percent_decode(v, true));
+    }
+    out
+}
+
+fn invalid_type(name: &str, in_: &str, ty: &str, value: &str) -> ApiError {
+    ApiError::framework(
+        422,
+        CODE_INVALID_TYPE,
+        format!("{name} in {in_} must be of type {ty}: {value:?}"),
+    )
+}
+
+/// go-openapi `type: number` parameter (float64, Go ParseFloat).
+fn number_param(name: &str, in_: &str, raw: &str) -> Result<f64, ApiError> {
+    raw.parse::<f64>()
+        .map_err(|_| invalid_type(name, in_, "number", raw))
+}
+
+/// Go `strconv.ParseBool`.
+fn bool_param(name: &str, raw: &str) -> Result<bool, ApiError> {
+    match raw {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
+        _ => Err(invalid_type(name, "query", "boolean", raw)),
+    }
+}
+
+/// Go's float64 -> int conversion (amd64 behaviour for sane values).
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+fn go_u16(f: f64) -> u16 {
+    (f as i64) as u16
+}
+
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+fn go_u32(f: f64) -> u32 {
+    (f as i64) as u32
+}
+
+async fn api_entry(State(app): State<AppState>, req: Request) -> Response {
+    let shared = &app.shared;
+    shared.count_request();
+    let latency = shared.latency();
+    if !latency.is_zero() {
+        tokio::time::sleep(latency).await;
+    }
+    let (parts, body) = req.into_parts();
+    let resp = match handle(shared, &parts, body).await {
+        Ok(resp) => resp,
+        Err(e) => e.into_response(),
+    };
+    tracing::debug!(method = %parts.method, path = %parts.uri.path(), status = resp.status().as_u16(), "api call");
+    resp
+}
+
+async fn handle(shared: &Shared, parts: &Parts, body: Body) -> Result<Response, ApiError> {
+    let path = parts.uri.path();
+    let rel = path
+        .strip_prefix(API_BASE)
+        .ok_or_else(|| ApiError::not_found_path(path))?;
+    let (op, params) = route(&parts.method, rel, path)?;
+    if let Some(status) = shared.injected_fault(parts.method != Method::GET) {
+        return Err(ApiError::Injected(status));
+    }
+    if op != Op::Version {
+        check_auth(shared, &parts.headers)?;
+    }
+    let bytes = axum::body::to_bytes(body, MAX_BODY)
+        .await
+        .map_err(ApiError::parse)?;
+    if !bytes.is_empty() {
+        check_content_type(&parts.headers)?;
+    }
+    let query = parse_query(parts.uri.query());
+    match op {
+        Op::Version => Ok(ok_json(json!({
+            "version": shared.cfg.version,
+            "buildInfo": "loxilb-sim",
+        }))),
+        Op::LbCreate => lb_create(shared, &bytes),
+        Op::LbList => Ok(ok_json(shared.state().list_api())),
+        Op::LbDeleteAll => {
+            shared.state().delete_all();
+            Ok(success())
+        }
+        Op::LbDeleteName => {
+            let name = params.get("lb_name").map_or("", String::as_str);
+            shared.state().delete_by_name(name);
+            Ok(success())
+        }
+        Op::LbDeleteTuple => lb_delete_tuple(shared, &params, &query),
+        Op::CiList => Ok(ok_json(shared.state().list_ci())),
+        Op::CiSet => ci_set(shared, &bytes),
+        Op::Bgp => {
+            // A body would still be decoded before the handler runs.
+            parse_body(&bytes)?;
+            Err(ApiError::handler("loxilb BGP mode is disabled"))
+        }
+    }
+}
+
+fn lb_create(shared: &Shared, bytes: &[u8]) -> Result<Response, ApiError> {
+    let req = decode_lb(bytes)?;
+    if let Some(text) = req.dsr_quirk() {
+        return Ok(result_200(text));
+    }
+    let checked = core_check(&req).map_err(ApiError::Handler)?;
+    let outcome = shared
+        .state()
+        .post_rule(&req, checked)
+        .map_err(ApiError::Handler)?;
+    tracing::debug!(?outcome, vip = %req.external_ip, port = req.port, proto = %req.protocol, "lb rule");
+    Ok(success())
+}
+
+fn lb_delete_tuple(
+    shared: &Shared,
+    params: &Params,
+    query: &HashMap<String, String>,
+) -> Result<Response, ApiError> {
+    let get = |k: &str| params.get(k).map(String::as_str);
+    // Parameter binding (go-openapi) first: 422 601 on non-numeric values.
+    let port = go_u16(number_param("port", "path", get("port").unwrap_or(""))?);
+    let port_max = match get("portmax") {
+        Some(raw) => go_u16(number_param("portmax", "path", raw)?),
+        None => 0,
+    };
+    let block = match query.get("block").filter(|v| !v.is_empty()) {
+        Some(raw) => go_u32(number_param("block", "query", raw)?),
+        None => 0,
+    };
+    if let Some(raw) = query.get("bgp").filter(|v| !v.is_empty()) {
+        // Only affects BGP withdrawal, which is disabled here; still validated.
+        bool_param("bgp", raw)?;
+    }
+    // Handler.
+    let proto = get("proto").unwrap_or("");
+    if !matches!(proto, "tcp" | "udp" | "sctp" | "icmp" | "none") {
+        return Err(ApiError::handler("malformed-proto error"));
+    }
+    let Some(ip) = parse_ip(get("ip_address").unwrap_or("")) else {
+        return Err(ApiError::handler("malformed-service error"));
+    };
+    let port_max = if port_max == port { 0 } else { port_max };
+    if port_max != 0 && port_max < port {
+        return Err(ApiError::handler("serv-port-args range error"));
+    }
+    let host = match get("hosturl") {
+        Some("any") | None => "",
+        Some(h) => h,
+    };
+    let key = RuleKey::new(host, ip, proto, port, port_max, block);
+    shared
+        .state()
+        .delete_rule(&key)
+        .map_err(ApiError::Handler)?;
+    Ok(success())
+}
+
+fn ci_set(shared: &Shared, bytes: &[u8]) -> Result<Response, ApiError> {
+    let Some(v) = parse_body(bytes)? else {
+        return Err(ApiError::required("attr", "body"));
+    };
+    let map = body_object(&v, "CIStatusEntry")?;
+    let o = GoObj::new(&map, "CIStatusEntry");
+    let instance = o.string("instance")?.unwrap_or_default();
+    let state = o.string("state")?.unwrap_or_default();
+    let vip = o.string("vip")?.unwrap_or_default();
+    shared
+        .state()
+        .set_ci(&instance, &state, &vip)
+        .map_err(ApiError::Handler)?;
+    Ok(success())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percent() {
+        assert_eq!(percent_decode("a%2Fb", false), "a/b");
+        assert_eq!(percent_decode("a+b", true), "a b");
+        assert_eq!(percent_decode("a+b", false), "a+b");
+        assert_eq!(percent_decode("100%", false), "100%");
+        assert_eq!(percent_decode("%zz", false), "%zz");
+        assert_eq!(percent_decode("%4", false), "%4");
+    }
+
+    #[test]
+    fn literal_beats_param_and_405() {
+        let (op, _) = route(&Method::GET, "/config/bgp/neigh/all", "").unwrap();
+        assert_eq!(op, Op::Bgp);
+        let (op, p) = route(&Method::DELETE, "/config/loadbalancer/name/all", "").unwrap();
+        assert_eq!(op, Op::LbDeleteName);
+        assert_eq!(p["lb_name"], "all");
+        let (op, _) = route(&Method::DELETE, "/config/loadbalancer/all", "").unwrap();
+        assert_eq!(op, Op::LbDeleteAll);
+        match route(&Method::PUT, "/config/loadbalancer/all", "") {
+            Err(ApiError::Framework { status, allow, .. }) => {
+                assert_eq!(status, 405);
+                assert_eq!(allow.as_deref(), Some("DELETE, GET"));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(route(&Method::GET, "", "/netlox/v1").is_err());
+    }
+}

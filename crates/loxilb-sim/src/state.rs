@@ -1,0 +1,624 @@
+//! In-memory loxilb state: LB rules (identity, index allocation, update
+//! semantics) and cluster-instance (HA) states. Everything here is wiped by a
+//! simulated restart (CONTRACT.md §4). All methods are synchronous and run
+//! under the single state mutex, mirroring loxilb's global config lock.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+
+use crate::validate::{Checked, LbRequest, MAX_ENDPOINTS};
+
+/// Allowed sources can only be installed on rules with internal index <= 28.
+const MAX_ALLOWED_SRC_INDEX: u32 = 28;
+const DEFAULT_CI_INSTANCE: &str = "llb-inst0";
+const CI_STATES: &[&str] = &["MASTER", "BACKUP", "FAULT", "STOP", "NOT_DEFINED"];
+
+/// A visible endpoint of a stored rule, as GET shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SimEndpoint {
+    pub ip: String,
+    pub target_port: u16,
+    pub weight: u8,
+}
+
+/// Snapshot of one stored rule (what loxilb holds, incl. fields GET hides).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SimRule {
+    pub external_ip: String,
+    pub port: u16,
+    /// 0 for single-port rules.
+    pub port_max: u16,
+    pub protocol: String,
+    pub block: u32,
+    pub host: String,
+    pub name: String,
+    pub mode: u8,
+    pub sel: u8,
+    pub security: u8,
+    pub bgp: bool,
+    /// Effective value (forced on by an active probetype).
+    pub monitor: bool,
+    pub managed: bool,
+    pub egress: bool,
+    pub proxyprotocolv2: bool,
+    /// Effective value (0 was replaced by the protocol default).
+    pub inactive_timeout: u32,
+    pub probetype: String,
+    pub probeport: u16,
+    /// Visible endpoints in stored order.
+    pub endpoints: Vec<SimEndpoint>,
+    /// Sorted ascending.
+    pub secondary_ips: Vec<String>,
+    /// Canonical CIDRs.
+    pub allowed_sources: Vec<String>,
+    /// Internal rule index (1..=max_rules).
+    pub index: u32,
+}
+
+/// Rule identity (§2.3).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct RuleKey {
+    pub host: String,
+    pub ip: IpAddr,
+    pub protocol: String,
+    pub port: u16,
+    /// Effective range end: 0 is normalized to `port`.
+    pub port_max: u16,
+    pub block: u32,
+}
+
+impl RuleKey {
+    pub(crate) fn new(
+        host: &str,
+        ip: IpAddr,
+        protocol: &str,
+        port: u16,
+        port_max: u16,
+        block: u32,
+    ) -> Self {
+        RuleKey {
+            host: host.to_string(),
+            ip,
+            protocol: protocol.to_string(),
+            port,
+            port_max: if port_max == 0 { port } else { port_max },
+            block,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct StoredEp {
+    ip: IpAddr,
+    target_port: u16,
+    weight: u8,
+    /// Removed by an update: kept internally, invisible, no traffic.
+    hidden: bool,
+}
+
+impl StoredEp {
+    fn same(&self, ip: IpAddr, port: u16) -> bool {
+        self.ip == ip && self.target_port == port
+    }
+}
+
+#[derive(Debug, Clone)]
+struct StoredRule {
+    index: u32,
+    vip: IpAddr,
+    port: u16,
+    port_max: u16,
+    protocol: String,
+    block: u32,
+    host: String,
+    name: String,
+    mode: u8,
+    sel: u8,
+    security: u8,
+    bgp: bool,
+    monitor: bool,
+    managed: bool,
+    egress: bool,
+    proxyprotocolv2: bool,
+    inactive_timeout: u32,
+    probetype: String,
+    probeport: u16,
+    probereq: String,
+    proberesp: String,
+    probe_timeout: u32,
+    probe_retries: i32,
+    /// Kept like loxilb does, never returned by GET.
+    #[allow(dead_code)]
+    private_ip: Option<IpAddr>,
+    endpoints: Vec<StoredEp>,
+    secondary_ips: Vec<IpAddr>,
+    allowed_sources: Vec<String>,
+}
+
+impl StoredRule {
+    fn visible(&self) -> impl Iterator<Item = &StoredEp> {
+        self.endpoints.iter().filter(|e| !e.hidden)
+    }
+
+    fn snapshot(&self) -> SimRule {
+        SimRule {
+            external_ip: self.vip.to_string(),
+            port: self.port,
+            port_max: self.port_max,
+            protocol: self.protocol.clone(),
+            block: self.block,
+            host: self.host.clone(),
+            name: self.name.clone(),
+            mode: self.mode,
+            sel: self.sel,
+            security: self.security,
+            bgp: self.bgp,
+            monitor: self.monitor,
+            managed: self.managed,
+            egress: self.egress,
+            proxyprotocolv2: self.proxyprotocolv2,
+            inactive_timeout: self.inactive_timeout,
+            probetype: self.probetype.clone(),
+            probeport: self.probeport,
+            endpoints: self
+                .visible()
+                .map(|e| SimEndpoint {
+                    ip: e.ip.to_string(),
+                    target_port: e.target_port,
+                    weight: e.weight,
+                })
+                .collect(),
+            secondary_ips: self.secondary_ips.iter().map(ToString::to_string).collect(),
+            allowed_sources: self.allowed_sources.clone(),
+            index: self.index,
+        }
+    }
+
+    /// `LoadbalanceEntry` as GET returns it: zero values omitted, `null` for
+    /// empty arrays, hidden fields never emitted (§2.6).
+    fn to_api(&self) -> Value {
+        let mut sa = Map::new();
+        sa.insert("externalIP".into(), json!(self.vip.to_string()));
+        sa.insert("port".into(), json!(self.port));
+        let mut put = |k: &str, v: Value, present: bool| {
+            if present {
+                sa.insert(k.into(), v);
+            }
+        };
+        put("portMax", json!(self.port_max), self.port_max != 0);
+        put("protocol", json!(self.protocol), !self.protocol.is_empty());
+        put("sel", json!(self.sel), self.sel != 0);
+        put("mode", json!(self.mode), self.mode != 0);
+        put("security", json!(self.security), self.security != 0);
+        put("block", json!(self.block), self.block != 0);
+        put("bgp", json!(true), self.bgp);
+        put("monitor", json!(true), self.monitor);
+        put("managed", json!(true), self.managed);
+        put(
+            "inactiveTimeOut",
+            json!(self.inactive_timeout),
+            self.inactive_timeout != 0,
+        );
+        put(
+            "probetype",
+            json!(self.probetype),
+            !self.probetype.is_empty(),
+        );
+        put("probeport", json!(self.probeport), self.probeport != 0);
+        put("name", json!(self.name), !self.name.is_empty());
+        put("host", json!(self.host), !self.host.is_empty());
+        put("proxyprotocolv2", json!(true), self.proxyprotocolv2);
+        put("egress", json!(true), self.egress);
+        let eps: Vec<Value> = self
+            .visible()
+            .map(|e| {
+                let mut m = Map::new();
+                // Required in the schema, hence never omitted (pointer fields).
+                m.insert("endpointIP".into(), json!(e.ip.to_string()));
+                m.insert("targetPort".into(), json!(e.target_port));
+                m.insert("weight".into(), json!(e.weight));
+                m.insert("state".into(), json!("active"));
+                m.insert("counter".into(), json!("0:0"));
+                Value::Object(m)
+            })
+            .collect();
+        let null_if_empty = |v: Vec<Value>| {
+            if v.is_empty() {
+                Value::Null
+            } else {
+                Value::Array(v)
+            }
+        };
+        json!({
+            "serviceArguments": sa,
+            "endpoints": null_if_empty(eps),
+            "secondaryIPs": null_if_empty(
+                self.secondary_ips.iter().map(|ip| json!({"secondaryIP": ip.to_string()})).collect()
+            ),
+            "allowedSources": null_if_empty(
+                self.allowed_sources.iter().map(|p| json!({"prefix": p})).collect()
+            ),
+        })
+    }
+}
+
+/// Sorts endpoints by IP (IPv4 numeric order, v4 before v6), stable.
+fn sort_by_ip(eps: &mut [StoredEp]) {
+    eps.sort_by_key(|e| e.ip);
+}
+
+fn new_eps(list: &[(IpAddr, u16, u8)]) -> Vec<StoredEp> {
+    let mut eps: Vec<StoredEp> = list
+        .iter()
+        .map(|&(ip, target_port, weight)| StoredEp {
+            ip,
+            target_port,
+            weight,
+            hidden: false,
+        })
+        .collect();
+    sort_by_ip(&mut eps);
+    eps
+}
+
+#[derive(Debug, Clone)]
+struct CiEntry {
+    state: String,
+    /// `None` is Go's nil IP, shown as `"<nil>"`.
+    vip: Option<String>,
+}
+
+/// Outcome of a successful `POST /config/loadbalancer`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PostOutcome {
+    Created,
+    Updated,
+    /// Detach removed the last endpoint: the rule is gone.
+    Deleted,
+}
+
+/// All loxilb state the simulator models.
+#[derive(Debug)]
+pub(crate) struct SimState {
+    max_rules: usize,
+    rules: HashMap<RuleKey, StoredRule>,
+    /// Next never-used index (ascending allocation from 1).
+    next_index: u32,
+    /// Freed indexes, reused LIFO.
+    free: Vec<u32>,
+    ci: HashMap<String, CiEntry>,
+}
+
+impl SimState {
+    pub(crate) fn new(max_rules: usize) -> Self {
+        let mut ci = HashMap::new();
+        ci.insert(
+            DEFAULT_CI_INSTANCE.to_string(),
+            CiEntry {
+                state: "NOT_DEFINED".into(),
+                vip: Some(Ipv4Addr::UNSPECIFIED.to_string()),
+            },
+        );
+        SimState {
+            max_rules,
+            rules: HashMap::new(),
+            next_index: 1,
+            free: Vec::new(),
+            ci,
+        }
+    }
+
+    pub(crate) fn rule_count(&self) -> usize {
+        self.rules.len()
+    }
+
+    fn alloc_index(&mut self) -> Option<u32> {
+        if let Some(i) = self.free.pop() {
+            return Some(i);
+        }
+        let limit = u32::try_from(self.max_rules).unwrap_or(u32::MAX);
+        if self.next_index > limit {
+            return None;
+        }
+        let i = self.next_index;
+        self.next_index += 1;
+        Some(i)
+    }
+
+    fn release_index(&mut self, i: u32) {
+        self.free.push(i);
+    }
+
+    /// Create / update / attach / detach (§2.4 step 4 and §2.5).
+    pub(crate) fn post_rule(&mut self, r: &LbRequest, c: Checked) -> Result<PostOutcome, String> {
+        let key = RuleKey::new(&r.host, c.vip, &r.protocol, r.port, c.port_max, r.block);
+        if self.rules.contains_key(&key) {
+            return self.update_rule(&key, r, c);
+        }
+        if r.oper == 2 {
+            return Err("lbrule not-exists error".into());
+        }
+        let Some(index) = self.alloc_index() else {
+            return Err("rule-hwm error".into());
+        };
+        if !c.allowed_sources.is_empty() && index > MAX_ALLOWED_SRC_INDEX {
+            self.release_index(index);
+            return Err("rule-allowed-src error".into());
+        }
+        let rule = StoredRule {
+            index,
+            vip: c.vip,
+            port: r.port,
+            port_max: c.port_max,
+            protocol: r.protocol.clone(),
+            block: r.block,
+            host: r.host.clone(),
+            name: r.name.clone(),
+            mode: r.mode,
+            sel: r.sel,
+            security: r.security,
+            bgp: r.bgp,
+            monitor: c.monitor,
+            managed: r.managed,
+            egress: r.egress,
+            proxyprotocolv2: r.proxyprotocolv2,
+            inactive_timeout: c.inactive_timeout,
+            probetype: r.probetype.clone(),
+            probeport: r.probeport,
+            probereq: r.probereq.clone(),
+            proberesp: r.proberesp.clone(),
+            probe_timeout: r.probe_timeout,
+            probe_retries: r.probe_retries,
+            private_ip: c.private_ip,
+            endpoints: new_eps(&c.endpoints),
+            secondary_ips: c.secondary_ips,
+            allowed_sources: c.allowed_sources,
+        };
+        self.rules.insert(key, rule);
+        Ok(PostOutcome::Created)
+    }
+
+    fn update_rule(
+        &mut self,
+        key: &RuleKey,
+        r: &LbRequest,
+        c: Checked,
+    ) -> Result<PostOutcome, String> {
+        let Some(rule) = self.rules.get_mut(key) else {
+            return Err("lbrule not-exists error".into());
+        };
+        if rule.secondary_ips != c.secondary_ips {
+            return Err("secIP modify error".into());
+        }
+        let (eps, eps_changed) = merge_endpoints(&rule.endpoints, &c.endpoints, r.oper);
+        let others_changed = rule.probetype != r.probetype
+            || rule.probeport != r.probeport
+            || rule.probereq != r.probereq
+            || rule.proberesp != r.proberesp
+            || rule.sel != r.sel
+            || rule.mode != r.mode
+            || rule.proxyprotocolv2 != r.proxyprotocolv2
+            || rule.allowed_sources != c.allowed_sources
+            // loxilb's comparison of a non-empty allowedSources list is buggy:
+            // an identical re-POST always counts as a change.
+            || !c.allowed_sources.is_empty();
+        if !eps_changed && !others_changed {
+            return Err("lbrule-exists error".into());
+        }
+        if rule.security != r.security {
+            return Err("lbrule-exist error: cant modify rule security mode".into());
+        }
+        if rule.egress != r.egress {
+            return Err("lbrule-exist error: cant modify rule egress mode".into());
+        }
+        if (rule.mode == 4) != (r.mode == 4) {
+            return Err("lbrule-exist error: cant modify fullproxy rule mode".into());
+        }
+        if !c.allowed_sources.is_empty() && rule.index > MAX_ALLOWED_SRC_INDEX {
+            return Err("rule-allowed-src error".into());
+        }
+        rule.endpoints = eps;
+        rule.probetype = r.probetype.clone();
+        rule.probeport = r.probeport;
+        rule.probereq = r.probereq.clone();
+        rule.proberesp = r.proberesp.clone();
+        rule.probe_timeout = r.probe_timeout;
+        rule.probe_retries = r.probe_retries;
+        rule.sel = r.sel;
+        // NAT action is not re-derived by loxilb; only the field changes.
+        rule.mode = r.mode;
+        rule.proxyprotocolv2 = r.proxyprotocolv2;
+        rule.allowed_sources = c.allowed_sources;
+        rule.inactive_timeout = c.inactive_timeout;
+        if r.oper == 2 && rule.visible().next().is_none() {
+            let index = rule.index;
+            self.rules.remove(key);
+            self.release_index(index);
+            return Ok(PostOutcome::Deleted);
+        }
+        Ok(PostOutcome::Updated)
+    }
+
+    /// Deletes one rule by identity; `no-rule error` when absent.
+    pub(crate) fn delete_rule(&mut self, key: &RuleKey) -> Result<(), String> {
+        match self.rules.remove(key) {
+            Some(rule) => {
+                self.release_index(rule.index);
+                Ok(())
+            }
+            None => Err("no-rule error".into()),
+        }
+    }
+
+    /// Deletes every rule named exactly `name`; returns how many.
+    pub(crate) fn delete_by_name(&mut self, name: &str) -> usize {
+        let keys: Vec<RuleKey> = self
+            .rules
+            .iter()
+            .filter(|(_, r)| r.name == name)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in &keys {
+            // Errors per rule are ignored by loxilb; removal cannot fail here.
+            let _ = self.delete_rule(k);
+        }
+        keys.len()
+    }
+
+    pub(crate) fn delete_all(&mut self) {
+        let keys: Vec<RuleKey> = self.rules.keys().cloned().collect();
+        for k in &keys {
+            let _ = self.delete_rule(k);
+        }
+    }
+
+    /// `{"lbAttr":[...]}` in HashMap (i.e. unspecified) order, on purpose.
+    pub(crate) fn list_api(&self) -> Value {
+        let attrs: Vec<Value> = self.rules.values().map(StoredRule::to_api).collect();
+        json!({ "lbAttr": attrs })
+    }
+
+    pub(crate) fn snapshot(&self) -> Vec<SimRule> {
+        let mut v: Vec<SimRule> = self.rules.values().map(StoredRule::snapshot).collect();
+        v.sort_by_key(|r| r.index);
+        v
+    }
+
+    /// `POST /config/cistate` (§3.2).
+    pub(crate) fn set_ci(&mut self, instance: &str, state: &str, vip: &str) -> Result<(), String> {
+        let instance = if instance.is_empty() {
+            // Assumption: an absent instance means the default one.
+            DEFAULT_CI_INSTANCE
+        } else {
+            instance
+        };
+        // Unknown instances are created first, even if the state is rejected.
+        let entry = self
+            .ci
+            .entry(instance.to_string())
+            .or_insert_with(|| CiEntry {
+                state: "NOT_DEFINED".into(),
+                vip: Some(Ipv4Addr::UNSPECIFIED.to_string()),
+            });
+        if entry.state == state {
+            // Same state: no-op, and the vip is *not* updated.
+            return Ok(());
+        }
+        if !CI_STATES.contains(&state) {
+            return Err("invalid cluster-state".into());
+        }
+        entry.state = state.to_string();
+        entry.vip = crate::validate::parse_ip(vip).map(|ip| ip.to_string());
+        Ok(())
+    }
+
+    pub(crate) fn list_ci(&self) -> Value {
+        let attrs: Vec<Value> = self
+            .ci
+            .iter()
+            .map(|(name, e)| {
+                json!({
+                    "instance": name,
+                    "state": e.state,
+                    "vip": e.vip.as_deref().unwrap_or("<nil>"),
+                    "sync": null,
+                })
+            })
+            .collect();
+        json!({ "Attr": attrs })
+    }
+}
+
+/// Endpoint merge per `oper` (§2.5). Returns the new internal list and
+/// whether anything endpoint-related changed.
+fn merge_endpoints(
+    stored: &[StoredEp],
+    req: &[(IpAddr, u16, u8)],
+    oper: u8,
+) -> (Vec<StoredEp>, bool) {
+    let in_req = |e: &StoredEp| req.iter().find(|&&(ip, p, _)| e.same(ip, p));
+    if oper == 2 {
+        let changed = stored.iter().any(|e| !e.hidden && in_req(e).is_some());
+        let kept = stored
+            .iter()
+            .filter(|e| in_req(e).is_none())
+            .cloned()
+            .collect();
+        return (kept, changed);
+    }
+    let mut changed = false;
+    let mut out: Vec<StoredEp> = Vec::with_capacity(stored.len() + req.len());
+    for e in stored {
+        let mut e = e.clone();
+        match in_req(&e) {
+            Some(&(_, _, w)) => {
+                changed |= e.hidden || e.weight != w;
+                e.hidden = false;
+                e.weight = w;
+            }
+            // add/replace hides endpoints missing from the request; attach keeps them.
+            None if oper == 0 => {
+                changed |= !e.hidden;
+                e.hidden = true;
+            }
+            None => {}
+        }
+        out.push(e);
+    }
+    let fresh: Vec<(IpAddr, u16, u8)> = req
+        .iter()
+        .filter(|&&(ip, p, _)| !stored.iter().any(|e| e.same(ip, p)))
+        .copied()
+        .collect();
+    changed |= !fresh.is_empty();
+    out.extend(new_eps(&fresh));
+    if out.len() > MAX_ENDPOINTS {
+        // Internal list overflow: loxilb resets it to the request's list.
+        out = new_eps(req);
+    }
+    (out, changed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn index_lifo_reuse() {
+        let mut s = SimState::new(3);
+        assert_eq!(s.alloc_index(), Some(1));
+        assert_eq!(s.alloc_index(), Some(2));
+        assert_eq!(s.alloc_index(), Some(3));
+        assert_eq!(s.alloc_index(), None);
+        s.release_index(1);
+        s.release_index(3);
+        assert_eq!(s.alloc_index(), Some(3));
+        assert_eq!(s.alloc_index(), Some(1));
+    }
+
+    #[test]
+    fn merge_replace_hides_and_appends() {
+        let stored = new_eps(&[(ip("10.0.0.11"), 80, 1), (ip("10.0.0.12"), 80, 1)]);
+        let (out, changed) = merge_endpoints(
+            &stored,
+            &[(ip("10.0.0.13"), 80, 1), (ip("10.0.0.12"), 80, 1)],
+            0,
+        );
+        assert!(changed);
+        let visible: Vec<_> = out.iter().filter(|e| !e.hidden).map(|e| e.ip).collect();
+        assert_eq!(visible, vec![ip("10.0.0.12"), ip("10.0.0.13")]);
+        let (_, changed) = merge_endpoints(
+            &out,
+            &[(ip("10.0.0.13"), 80, 1), (ip("10.0.0.12"), 80, 1)],
+            0,
+        );
+        assert!(!changed);
+    }
+}

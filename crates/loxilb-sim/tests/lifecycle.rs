@@ -1,0 +1,217 @@
+//! Simulation controls: restart, down/up, latency, faults, admin API.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use loxilb_sim::{Fault, SimRule};
+use serde_json::{Value, json};
+
+/// Polls (bounded) until connecting to `addr` gives the wanted outcome.
+/// Used only for the *timed* admin down/up, which runs on the server's clock.
+async fn wait_until_reachable(addr: std::net::SocketAddr, reachable: bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let ok = tokio::net::TcpStream::connect(addr).await.is_ok();
+        if ok == reachable {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{addr} never became reachable={reachable}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn restart_wipes_all_state() {
+    let env = start().await;
+    assert_success(
+        &env.post_lb(&tcp_rule("192.168.10.1", 80, &["10.0.0.1"]))
+            .await,
+    );
+    let set = json!({"instance": "llb-inst0", "state": "MASTER", "vip": "0.0.0.0"});
+    assert_success(&env.post("/config/cistate", &set).await);
+    assert!(env.sim.request_count() >= 2);
+
+    env.sim.restart();
+    assert_eq!(env.sim.request_count(), 0);
+    assert!(env.list().await.is_empty());
+    let (_, ci) = env.get("/config/cistate/all").await;
+    assert_eq!(
+        ci,
+        json!({"Attr": [{"instance": "llb-inst0", "state": "NOT_DEFINED", "vip": "0.0.0.0", "sync": null}]})
+    );
+    // Index allocation restarts at 1.
+    assert_success(
+        &env.post_lb(&tcp_rule("192.168.10.2", 80, &["10.0.0.1"]))
+            .await,
+    );
+    assert_eq!(env.sim.rules()[0].index, 1);
+
+    // Same through the admin API.
+    let r = env.send(env.http.post(env.admin("/restart"))).await;
+    assert_eq!(r.0, 200);
+    assert!(env.sim.rules().is_empty());
+}
+
+#[tokio::test]
+async fn go_down_refuses_connections_and_come_up_keeps_state() {
+    let env = start().await;
+    assert_success(
+        &env.post_lb(&tcp_rule("192.168.10.1", 80, &["10.0.0.1"]))
+            .await,
+    );
+    let addr = env.sim.addr();
+
+    env.sim.go_down().await;
+    let err = tokio::net::TcpStream::connect(addr).await.unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused);
+    // The pooled keep-alive connection was closed too: requests fail.
+    let err = env
+        .http
+        .get(env.api("/version"))
+        .send()
+        .await
+        .expect_err("down");
+    assert!(err.is_connect() || err.is_request(), "{err:?}");
+    // Idempotent.
+    env.sim.go_down().await;
+
+    env.sim.come_up().await.expect("rebinds the same address");
+    assert_eq!(env.sim.addr(), addr);
+    let fresh = Env {
+        sim: env.sim.clone(),
+        http: client(),
+    };
+    let rules = fresh.list().await;
+    assert_eq!(rules.len(), 1, "state kept across down/up");
+    env.sim.come_up().await.expect("no-op when up");
+    env.sim.clone().shutdown().await;
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+}
+
+#[tokio::test]
+async fn admin_timed_down_comes_back() {
+    let env = start().await;
+    assert_success(
+        &env.post_lb(&tcp_rule("192.168.10.1", 80, &["10.0.0.1"]))
+            .await,
+    );
+    let r = env
+        .send(
+            env.http
+                .post(env.admin("/down"))
+                .json(&json!({"seconds": 1})),
+        )
+        .await;
+    assert_eq!(r.0, 200, "{r:?}");
+    wait_until_reachable(env.sim.addr(), false).await;
+    wait_until_reachable(env.sim.addr(), true).await;
+    let fresh = Env {
+        sim: env.sim.clone(),
+        http: client(),
+    };
+    assert_eq!(fresh.list().await.len(), 1);
+}
+
+#[tokio::test]
+async fn fault_injection_on_writes() {
+    let env = start().await;
+    env.sim.set_fault(Some(Fault {
+        status: 500,
+        rate: 1.0,
+        only_writes: true,
+    }));
+    let r = env
+        .post_lb(&tcp_rule("192.168.10.1", 80, &["10.0.0.1"]))
+        .await;
+    assert_eq!(r.0, 500);
+    assert_eq!(r.1["code"], 500);
+    assert!(r.1["result"].is_string());
+    assert!(env.sim.rules().is_empty(), "faulted call changed nothing");
+    assert_eq!(
+        env.get("/config/loadbalancer/all").await.0,
+        200,
+        "reads pass"
+    );
+
+    // Admin API: every 2nd call of all methods fails with 503.
+    let r = env
+        .send(
+            env.http
+                .put(env.admin("/fault"))
+                .json(&json!({"status": 503, "rate": 0.5, "onlyWrites": false})),
+        )
+        .await;
+    assert_eq!(r.0, 200, "{r:?}");
+    let statuses: Vec<u16> = {
+        let mut v = Vec::new();
+        for _ in 0..4 {
+            v.push(env.get("/version").await.0);
+        }
+        v
+    };
+    assert_eq!(statuses, [200, 503, 200, 503]);
+    let r = env.send(env.http.delete(env.admin("/fault"))).await;
+    assert_eq!(r.0, 200);
+    assert_success(
+        &env.post_lb(&tcp_rule("192.168.10.1", 80, &["10.0.0.1"]))
+            .await,
+    );
+    let (_, stats) = env.send(env.http.get(env.admin("/stats"))).await;
+    assert_eq!(stats["faultsInjected"], 3);
+    assert!(stats["fault"].is_null());
+}
+
+#[tokio::test]
+async fn latency_delays_api_calls_only() {
+    let env = start().await;
+    env.sim.set_latency(Duration::from_millis(200));
+    let t = Instant::now();
+    assert_eq!(env.get("/version").await.0, 200);
+    assert!(t.elapsed() >= Duration::from_millis(200));
+    // Admin is never delayed; it also sets latency.
+    let r = env
+        .send(env.http.put(env.admin("/latency")).json(&json!({"ms": 0})))
+        .await;
+    assert_eq!(r.0, 200);
+    let (_, v) = env.send(env.http.get(env.admin("/latency"))).await;
+    assert_eq!(v["ms"], 0);
+}
+
+#[tokio::test]
+async fn admin_rules_stats_and_counts() {
+    let env = start().await;
+    assert_success(
+        &env.post_lb(&tcp_rule("192.168.10.1", 80, &["10.0.0.2", "10.0.0.1"]))
+            .await,
+    );
+    let _ = env.list().await;
+    assert_eq!(env.sim.request_count(), 2);
+    let (status, v) = env.send(env.http.get(env.admin("/rules"))).await;
+    assert_eq!(status, 200);
+    let rules: Vec<SimRule> = serde_json::from_value(v).unwrap();
+    assert_eq!(rules, env.sim.rules());
+    assert_eq!(rules[0].endpoints[0].ip, "10.0.0.1");
+    assert_eq!(rules[0].protocol, "tcp");
+    let (status, stats) = env.send(env.http.get(env.admin("/stats"))).await;
+    assert_eq!(status, 200);
+    assert_eq!(stats["rules"], 1);
+    assert_eq!(stats["requests"], 2, "admin calls are not counted");
+    assert_eq!(stats["maxRules"], 2048);
+    let r = env.send(env.http.post(env.admin("/up"))).await;
+    assert_eq!(r.0, 200);
+    let r = env
+        .send(
+            env.http
+                .put(env.admin("/fault"))
+                .json(&json!({"status": 99})),
+        )
+        .await;
+    assert_eq!(r.0, 400);
+    assert!(r.1["error"].is_string());
+    let _: Value = r.1;
+}
