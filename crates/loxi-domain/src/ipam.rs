@@ -398,9 +398,12 @@ impl Allocator {
             }
         }
         Err(AllocError::Exhausted {
-            pool: pool
-                .map(str::to_string)
-                .unwrap_or_else(|| self.pools.first().map(|p| p.pool.name.clone()).unwrap_or_default()),
+            pool: pool.map(str::to_string).unwrap_or_else(|| {
+                self.pools
+                    .first()
+                    .map(|p| p.pool.name.clone())
+                    .unwrap_or_default()
+            }),
             family,
         })
     }
@@ -524,7 +527,13 @@ mod tests {
 
     #[test]
     fn bad_blocks_are_rejected() {
-        for bad in ["", "10.0.0.0/33", "10.0.0.5-10.0.0.1", "10.0.0.1-2001:db8::1", "x"] {
+        for bad in [
+            "",
+            "10.0.0.0/33",
+            "10.0.0.5-10.0.0.1",
+            "10.0.0.1-2001:db8::1",
+            "x",
+        ] {
             assert!(bad.parse::<AddressBlock>().is_err(), "{bad}");
         }
     }

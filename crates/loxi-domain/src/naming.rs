@@ -47,7 +47,11 @@ impl ClusterId {
             .take(8)
             .collect::<String>()
             .to_ascii_lowercase();
-        ClusterId(if short.is_empty() { "unknown".into() } else { short })
+        ClusterId(if short.is_empty() {
+            "unknown".into()
+        } else {
+            short
+        })
     }
 
     pub fn as_str(&self) -> &str {
@@ -147,7 +151,10 @@ mod tests {
         assert_eq!(s, "ccm-ab12cd34_default_web_80_tcp:llb-inst0");
         assert_eq!(RuleName::parse(&s), Some(n));
         assert!(RuleName::is_owned_by(&s, &c));
-        assert!(!RuleName::is_owned_by(&s, &ClusterId::new("other").unwrap()));
+        assert!(!RuleName::is_owned_by(
+            &s,
+            &ClusterId::new("other").unwrap()
+        ));
     }
 
     #[test]

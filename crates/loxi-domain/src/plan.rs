@@ -90,10 +90,11 @@ pub fn plan_rules(
 ) -> Result<Plan, PlanError> {
     let mut ports = Vec::with_capacity(service.ports.len());
     for p in &service.ports {
-        let protocol = Protocol::parse(&p.protocol).ok_or_else(|| PlanError::UnsupportedProtocol {
-            port: p.port,
-            protocol: p.protocol.clone(),
-        })?;
+        let protocol =
+            Protocol::parse(&p.protocol).ok_or_else(|| PlanError::UnsupportedProtocol {
+                port: p.port,
+                protocol: p.protocol.clone(),
+            })?;
         let node_port = p.node_port.ok_or_else(|| PlanError::NoNodePort {
             port: p.port,
             protocol: p.protocol.clone(),
@@ -263,6 +264,10 @@ mod tests {
         let vip: IpAddr = "192.0.2.1".parse().unwrap();
         let plan = plan_rules(&cluster, &svc(), &nodes, &[vip], &intent()).unwrap();
         assert_eq!(plan.endpoints_dropped, 18);
-        assert!(plan.rules.iter().all(|r| r.endpoints.len() == MAX_ENDPOINTS));
+        assert!(
+            plan.rules
+                .iter()
+                .all(|r| r.endpoints.len() == MAX_ENDPOINTS)
+        );
     }
 }

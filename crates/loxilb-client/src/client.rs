@@ -88,7 +88,9 @@ pub struct LoxilbClient {
 
 impl std::fmt::Debug for LoxilbClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LoxilbClient").field("url", &self.display).finish()
+        f.debug_struct("LoxilbClient")
+            .field("url", &self.display)
+            .finish()
     }
 }
 
@@ -101,9 +103,14 @@ impl LoxilbClient {
     pub fn new(cfg: ClientConfig) -> Result<LoxilbClient, ClientError> {
         install_crypto_provider();
         let trimmed = cfg.url.trim_end_matches('/');
+        // Check the URL as given: once the base path is appended, "http://" would read as
+        // host "netlox".
+        let given = Url::parse(trimmed)
+            .map_err(|e| ClientError::Config(format!("loxilb URL {:?}: {e}", cfg.url)))?;
         let base = Url::parse(&format!("{trimmed}/netlox/v1/"))
             .map_err(|e| ClientError::Config(format!("loxilb URL {:?}: {e}", cfg.url)))?;
-        if !matches!(base.scheme(), "http" | "https") || base.host().is_none() {
+        if !matches!(given.scheme(), "http" | "https") || given.host_str().is_none_or(str::is_empty)
+        {
             return Err(ClientError::Config(format!(
                 "loxilb URL {:?} must be http:// or https:// with a host",
                 cfg.url
@@ -137,7 +144,8 @@ impl LoxilbClient {
     /// `GET /version`: the cheapest liveness probe (no auth, CONTRACT.md §3.4).
     pub async fn version(&self) -> Result<VersionInfo, ClientError> {
         let bytes = self.get_ok("version").await?;
-        serde_json::from_slice(&bytes).map_err(|e| ClientError::BadResponse(format!("version: {e}")))
+        serde_json::from_slice(&bytes)
+            .map_err(|e| ClientError::BadResponse(format!("version: {e}")))
     }
 
     /// `GET /config/loadbalancer/all`, in loxilb's (unspecified) order.
@@ -150,14 +158,19 @@ impl LoxilbClient {
 
     /// `POST /config/loadbalancer` with the complete rule.
     pub async fn apply_rule(&self, entry: &LoadbalanceEntry) -> Result<WriteOutcome, ClientError> {
-        match self.send(Method::POST, "config/loadbalancer", Some(entry)).await? {
+        match self
+            .send(Method::POST, "config/loadbalancer", Some(entry))
+            .await?
+        {
             Answer::Ok(bytes) => success_body(&bytes).map(|()| WriteOutcome::Applied),
             Answer::Status(StatusCode::CONFLICT, body)
                 if body_mentions(&body, "exist") && !body_mentions(&body, "cant modify") =>
             {
                 Ok(WriteOutcome::AlreadyPresent)
             }
-            Answer::Status(status, body) => Err(classify(status.as_u16(), body.message, body.result)),
+            Answer::Status(status, body) => {
+                Err(classify(status.as_u16(), body.message, body.result))
+            }
         }
     }
 
@@ -179,7 +192,9 @@ impl LoxilbClient {
             {
                 Ok(DeleteOutcome::AlreadyAbsent)
             }
-            Answer::Status(status, body) => Err(classify(status.as_u16(), body.message, body.result)),
+            Answer::Status(status, body) => {
+                Err(classify(status.as_u16(), body.message, body.result))
+            }
         }
     }
 
@@ -193,14 +208,18 @@ impl LoxilbClient {
             .extend(["config", "loadbalancer", "name", name]);
         match self.send_url::<()>(Method::DELETE, url, None).await? {
             Answer::Ok(bytes) => success_body(&bytes),
-            Answer::Status(status, body) => Err(classify(status.as_u16(), body.message, body.result)),
+            Answer::Status(status, body) => {
+                Err(classify(status.as_u16(), body.message, body.result))
+            }
         }
     }
 
     async fn get_ok(&self, path: &str) -> Result<bytes::Bytes, ClientError> {
         match self.send::<()>(Method::GET, path, None).await? {
             Answer::Ok(bytes) => Ok(bytes),
-            Answer::Status(status, body) => Err(classify(status.as_u16(), body.message, body.result)),
+            Answer::Status(status, body) => {
+                Err(classify(status.as_u16(), body.message, body.result))
+            }
         }
     }
 
@@ -231,10 +250,11 @@ impl LoxilbClient {
             let result = self.send_once(method.clone(), url.clone(), body).await;
             let retry = match &result {
                 Err(e) => e.is_retryable(),
-                Ok(Answer::Status(status, _)) => status.is_server_error() && !matches!(
-                    classify(status.as_u16(), None, None),
-                    ClientError::Unauthorized { .. }
-                ),
+                Ok(Answer::Status(status, body)) => {
+                    status.is_server_error()
+                        && classify(status.as_u16(), body.message.clone(), body.result.clone())
+                            .is_retryable()
+                }
                 Ok(Answer::Ok(_)) => false,
             };
             if !retry || attempt >= policy.attempts.max(1) {

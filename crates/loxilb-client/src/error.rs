@@ -36,7 +36,9 @@ impl ClientError {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            ClientError::Unreachable { .. } | ClientError::Timeout { .. } | ClientError::Server { .. }
+            ClientError::Unreachable { .. }
+                | ClientError::Timeout { .. }
+                | ClientError::Server { .. }
         )
     }
 
@@ -56,7 +58,11 @@ impl ClientError {
 }
 
 /// Classifies a non-success answer from its status and body text.
-pub(crate) fn classify(status: u16, message: Option<String>, result: Option<String>) -> ClientError {
+pub(crate) fn classify(
+    status: u16,
+    message: Option<String>,
+    result: Option<String>,
+) -> ClientError {
     // The raw loxilb error string is the most specific text; the framework's `message` next.
     let text = result
         .clone()
@@ -65,17 +71,35 @@ pub(crate) fn classify(status: u16, message: Option<String>, result: Option<Stri
         .unwrap_or_else(|| format!("HTTP {status}"));
     let lower = text.to_ascii_lowercase();
     match status {
-        401 => ClientError::Unauthorized { status, message: text },
-        403 => ClientError::Capacity { status, message: text },
+        401 => ClientError::Unauthorized {
+            status,
+            message: text,
+        },
+        403 => ClientError::Capacity {
+            status,
+            message: text,
+        },
         500 if lower.contains("invalid token") || lower.contains("token not found") => {
-            ClientError::Unauthorized { status, message: text }
+            ClientError::Unauthorized {
+                status,
+                message: text,
+            }
         }
         // Deterministic core errors loxilb reports as 500 (CONTRACT.md §2.2, §2.5): the same
         // request will fail the same way.
         500 if lower.contains("modify error") || lower.contains("not tcp service") => {
-            ClientError::Rejected { status, message: text }
+            ClientError::Rejected {
+                status,
+                message: text,
+            }
         }
-        500..=599 => ClientError::Server { status, message: text },
-        _ => ClientError::Rejected { status, message: text },
+        500..=599 => ClientError::Server {
+            status,
+            message: text,
+        },
+        _ => ClientError::Rejected {
+            status,
+            message: text,
+        },
     }
 }

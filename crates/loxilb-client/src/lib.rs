@@ -6,6 +6,10 @@ pub mod convert;
 pub mod dto;
 mod error;
 
-pub use client::{ClientConfig, DeleteOutcome, LoxilbClient, RetryPolicy, WriteOutcome, install_crypto_provider};
-pub use dto::{AllowedSource, EndpointEntry, LoadbalanceEntry, SecondaryIp, ServiceArguments, VersionInfo};
+pub use client::{
+    ClientConfig, DeleteOutcome, LoxilbClient, RetryPolicy, WriteOutcome, install_crypto_provider,
+};
+pub use dto::{
+    AllowedSource, EndpointEntry, LoadbalanceEntry, SecondaryIp, ServiceArguments, VersionInfo,
+};
 pub use error::ClientError;

@@ -71,8 +71,8 @@ pub fn free_port() -> Result<u16> {
 /// forking from a short-lived test thread would kill the child too early.)
 pub fn spawn_tied(mut cmd: Command) -> Result<Child> {
     use std::os::unix::process::CommandExt;
-    use std::sync::mpsc;
     use std::sync::OnceLock;
+    use std::sync::mpsc;
 
     type Job = (Command, mpsc::Sender<std::io::Result<Child>>);
     static SPAWNER: OnceLock<Mutex<mpsc::Sender<Job>>> = OnceLock::new();
@@ -179,11 +179,17 @@ impl ControlPlane {
             "--advertise-address=127.0.0.1".into(),
             format!("--cert-dir={}", d.join("certs").display()),
             format!("--tls-cert-file={}", d.join("apiserver.crt").display()),
-            format!("--tls-private-key-file={}", d.join("apiserver.key").display()),
+            format!(
+                "--tls-private-key-file={}",
+                d.join("apiserver.key").display()
+            ),
             "--service-cluster-ip-range=10.96.0.0/16".into(),
             "--service-account-issuer=https://kubernetes.default.svc".into(),
             format!("--service-account-key-file={}", d.join("sa.pub").display()),
-            format!("--service-account-signing-key-file={}", d.join("sa.key").display()),
+            format!(
+                "--service-account-signing-key-file={}",
+                d.join("sa.key").display()
+            ),
             format!("--token-auth-file={}", d.join("tokens.csv").display()),
             "--authorization-mode=RBAC".into(),
             "--allow-privileged=true".into(),

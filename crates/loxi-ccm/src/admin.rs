@@ -1,0 +1,73 @@
+//! Admin HTTP server: `/metrics`, `/healthz`, `/readyz`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+
+use crate::context::Context;
+
+pub async fn serve(addr: SocketAddr, ctx: Arc<Context>) -> std::io::Result<()> {
+    let app = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .with_state(ctx);
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    tracing::info!(%addr, "admin server listening");
+    axum::serve(listener, app).await
+}
+
+async fn metrics(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        ctx.metrics.encode(),
+    )
+}
+
+/// Alive as long as the reconcile loop runs (it flips `running` off when it stops).
+async fn healthz(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
+    if ctx.running.load(Ordering::Relaxed) {
+        (StatusCode::OK, "ok\n".to_string())
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "controller loop stopped\n".to_string(),
+        )
+    }
+}
+
+/// Ready once the stores are synced and the address index is rebuilt; reports loxilb
+/// instances that are down as degraded (still ready: other instances and the Kubernetes
+/// side keep working, and restarting this pod would not bring loxilb back).
+async fn readyz(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
+    if !ctx.ready.load(Ordering::Relaxed) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "stores not synced\n".to_string(),
+        );
+    }
+    let down: Vec<&str> = ctx
+        .fleet
+        .instances
+        .iter()
+        .filter(|i| !i.is_healthy())
+        .map(|i| i.url())
+        .collect();
+    if down.is_empty() {
+        (StatusCode::OK, "ok\n".to_string())
+    } else {
+        (
+            StatusCode::OK,
+            format!("ok (degraded: loxilb down: {})\n", down.join(", ")),
+        )
+    }
+}

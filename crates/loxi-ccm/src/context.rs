@@ -1,0 +1,70 @@
+//! Shared state of the running controller.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+use std::sync::atomic::AtomicBool;
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use kube::runtime::events::Recorder;
+use kube::runtime::reflector::{ObjectRef, Store};
+use loxi_domain::{Allocator, ClusterId};
+use tokio::sync::{mpsc, watch};
+
+use crate::config::Config;
+use crate::fleet::Fleet;
+use crate::kube_view::Selection;
+use crate::metrics::Metrics;
+
+pub struct Context {
+    pub client: kube::Client,
+    pub cfg: Config,
+    pub selection: Selection,
+    pub cluster: ClusterId,
+    pub services: Store<Service>,
+    pub nodes: Store<Node>,
+    /// In-memory index of address ownership, rebuilt from the cluster before any allocation.
+    pub ipam: Mutex<Allocator>,
+    pub fleet: Fleet,
+    pub recorder: Recorder,
+    pub metrics: Metrics,
+    /// Stores synced and address index rebuilt.
+    pub ready: AtomicBool,
+    pub ready_rx: watch::Receiver<bool>,
+    /// The reconcile loop is running (for /healthz).
+    pub running: AtomicBool,
+    /// Consecutive failures per Service, for per-object exponential backoff reset on success.
+    pub failures: Mutex<HashMap<ObjectRef<Service>, u32>>,
+    /// Services waiting for an address to free up.
+    pub waiting_for_address: Mutex<HashSet<ObjectRef<Service>>>,
+    /// Asks the controller to reconcile a Service now.
+    pub requeue: mpsc::UnboundedSender<ObjectRef<Service>>,
+}
+
+impl Context {
+    /// Waits until the stores are synced and the address index rebuilt: nothing is allocated
+    /// or programmed before (DESIGN.md §4).
+    pub async fn wait_ready(&self) {
+        let mut rx = self.ready_rx.clone();
+        let _ = rx.wait_for(|r| *r).await;
+    }
+
+    /// Re-queues every Service this controller serves (after node changes or a loxilb replay).
+    pub fn requeue_all_served(&self) {
+        for svc in self.services.state() {
+            if self.selection.serves(&svc) {
+                let _ = self.requeue.send(ObjectRef::from_obj(&*svc));
+            }
+        }
+    }
+
+    /// An address was freed: Services waiting for one try again.
+    pub fn wake_address_waiters(&self) {
+        let waiting: Vec<_> = match self.waiting_for_address.lock() {
+            Ok(mut w) => w.drain().collect(),
+            Err(_) => return,
+        };
+        for r in waiting {
+            let _ = self.requeue.send(r);
+        }
+    }
+}

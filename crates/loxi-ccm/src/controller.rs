@@ -1,0 +1,305 @@
+//! Wiring: watches and stores, the reconcile loop, loxilb health and drift checks.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, Node, Service};
+use kube::api::Api;
+use kube::runtime::controller::Controller;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, reflector};
+use kube::runtime::{WatchStreamExt, watcher};
+use loxi_domain::ipam::Family;
+use loxi_domain::{Allocator, ClusterId, NodeView};
+use loxilb_client::LoxilbClient;
+use tokio::sync::{mpsc, watch};
+use tracing::{info, warn};
+
+use crate::config::Config;
+use crate::context::Context;
+use crate::fleet::Fleet;
+use crate::kube_view::{Selection, node_view, owner_key, published_addresses};
+use crate::metrics::Metrics;
+use crate::reconcile::{desired_rules, error_policy, reconcile};
+
+/// Reads the cluster identity: configured, or from the kube-system namespace UID.
+async fn cluster_id(client: &kube::Client, cfg: &Config) -> anyhow::Result<ClusterId> {
+    if let Some(id) = &cfg.cluster_id {
+        return Ok(id.clone());
+    }
+    let ns: Namespace = Api::all(client.clone())
+        .get("kube-system")
+        .await
+        .context("reading namespace kube-system for the cluster id (or pass --cluster-id)")?;
+    Ok(ClusterId::from_uid(
+        ns.metadata.uid.as_deref().unwrap_or_default(),
+    ))
+}
+
+/// Runs the controller until `shutdown` resolves.
+pub async fn run(
+    client: kube::Client,
+    cfg: Config,
+    admin_addr: Option<std::net::SocketAddr>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) -> anyhow::Result<()> {
+    let cluster = cluster_id(&client, &cfg).await?;
+    info!(cluster = %cluster, "cluster identity");
+    let mut clients = Vec::new();
+    for c in &cfg.loxilb {
+        clients.push(LoxilbClient::new(c.clone())?);
+    }
+    let fleet = Fleet::new(clients);
+
+    let services: Api<Service> = match &cfg.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let controller = Controller::new(services, watcher::Config::default().any_semantic())
+        .with_config(kube::runtime::controller::Config::default().concurrency(cfg.concurrency));
+    let service_store = controller.store();
+
+    let (node_store, node_writer) = reflector::store::<Node>();
+    let node_events = reflector(
+        node_writer,
+        watcher(
+            Api::<Node>::all(client.clone()),
+            watcher::Config::default().any_semantic(),
+        ),
+    )
+    .default_backoff()
+    .touched_objects();
+
+    let (requeue_tx, requeue_rx) = mpsc::unbounded_channel::<ObjectRef<Service>>();
+    let (ready_tx, ready_rx) = watch::channel(false);
+    let reporter = Reporter {
+        controller: "loxi-ccm".into(),
+        instance: std::env::var("POD_NAME").ok(),
+    };
+    let ctx = Arc::new(Context {
+        recorder: Recorder::new(client.clone(), reporter),
+        selection: Selection {
+            class: cfg.class.clone(),
+            ccm_mode: cfg.ccm_mode,
+        },
+        ipam: Mutex::new(Allocator::new(vec![cfg.pool.clone()])),
+        client,
+        cluster,
+        services: service_store,
+        nodes: node_store,
+        fleet,
+        metrics: Metrics::new(),
+        ready: false.into(),
+        ready_rx,
+        running: true.into(),
+        failures: Mutex::default(),
+        waiting_for_address: Mutex::default(),
+        requeue: requeue_tx,
+        cfg,
+    });
+
+    if let Some(addr) = admin_addr {
+        let c = ctx.clone();
+        tokio::spawn(async move {
+            if let Err(e) = crate::admin::serve(addr, c).await {
+                warn!(error = %e, "admin server stopped");
+            }
+        });
+    }
+    tokio::spawn(watch_nodes(ctx.clone(), node_events));
+    tokio::spawn(start_up(ctx.clone(), ready_tx));
+    tokio::spawn(health_loop(ctx.clone()));
+    tokio::spawn(drift_loop(ctx.clone()));
+
+    let requeues = tokio_stream_from(requeue_rx);
+    controller
+        .reconcile_on(requeues)
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx.clone())
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "controller event");
+            }
+        })
+        .await;
+    ctx.running.store(false, Ordering::Relaxed);
+    info!("controller stopped");
+    Ok(())
+}
+
+fn tokio_stream_from<T: Send + 'static>(
+    mut rx: mpsc::UnboundedReceiver<T>,
+) -> impl futures::Stream<Item = T> + Send {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+/// Waits for both stores, then rebuilds the address index from what Services show, before
+/// anything is allocated (DESIGN.md §4).
+async fn start_up(ctx: Arc<Context>, ready_tx: watch::Sender<bool>) {
+    if wait_store(&ctx.services).await.is_err() || wait_store(&ctx.nodes).await.is_err() {
+        warn!("store writer dropped before sync");
+        return;
+    }
+    {
+        let mut ipam = ctx.ipam.lock().expect("ipam lock");
+        for svc in ctx.services.state() {
+            if !ctx.selection.serves(&svc) && ctx.selection.our_finalizers(&svc).is_empty() {
+                continue;
+            }
+            for ip in published_addresses(&svc) {
+                if let Err(e) = ipam.assign(ip, &owner_key(&svc)) {
+                    warn!(service = %owner_key(&svc), error = %e, "address shown by two Services");
+                }
+            }
+        }
+        ctx.metrics.set_pool(
+            &ctx.cfg.pool.name,
+            ctx.cfg.pool.size(Family::V4),
+            ipam.used(),
+        );
+        info!(addresses = ipam.used(), "address index rebuilt");
+    }
+    ctx.ready.store(true, Ordering::Relaxed);
+    let _ = ready_tx.send(true);
+}
+
+/// Waits until a store has seen its first full listing. kube-runtime 5's readiness signal
+/// keeps a single waker, and the controller's own applier waits on the service store too, so
+/// a lone `wait_until_ready().await` can sleep forever; re-polling briefly sidesteps that.
+async fn wait_store<K>(store: &reflector::Store<K>) -> Result<(), reflector::store::WriterDropped>
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    loop {
+        match tokio::time::timeout(Duration::from_millis(100), store.wait_until_ready()).await {
+            Ok(result) => return result,
+            Err(_elapsed) => continue,
+        }
+    }
+}
+
+/// Re-plans the Services a Node change affects. In the default endpoint mode every served
+/// Service uses every eligible Node, so any change to what the planner reads of a Node
+/// (address, readiness, exclusion, deletion) re-queues them all; heartbeats and other
+/// status noise do not.
+async fn watch_nodes(
+    ctx: Arc<Context>,
+    events: impl futures::Stream<Item = Result<Node, watcher::Error>>,
+) {
+    let mut seen: HashMap<String, NodeView> = HashMap::new();
+    let mut events = std::pin::pin!(events);
+    while let Some(event) = events.next().await {
+        let node = match event {
+            Ok(n) => n,
+            Err(e) => {
+                warn!(error = %e, "node watch error");
+                continue;
+            }
+        };
+        let name = node.metadata.name.clone().unwrap_or_default();
+        // The store already holds the state after this event; `None` means deleted.
+        let changed = match ctx.nodes.get(&ObjectRef::new(&name)) {
+            Some(current) => {
+                let view = node_view(&current);
+                seen.insert(name, view.clone()) != Some(view)
+            }
+            None => seen.remove(&name).is_some(),
+        };
+        if changed && ctx.ready.load(Ordering::Relaxed) {
+            ctx.requeue_all_served();
+        }
+    }
+}
+
+/// Probes every loxilb; one that comes back, or that holds fewer of our rules than we
+/// believe (it restarted between two probes), gets a full replay at once.
+async fn health_loop(ctx: Arc<Context>) {
+    ctx.wait_ready().await;
+    let mut tick = tokio::time::interval(ctx.cfg.health_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        for (i, inst) in ctx.fleet.instances.iter().enumerate() {
+            let up = inst.client.version().await.is_ok();
+            ctx.metrics.set_up(inst.url(), up);
+            let came_back = inst.set_healthy(up);
+            if came_back {
+                info!(instance = inst.url(), "loxilb reachable: replaying rules");
+                converge_instance(&ctx, i).await;
+                continue;
+            }
+            if up && inst.rule_count().await > 0 {
+                let held = match inst.client.list_rules().await {
+                    Ok(rules) => rules.len(),
+                    Err(_) => continue,
+                };
+                if held < inst.rule_count().await {
+                    warn!(
+                        instance = inst.url(),
+                        held, "loxilb lost rules (restart?): replaying"
+                    );
+                    converge_instance(&ctx, i).await;
+                }
+            }
+        }
+    }
+}
+
+/// Periodic drift check of every reachable instance.
+async fn drift_loop(ctx: Arc<Context>) {
+    ctx.wait_ready().await;
+    let mut tick = tokio::time::interval(ctx.cfg.drift_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await; // the first tick is immediate; the health loop handles start-up
+    loop {
+        tick.tick().await;
+        for i in 0..ctx.fleet.instances.len() {
+            if ctx.fleet.instances[i].is_healthy() {
+                converge_instance(&ctx, i).await;
+            }
+        }
+    }
+}
+
+/// Converges one instance to the rules of every served Service, from the stores. Services
+/// with a problem keep the rules they have.
+async fn converge_instance(ctx: &Context, index: usize) {
+    let mut desired = Vec::new();
+    let mut keep: HashSet<(String, String)> = HashSet::new();
+    for svc in ctx.services.state() {
+        if !ctx.selection.serves(&svc) || svc.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let id = (
+            svc.metadata.namespace.clone().unwrap_or_default(),
+            svc.metadata.name.clone().unwrap_or_default(),
+        );
+        match desired_rules(&svc, ctx) {
+            Ok(Some(plan)) => desired.extend(plan.rules),
+            Ok(None) => {}
+            Err(_) => {
+                keep.insert(id);
+            }
+        }
+    }
+    let inst = &ctx.fleet.instances[index];
+    match inst
+        .converge_all(&ctx.cluster, &desired, &keep, &ctx.metrics)
+        .await
+    {
+        Ok(report) if report.changes > 0 => {
+            info!(
+                instance = inst.url(),
+                changes = report.changes,
+                "drift repaired"
+            );
+        }
+        Ok(_) => {}
+        Err(e) => warn!(instance = inst.url(), error = %e, "drift check failed"),
+    }
+}

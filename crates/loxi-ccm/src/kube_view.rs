@@ -1,0 +1,222 @@
+//! Reading Kubernetes objects into the domain's plain views, and the rules of which Services
+//! loxi-ccm serves.
+
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use loxi_domain::{NodeView, ServicePortView, ServiceView};
+
+/// Finalizer on Services of our class. The upstream service controller treats any Service
+/// with a class as not its own and would strip the standard finalizer (DESIGN.md §4).
+pub const CLASS_FINALIZER: &str = "loxilb.io/loadbalancer-cleanup";
+/// The standard finalizer, for class-less Services served in CCM mode, as the upstream
+/// service controller uses it.
+pub const CCM_FINALIZER: &str = "service.kubernetes.io/load-balancer-cleanup";
+/// Nodes with this label are never used as endpoints.
+pub const EXCLUDE_LB_LABEL: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
+/// kube-loxilb publishes addresses as hostnames `llb-<ip>` (to stop kube-proxy from
+/// short-circuiting the VIP); such addresses are read back as theirs.
+pub const LLB_HOSTNAME_PREFIX: &str = "llb-";
+
+/// Which Services this controller serves.
+#[derive(Debug, Clone)]
+pub struct Selection {
+    pub class: String,
+    pub ccm_mode: bool,
+}
+
+impl Selection {
+    /// Type LoadBalancer and either our class, or no class while in CCM mode.
+    pub fn serves(&self, svc: &Service) -> bool {
+        let Some(spec) = &svc.spec else { return false };
+        if spec.type_.as_deref() != Some("LoadBalancer") {
+            return false;
+        }
+        match spec.load_balancer_class.as_deref() {
+            Some(class) => class == self.class,
+            None => self.ccm_mode,
+        }
+    }
+
+    /// The finalizer a served Service carries.
+    pub fn finalizer_for(&self, svc: &Service) -> &'static str {
+        let classless = svc
+            .spec
+            .as_ref()
+            .is_none_or(|s| s.load_balancer_class.is_none());
+        if classless {
+            CCM_FINALIZER
+        } else {
+            CLASS_FINALIZER
+        }
+    }
+
+    /// Finalizers of ours present on `svc`. The standard one counts only in CCM mode on a
+    /// class-less Service: otherwise it belongs to another cloud provider.
+    pub fn our_finalizers(&self, svc: &Service) -> Vec<&'static str> {
+        let present = svc.metadata.finalizers.as_deref().unwrap_or_default();
+        let classless = svc
+            .spec
+            .as_ref()
+            .is_none_or(|s| s.load_balancer_class.is_none());
+        let mut ours = Vec::new();
+        if present.iter().any(|f| f == CLASS_FINALIZER) {
+            ours.push(CLASS_FINALIZER);
+        }
+        if self.ccm_mode && classless && present.iter().any(|f| f == CCM_FINALIZER) {
+            ours.push(CCM_FINALIZER);
+        }
+        ours
+    }
+}
+
+pub fn service_view(svc: &Service) -> ServiceView {
+    let ports = svc
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.as_ref())
+        .map(|ports| {
+            ports
+                .iter()
+                .map(|p| ServicePortView {
+                    name: p.name.clone().unwrap_or_default(),
+                    port: u16::try_from(p.port).unwrap_or(0),
+                    protocol: p.protocol.clone().unwrap_or_else(|| "TCP".into()),
+                    node_port: p.node_port.and_then(|n| u16::try_from(n).ok()),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    ServiceView {
+        namespace: svc.metadata.namespace.clone().unwrap_or_default(),
+        name: svc.metadata.name.clone().unwrap_or_default(),
+        ports,
+    }
+}
+
+pub fn node_view(node: &Node) -> NodeView {
+    let status = node.status.as_ref();
+    let internal_ip = status.and_then(|s| s.addresses.as_ref()).and_then(|addrs| {
+        addrs
+            .iter()
+            .filter(|a| a.type_ == "InternalIP")
+            .find_map(|a| a.address.parse::<IpAddr>().ok())
+    });
+    let ready = status
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+        .is_none_or(|c| c.status == "True");
+    NodeView {
+        name: node.metadata.name.clone().unwrap_or_default(),
+        internal_ip,
+        excluded: node
+            .metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(EXCLUDE_LB_LABEL)),
+        deleting: node.metadata.deletion_timestamp.is_some(),
+        ready,
+    }
+}
+
+/// Addresses already published in the Service status (ours, or kube-loxilb's / loxi-ccm's
+/// when adopting), including kube-loxilb's `llb-<ip>` hostname form.
+pub fn published_addresses(svc: &Service) -> Vec<IpAddr> {
+    svc.status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .map(|ingress| {
+            ingress
+                .iter()
+                .filter_map(|i| {
+                    i.ip.as_deref().and_then(|ip| ip.parse().ok()).or_else(|| {
+                        i.hostname
+                            .as_deref()
+                            .and_then(|h| h.strip_prefix(LLB_HOSTNAME_PREFIX))
+                            .and_then(|ip| ip.parse().ok())
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `namespace/name`, the owner key used by the allocator.
+pub fn owner_key(svc: &Service) -> String {
+    format!(
+        "{}/{}",
+        svc.metadata.namespace.as_deref().unwrap_or_default(),
+        svc.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{
+        LoadBalancerIngress, LoadBalancerStatus, ServiceSpec, ServiceStatus,
+    };
+
+    fn svc(type_: &str, class: Option<&str>) -> Service {
+        Service {
+            spec: Some(ServiceSpec {
+                type_: Some(type_.into()),
+                load_balancer_class: class.map(str::to_string),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn selection_by_type_and_class() {
+        let sel = Selection {
+            class: "loxilb.io/loxilb".into(),
+            ccm_mode: false,
+        };
+        assert!(sel.serves(&svc("LoadBalancer", Some("loxilb.io/loxilb"))));
+        assert!(!sel.serves(&svc("LoadBalancer", Some("other.io/lb"))));
+        assert!(!sel.serves(&svc("LoadBalancer", None)));
+        assert!(!sel.serves(&svc("ClusterIP", Some("loxilb.io/loxilb"))));
+        let ccm = Selection {
+            ccm_mode: true,
+            ..sel
+        };
+        assert!(ccm.serves(&svc("LoadBalancer", None)));
+        assert_eq!(ccm.finalizer_for(&svc("LoadBalancer", None)), CCM_FINALIZER);
+        assert_eq!(
+            ccm.finalizer_for(&svc("LoadBalancer", Some("loxilb.io/loxilb"))),
+            CLASS_FINALIZER
+        );
+    }
+
+    #[test]
+    fn published_addresses_read_both_forms() {
+        let mut s = svc("LoadBalancer", None);
+        s.status = Some(ServiceStatus {
+            load_balancer: Some(LoadBalancerStatus {
+                ingress: Some(vec![
+                    LoadBalancerIngress {
+                        ip: Some("192.0.2.5".into()),
+                        ..Default::default()
+                    },
+                    LoadBalancerIngress {
+                        hostname: Some("llb-192.0.2.6".into()),
+                        ..Default::default()
+                    },
+                    LoadBalancerIngress {
+                        hostname: Some("lb.example.com".into()),
+                        ..Default::default()
+                    },
+                ]),
+            }),
+            ..Default::default()
+        });
+        let ips: Vec<String> = published_addresses(&s)
+            .iter()
+            .map(|i| i.to_string())
+            .collect();
+        assert_eq!(ips, ["192.0.2.5", "192.0.2.6"]);
+    }
+}

@@ -1,0 +1,190 @@
+//! Prometheus metrics. Labels are low-cardinality by construction: results and error
+//! categories are fixed strings, instances are the configured loxilb URLs.
+
+use std::sync::atomic::AtomicI64;
+use std::time::Duration;
+
+use loxilb_client::ClientError;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct InstanceLabels {
+    pub instance: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CallLabels {
+    pub instance: String,
+    pub op: String,
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabels {
+    pub pool: String,
+    pub state: String,
+}
+
+fn latency_histogram() -> Histogram {
+    // 0.5 ms .. ~16 s
+    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+}
+
+pub struct Metrics {
+    registry: Registry,
+    reconciles: Family<ResultLabels, Counter>,
+    reconcile_seconds: Histogram,
+    loxilb_calls: Family<CallLabels, Counter>,
+    loxilb_call_seconds: Family<InstanceLabels, Histogram, fn() -> Histogram>,
+    loxilb_up: Family<InstanceLabels, Gauge>,
+    loxilb_rules: Family<InstanceLabels, Gauge>,
+    pool_addresses: Family<PoolLabels, Gauge<i64, AtomicI64>>,
+    endpoints_dropped: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("loxi_ccm");
+        let reconciles = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "reconciles",
+            "Service reconciles by result (success, error, invalid)",
+            reconciles.clone(),
+        );
+        let reconcile_seconds = latency_histogram();
+        registry.register(
+            "reconcile_duration_seconds",
+            "Time spent in one Service reconcile",
+            reconcile_seconds.clone(),
+        );
+        let loxilb_calls = Family::<CallLabels, Counter>::default();
+        registry.register(
+            "loxilb_calls",
+            "loxilb API calls by instance, operation and result (ok or error category)",
+            loxilb_calls.clone(),
+        );
+        let loxilb_call_seconds: Family<InstanceLabels, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(latency_histogram);
+        registry.register(
+            "loxilb_call_duration_seconds",
+            "Latency of loxilb API calls",
+            loxilb_call_seconds.clone(),
+        );
+        let loxilb_up = Family::<InstanceLabels, Gauge>::default();
+        registry.register(
+            "loxilb_up",
+            "1 when the loxilb instance answers its liveness probe",
+            loxilb_up.clone(),
+        );
+        let loxilb_rules = Family::<InstanceLabels, Gauge>::default();
+        registry.register(
+            "loxilb_rules",
+            "Load-balancer rules the instance is known to hold",
+            loxilb_rules.clone(),
+        );
+        let pool_addresses = Family::<PoolLabels, Gauge<i64, AtomicI64>>::default();
+        registry.register(
+            "pool_addresses",
+            "Addresses per pool and state (total, used)",
+            pool_addresses.clone(),
+        );
+        let endpoints_dropped = Gauge::default();
+        registry.register(
+            "endpoints_dropped",
+            "Candidate endpoints left out by loxilb's 32-endpoint limit, summed over Services",
+            endpoints_dropped.clone(),
+        );
+        Metrics {
+            registry,
+            reconciles,
+            reconcile_seconds,
+            loxilb_calls,
+            loxilb_call_seconds,
+            loxilb_up,
+            loxilb_rules,
+            pool_addresses,
+            endpoints_dropped,
+        }
+    }
+
+    pub fn reconciled(&self, result: &str, took: Duration) {
+        self.reconciles
+            .get_or_create(&ResultLabels {
+                result: result.to_string(),
+            })
+            .inc();
+        self.reconcile_seconds.observe(took.as_secs_f64());
+    }
+
+    pub fn loxilb_call(&self, instance: &str, op: &str, took: Duration, err: Option<&ClientError>) {
+        self.loxilb_calls
+            .get_or_create(&CallLabels {
+                instance: instance.to_string(),
+                op: op.to_string(),
+                result: err.map_or("ok", ClientError::category).to_string(),
+            })
+            .inc();
+        self.loxilb_call_seconds
+            .get_or_create(&InstanceLabels {
+                instance: instance.to_string(),
+            })
+            .observe(took.as_secs_f64());
+    }
+
+    pub fn set_up(&self, instance: &str, up: bool) {
+        self.loxilb_up
+            .get_or_create(&InstanceLabels {
+                instance: instance.to_string(),
+            })
+            .set(i64::from(up));
+    }
+
+    pub fn set_rules(&self, instance: &str, n: usize) {
+        self.loxilb_rules
+            .get_or_create(&InstanceLabels {
+                instance: instance.to_string(),
+            })
+            .set(n as i64);
+    }
+
+    pub fn set_pool(&self, pool: &str, total: u128, used: usize) {
+        for (state, v) in [
+            ("total", total.min(i64::MAX as u128) as i64),
+            ("used", used as i64),
+        ] {
+            self.pool_addresses
+                .get_or_create(&PoolLabels {
+                    pool: pool.to_string(),
+                    state: state.to_string(),
+                })
+                .set(v);
+        }
+    }
+
+    pub fn set_endpoints_dropped(&self, n: usize) {
+        self.endpoints_dropped.set(n as i64);
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}

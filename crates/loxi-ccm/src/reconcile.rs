@@ -1,0 +1,502 @@
+//! Reconciling one Service (DESIGN.md §2): read the stores, confirm or claim an address,
+//! plan rules (pure), apply the difference to every loxilb, report.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
+use loxi_domain::ipam::Family;
+use loxi_domain::plan::Plan;
+use loxi_domain::{AllocError, AnnotationError, PlanError, Rule, parse_intent, plan_rules};
+use loxilb_client::ClientError;
+use serde_json::json;
+use thiserror::Error;
+use tracing::{Instrument, info, warn};
+
+use crate::context::Context;
+use crate::kube_view::{node_view, owner_key, published_addresses, service_view};
+use crate::status::{self, COND_ADDRESS, COND_PROGRAMMED, Cond, DesiredStatus};
+
+#[derive(Debug, Error)]
+pub enum ReconcileError {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// loxilb failed in a way that may pass (unreachable, timeout, 5xx): retried with backoff.
+    #[error("loxilb: {0}")]
+    Loxilb(String),
+}
+
+/// Why a Service cannot have rules right now; each becomes a Warning Event and a condition.
+#[derive(Debug, Error)]
+pub enum Problem {
+    #[error(transparent)]
+    Annotation(#[from] AnnotationError),
+    #[error(transparent)]
+    Address(#[from] AllocError),
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+}
+
+impl Problem {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Problem::Annotation(e) => e.reason(),
+            Problem::Address(e) => e.reason(),
+            Problem::Plan(e) => e.reason(),
+        }
+    }
+}
+
+/// The rules a served Service should have, computed from the stores only (no allocation).
+/// `Ok(None)` when it has no address yet.
+pub fn desired_rules(svc: &Service, ctx: &Context) -> Result<Option<Plan>, Problem> {
+    let intent = parse_intent(&svc.annotations().clone(), ctx.cfg.defaults)?;
+    let addresses: Vec<IpAddr> = match ctx.ipam.lock() {
+        Ok(ipam) => ipam.addresses_of(&owner_key(svc)).to_vec(),
+        Err(_) => Vec::new(),
+    };
+    if addresses.is_empty() {
+        return Ok(None);
+    }
+    let nodes: Vec<_> = ctx.nodes.state().iter().map(|n| node_view(n)).collect();
+    Ok(Some(plan_rules(
+        &ctx.cluster,
+        &service_view(svc),
+        &nodes,
+        &addresses,
+        &intent,
+    )?))
+}
+
+pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
+    ctx.wait_ready().await;
+    let span = tracing::info_span!(
+        "reconcile",
+        namespace = svc.namespace().unwrap_or_default(),
+        name = svc.name_any()
+    );
+    let started = Instant::now();
+    let result = reconcile_service(&svc, &ctx).instrument(span).await;
+    let label = match &result {
+        Ok(Outcome::Done) => "success",
+        Ok(Outcome::Problem) => "invalid",
+        Err(_) => "error",
+    };
+    ctx.metrics.reconciled(label, started.elapsed());
+    if result.is_ok()
+        && let Ok(mut f) = ctx.failures.lock()
+    {
+        f.remove(&ObjectRef::from_obj(&*svc));
+    }
+    result.map(|_| Action::await_change())
+}
+
+/// Per-Service exponential backoff (0.5 s doubling to 5 min), reset on success.
+pub fn error_policy(svc: Arc<Service>, err: &ReconcileError, ctx: Arc<Context>) -> Action {
+    let n = match ctx.failures.lock() {
+        Ok(mut f) => {
+            let n = f.entry(ObjectRef::from_obj(&*svc)).or_insert(0);
+            *n = n.saturating_add(1);
+            *n
+        }
+        Err(_) => 1,
+    };
+    let delay = Duration::from_millis(500)
+        .saturating_mul(1u32 << (n - 1).min(10))
+        .min(Duration::from_secs(300));
+    warn!(service = %owner_key(&svc), error = %err, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+enum Outcome {
+    Done,
+    /// The Service has a problem only its owner can fix; reported, nothing to retry.
+    Problem,
+}
+
+async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<Outcome, ReconcileError> {
+    let served = ctx.selection.serves(svc);
+    let deleting = svc.metadata.deletion_timestamp.is_some();
+    if !served || deleting {
+        cleanup(svc, ctx).await?;
+        return Ok(Outcome::Done);
+    }
+    ensure_finalizer(svc, ctx).await?;
+
+    // Address first: a Service with a bad annotation still keeps (and shows) its address.
+    let (address, newly) = match ensure_address(svc, ctx) {
+        Ok(x) => x,
+        Err(e) => {
+            if matches!(e, AllocError::Exhausted { .. })
+                && let Ok(mut w) = ctx.waiting_for_address.lock()
+            {
+                w.insert(ObjectRef::from_obj(svc));
+            }
+            let cond = Cond::new(COND_ADDRESS, false, e.reason(), e.to_string());
+            let programmed = Cond::new(COND_PROGRAMMED, false, e.reason(), "no address");
+            report_problem(
+                svc,
+                ctx,
+                &Problem::Address(e),
+                vec![],
+                vec![cond, programmed],
+            )
+            .await?;
+            return Ok(Outcome::Problem);
+        }
+    };
+    if newly {
+        publish(
+            ctx,
+            svc,
+            EventType::Normal,
+            "AddressAllocated",
+            "Allocate",
+            format!("allocated {address} from pool {}", ctx.cfg.pool.name),
+        )
+        .await;
+    }
+    let address_cond = Cond::new(
+        COND_ADDRESS,
+        true,
+        "Allocated",
+        format!("{address} from pool {}", ctx.cfg.pool.name),
+    );
+
+    let plan = match desired_rules(svc, ctx) {
+        Ok(Some(plan)) => plan,
+        Ok(None) => return Ok(Outcome::Done), // address vanished concurrently; re-queued
+        Err(problem) => {
+            // Existing rules stay as they were: only the owner can fix this.
+            let cond = Cond::new(
+                COND_PROGRAMMED,
+                false,
+                problem.reason(),
+                problem.to_string(),
+            );
+            report_problem(svc, ctx, &problem, vec![address], vec![address_cond, cond]).await?;
+            return Ok(Outcome::Problem);
+        }
+    };
+
+    let (programmed, retry) = apply_everywhere(svc, ctx, &plan.rules).await;
+    let want = DesiredStatus {
+        addresses: vec![address],
+        conditions: vec![address_cond, programmed],
+    };
+    if !status::is_current(svc, &want) {
+        status::write(&services_api(ctx, svc), svc, &want).await?;
+    }
+    match retry {
+        Some(e) => Err(ReconcileError::Loxilb(e)),
+        None => Ok(Outcome::Done),
+    }
+}
+
+/// Applies the plan to every healthy instance. Returns the Programmed condition and, when
+/// some failure may pass by itself, its text for a retry.
+async fn apply_everywhere(svc: &Service, ctx: &Context, rules: &[Rule]) -> (Cond, Option<String>) {
+    let ns = svc.namespace().unwrap_or_default();
+    let name = svc.name_any();
+    let total = ctx.fleet.instances.len();
+    let mut ok = 0;
+    let mut changes = 0;
+    let mut failures: Vec<(String, ClientError)> = Vec::new();
+    let mut skipped: Vec<String> = Vec::new();
+    let mut conflicts = Vec::new();
+    for inst in ctx.fleet.instances.iter() {
+        if !inst.is_healthy() {
+            skipped.push(inst.url().to_string());
+            continue;
+        }
+        match inst
+            .apply_service(&ctx.cluster, &ns, &name, rules, &ctx.metrics)
+            .await
+        {
+            Ok(report) => {
+                changes += report.changes;
+                if report.conflicts.is_empty() {
+                    ok += 1;
+                }
+                conflicts.extend(
+                    report
+                        .conflicts
+                        .into_iter()
+                        .map(|(k, n)| format!("{k} held by foreign rule {n:?} on {}", inst.url())),
+                );
+            }
+            Err(e) => failures.push((inst.url().to_string(), e)),
+        }
+    }
+    for (url, e) in &failures {
+        publish(
+            ctx,
+            svc,
+            EventType::Warning,
+            e.category(),
+            "Program",
+            format!("{url}: {e}"),
+        )
+        .await;
+    }
+    if !conflicts.is_empty() {
+        publish(
+            ctx,
+            svc,
+            EventType::Warning,
+            "RuleConflict",
+            "Program",
+            conflicts.join("; "),
+        )
+        .await;
+    }
+    if changes > 0 {
+        info!(rules = rules.len(), changes, "rules programmed");
+        publish(
+            ctx,
+            svc,
+            EventType::Normal,
+            "RulesProgrammed",
+            "Program",
+            format!("{} rule(s) on {ok}/{total} loxilb instance(s)", rules.len()),
+        )
+        .await;
+    }
+    let retry = failures
+        .iter()
+        .find(|(_, e)| e.is_retryable())
+        .map(|(url, e)| format!("{url}: {e}"));
+    let cond = if let Some((url, e)) = failures.first() {
+        Cond::new(COND_PROGRAMMED, false, e.category(), format!("{url}: {e}"))
+    } else if !conflicts.is_empty() {
+        Cond::new(COND_PROGRAMMED, false, "RuleConflict", conflicts.join("; "))
+    } else if ok == 0 {
+        Cond::new(
+            COND_PROGRAMMED,
+            false,
+            "LoxilbUnavailable",
+            format!("no loxilb instance is reachable ({})", skipped.join(", ")),
+        )
+    } else if !skipped.is_empty() {
+        Cond::new(
+            COND_PROGRAMMED,
+            true,
+            "PartiallyProgrammed",
+            format!(
+                "{} rule(s) on {ok}/{total} instances; unreachable, replayed when back: {}",
+                rules.len(),
+                skipped.join(", ")
+            ),
+        )
+    } else {
+        Cond::new(
+            COND_PROGRAMMED,
+            true,
+            "Programmed",
+            format!("{} rule(s) on {ok}/{total} loxilb instance(s)", rules.len()),
+        )
+    };
+    (cond, retry)
+}
+
+/// The Service's address: the one already indexed, else the one it already shows (adoption
+/// after a restart or from kube-loxilb / loxi-ccm), else `spec.loadBalancerIP`, else a new one.
+fn ensure_address(svc: &Service, ctx: &Context) -> Result<(IpAddr, bool), AllocError> {
+    let key = owner_key(svc);
+    let mut ipam = ctx.ipam.lock().expect("ipam lock poisoned");
+    if let Some(ip) = ipam.addresses_of(&key).first() {
+        return Ok((*ip, false));
+    }
+    if let Some(ip) = published_addresses(svc).into_iter().next() {
+        ipam.assign(ip, &key)?;
+        return Ok((ip, false));
+    }
+    let requested = svc
+        .spec
+        .as_ref()
+        .and_then(|s| s.load_balancer_ip.as_deref())
+        .filter(|s| !s.is_empty());
+    let ip = match requested {
+        Some(text) => {
+            let ip: IpAddr = text.parse().map_err(|_| {
+                AllocError::UnknownPool(format!(
+                    "spec.loadBalancerIP {text:?} is not an IP address"
+                ))
+            })?;
+            ipam.assign(ip, &key)?;
+            ip
+        }
+        None => ipam.allocate(&key, None, Family::V4)?,
+    };
+    ctx.metrics.set_pool(
+        &ctx.cfg.pool.name,
+        ctx.cfg.pool.size(Family::V4),
+        ipam.used(),
+    );
+    Ok((ip, true))
+}
+
+async fn report_problem(
+    svc: &Service,
+    ctx: &Context,
+    problem: &Problem,
+    addresses: Vec<IpAddr>,
+    conditions: Vec<Cond>,
+) -> Result<(), ReconcileError> {
+    let want = DesiredStatus {
+        addresses,
+        conditions,
+    };
+    if !status::is_current(svc, &want) {
+        warn!(reason = problem.reason(), "{problem}");
+        publish(
+            ctx,
+            svc,
+            EventType::Warning,
+            problem.reason(),
+            "Reconcile",
+            problem.to_string(),
+        )
+        .await;
+        status::write(&services_api(ctx, svc), svc, &want).await?;
+    }
+    Ok(())
+}
+
+/// The Service is gone or no longer ours: rules off every reachable loxilb, then the address
+/// back to the pool, then (for a Service that stays) our status fields, then the finalizer.
+async fn cleanup(svc: &Service, ctx: &Context) -> Result<(), ReconcileError> {
+    let key = owner_key(svc);
+    let finalizers = ctx.selection.our_finalizers(svc);
+    let holds_address = ctx
+        .ipam
+        .lock()
+        .map(|i| !i.addresses_of(&key).is_empty())
+        .unwrap_or(false);
+    if finalizers.is_empty() && !holds_address {
+        return Ok(());
+    }
+    let ns = svc.namespace().unwrap_or_default();
+    let name = svc.name_any();
+    let mut removed = 0;
+    for inst in ctx.fleet.instances.iter() {
+        if !inst.is_healthy() {
+            // Unreachable: its orphans are removed by the replay when it comes back.
+            continue;
+        }
+        match inst
+            .remove_service(&ctx.cluster, &ns, &name, &ctx.metrics)
+            .await
+        {
+            Ok(r) => removed += r.changes,
+            Err(e) => {
+                publish(
+                    ctx,
+                    svc,
+                    EventType::Warning,
+                    e.category(),
+                    "Cleanup",
+                    format!("{}: {e}", inst.url()),
+                )
+                .await;
+                return Err(ReconcileError::Loxilb(format!("{}: {e}", inst.url())));
+            }
+        }
+    }
+    if removed > 0 {
+        publish(
+            ctx,
+            svc,
+            EventType::Normal,
+            "RulesDeleted",
+            "Cleanup",
+            format!("deleted {removed} rule(s)"),
+        )
+        .await;
+    }
+    let released = ctx
+        .ipam
+        .lock()
+        .map(|mut i| i.release_owner(&key))
+        .unwrap_or_default();
+    if !released.is_empty() {
+        info!(?released, "addresses released");
+        ctx.wake_address_waiters();
+    }
+    if svc.metadata.deletion_timestamp.is_none() {
+        status::clear(&services_api(ctx, svc), svc).await?;
+    }
+    if !finalizers.is_empty() {
+        let remaining: Vec<&String> = svc
+            .finalizers()
+            .iter()
+            .filter(|f| !finalizers.contains(&f.as_str()))
+            .collect();
+        patch_finalizers(ctx, svc, json!(remaining)).await?;
+    }
+    Ok(())
+}
+
+async fn ensure_finalizer(svc: &Service, ctx: &Context) -> Result<(), ReconcileError> {
+    let wanted = ctx.selection.finalizer_for(svc);
+    if svc.finalizers().iter().any(|f| f == wanted) {
+        return Ok(());
+    }
+    let mut list: Vec<String> = svc.finalizers().to_vec();
+    list.push(wanted.to_string());
+    patch_finalizers(ctx, svc, json!(list)).await
+}
+
+/// Sets the finalizer list; the resourceVersion makes it fail (409) rather than overwrite a
+/// list someone else changed meanwhile.
+async fn patch_finalizers(
+    ctx: &Context,
+    svc: &Service,
+    list: serde_json::Value,
+) -> Result<(), ReconcileError> {
+    let patch = json!({
+        "metadata": {
+            "finalizers": list,
+            "resourceVersion": svc.resource_version(),
+        }
+    });
+    services_api(ctx, svc)
+        .patch(
+            &svc.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+    Ok(())
+}
+
+fn services_api(ctx: &Context, svc: &Service) -> Api<Service> {
+    Api::namespaced(ctx.client.clone(), &svc.namespace().unwrap_or_default())
+}
+
+/// Publishes an Event; failing to do so is logged, never fatal.
+pub async fn publish(
+    ctx: &Context,
+    svc: &Service,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+) {
+    let event = Event {
+        type_,
+        reason: reason.to_string(),
+        note: Some(note.chars().take(1000).collect()),
+        action: action.to_string(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &svc.object_ref(&())).await {
+        warn!(error = %e, reason, "could not publish event");
+    }
+}

@@ -1,0 +1,418 @@
+//! The controller against a real kube-apiserver (RBAC on) and the loxilb simulator.
+
+mod common;
+
+use common::{CLASS, Options, WAIT, World, wait_for};
+use kube::api::{DeleteParams, Patch, PatchParams};
+use loxilb_sim::Fault;
+
+const COND_ADDRESS: &str = "loxilb.io/AddressAllocated";
+const COND_PROGRAMMED: &str = "loxilb.io/Programmed";
+
+fn node_ports(svc: &k8s_openapi::api::core::v1::Service) -> Vec<i32> {
+    svc.spec
+        .as_ref()
+        .unwrap()
+        .ports
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|p| p.node_port.expect("nodePort assigned by the API server"))
+        .collect()
+}
+
+#[tokio::test]
+async fn service_gets_ip_and_rules_then_cleanup_on_delete() {
+    let w = World::new("lifecycle").await;
+    w.add_node("node-a", "10.0.0.1").await;
+    w.add_node("node-b", "10.0.0.2").await;
+    // Another class's Service, created first: must be left alone.
+    w.create(&World::lb_service(
+        "foreign",
+        Some("example.com/other"),
+        &[(80, "TCP")],
+    ))
+    .await;
+    let svc = w
+        .create(&World::lb_service(
+            "web",
+            Some(CLASS),
+            &[(80, "TCP"), (53, "UDP")],
+        ))
+        .await;
+    let np = node_ports(&svc);
+
+    let ip = w.wait_for_ip("web").await;
+    assert!(ip.starts_with("192.0.2."), "{ip} not from the CIDR");
+    let want = vec![
+        (
+            53u16,
+            "udp".to_string(),
+            vec![format!("10.0.0.1:{}", np[1]), format!("10.0.0.2:{}", np[1])],
+        ),
+        (
+            80u16,
+            "tcp".to_string(),
+            vec![format!("10.0.0.1:{}", np[0]), format!("10.0.0.2:{}", np[0])],
+        ),
+    ];
+    wait_for("both rules in the simulator", WAIT, || async {
+        (w.rules_for(&ip) == want).then_some(())
+    })
+    .await;
+    let names: Vec<String> = w.sim.rules().iter().map(|r| r.name.clone()).collect();
+    assert!(
+        names.contains(&format!("ccm-test_{}_web_80_tcp:llb-inst0", w.ns)),
+        "{names:?}"
+    );
+    let svc = wait_for("Programmed=True", WAIT, || async {
+        let s = w.get("web").await?;
+        (World::condition(&s, COND_PROGRAMMED)?.0 == "True").then_some(s)
+    })
+    .await;
+    assert_eq!(World::condition(&svc, COND_ADDRESS).unwrap().0, "True");
+    assert!(
+        svc.metadata
+            .finalizers
+            .unwrap_or_default()
+            .contains(&"loxilb.io/loadbalancer-cleanup".to_string())
+    );
+    let reasons = wait_for("Normal events", WAIT, || async {
+        let r = w.event_reasons("web").await;
+        r.contains(&"RulesProgrammed".to_string()).then_some(r)
+    })
+    .await;
+    assert!(
+        reasons.contains(&"AddressAllocated".to_string()),
+        "{reasons:?}"
+    );
+
+    // The other class's Service: no address, no finalizer, no rule.
+    let foreign = w.get("foreign").await.unwrap();
+    assert!(foreign.metadata.finalizers.unwrap_or_default().is_empty());
+    assert!(
+        foreign
+            .status
+            .and_then(|s| s.load_balancer)
+            .and_then(|l| l.ingress)
+            .unwrap_or_default()
+            .is_empty()
+    );
+    assert_eq!(w.sim.rules().len(), 2);
+
+    // Delete: rules gone, finalizer removed, Service gone.
+    w.services
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("Service gone", WAIT, || async {
+        w.get("web").await.is_none().then_some(())
+    })
+    .await;
+    assert!(
+        w.sim.rules().is_empty(),
+        "rules left behind: {:?}",
+        w.sim.rules()
+    );
+    w.finish().await;
+}
+
+#[tokio::test]
+async fn node_changes_move_endpoints() {
+    let w = World::new("nodes").await;
+    w.add_node("node-a", "10.0.1.1").await;
+    let svc = w
+        .create(&World::lb_service("web", Some(CLASS), &[(80, "TCP")]))
+        .await;
+    let np = node_ports(&svc)[0];
+    let ip = w.wait_for_ip("web").await;
+    let eps = |list: &[&str]| -> Vec<(u16, String, Vec<String>)> {
+        vec![(
+            80,
+            "tcp".into(),
+            list.iter().map(|i| format!("{i}:{np}")).collect(),
+        )]
+    };
+    wait_for("one endpoint", WAIT, || async {
+        (w.rules_for(&ip) == eps(&["10.0.1.1"])).then_some(())
+    })
+    .await;
+    w.add_node("node-b", "10.0.1.2").await;
+    wait_for("new node added", WAIT, || async {
+        (w.rules_for(&ip) == eps(&["10.0.1.1", "10.0.1.2"])).then_some(())
+    })
+    .await;
+    w.set_node_status("node-a", "10.0.1.1", false).await;
+    wait_for("not-ready node removed", WAIT, || async {
+        (w.rules_for(&ip) == eps(&["10.0.1.2"])).then_some(())
+    })
+    .await;
+    // Excluded by label.
+    w.nodes
+        .patch(
+            "node-b",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata":{"labels":{
+                "node.kubernetes.io/exclude-from-external-load-balancers": "true"}}})),
+        )
+        .await
+        .unwrap();
+    w.set_node_status("node-a", "10.0.1.1", true).await;
+    wait_for("excluded node removed, ready node back", WAIT, || async {
+        (w.rules_for(&ip) == eps(&["10.0.1.1"])).then_some(())
+    })
+    .await;
+    w.finish().await;
+}
+
+#[tokio::test]
+async fn classless_services_need_ccm_mode_and_get_the_standard_finalizer() {
+    let w = World::with(
+        "ccm",
+        Options {
+            ccm_mode: true,
+            ..Options::default()
+        },
+    )
+    .await;
+    w.add_node("node-a", "10.0.2.1").await;
+    w.create(&World::lb_service("plain", None, &[(443, "TCP")]))
+        .await;
+    let ip = w.wait_for_ip("plain").await;
+    let svc = w.get("plain").await.unwrap();
+    assert!(
+        svc.metadata
+            .finalizers
+            .unwrap_or_default()
+            .contains(&"service.kubernetes.io/load-balancer-cleanup".to_string())
+    );
+    wait_for("rule", WAIT, || async {
+        (w.rules_for(&ip).len() == 1).then_some(())
+    })
+    .await;
+
+    // Type changed away from LoadBalancer: rule removed, status cleared, finalizer gone.
+    w.services
+        .patch(
+            "plain",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec":{"type":"ClusterIP"}})),
+        )
+        .await
+        .unwrap();
+    wait_for("cleanup after type change", WAIT, || async {
+        let s = w.get("plain").await?;
+        let no_fin = s.metadata.finalizers.clone().unwrap_or_default().is_empty();
+        let no_ip = s
+            .status
+            .as_ref()
+            .and_then(|st| st.load_balancer.as_ref())
+            .and_then(|l| l.ingress.as_ref())
+            .is_none_or(|i| i.is_empty());
+        (no_fin && no_ip && w.sim.rules().is_empty()).then_some(())
+    })
+    .await;
+    w.finish().await;
+}
+
+#[tokio::test]
+async fn classless_services_are_ignored_without_ccm_mode() {
+    let w = World::new("noccm").await;
+    w.add_node("node-a", "10.0.3.1").await;
+    w.create(&World::lb_service("plain", None, &[(80, "TCP")]))
+        .await;
+    // Barrier: a Service of our class gets served, so the controller has seen both.
+    w.create(&World::lb_service("ours", Some(CLASS), &[(80, "TCP")]))
+        .await;
+    w.wait_for_ip("ours").await;
+    let plain = w.get("plain").await.unwrap();
+    assert!(plain.metadata.finalizers.unwrap_or_default().is_empty());
+    assert!(
+        plain
+            .status
+            .and_then(|s| s.load_balancer)
+            .and_then(|l| l.ingress)
+            .is_none()
+    );
+    w.finish().await;
+}
+
+#[tokio::test]
+async fn loxilb_restart_and_outage_are_repaired() {
+    let w = World::new("restart").await;
+    w.add_node("node-a", "10.0.4.1").await;
+    w.create(&World::lb_service(
+        "web",
+        Some(CLASS),
+        &[(80, "TCP"), (81, "TCP")],
+    ))
+    .await;
+    let ip = w.wait_for_ip("web").await;
+    wait_for("rules", WAIT, || async {
+        (w.rules_for(&ip).len() == 2).then_some(())
+    })
+    .await;
+    // Restart = wipe, faster than anything else happens: the controller notices the loss.
+    w.sim.restart();
+    assert!(w.sim.rules().is_empty());
+    wait_for("rules replayed after restart", WAIT, || async {
+        (w.rules_for(&ip).len() == 2).then_some(())
+    })
+    .await;
+    // Down, wiped, up: replayed when it comes back.
+    w.sim.go_down().await;
+    w.sim.restart();
+    w.sim.come_up().await.unwrap();
+    wait_for("rules replayed after outage", WAIT, || async {
+        (w.rules_for(&ip).len() == 2).then_some(())
+    })
+    .await;
+    w.finish().await;
+}
+
+#[tokio::test]
+async fn loxilb_errors_are_reported_and_retried() {
+    let w = World::new("faults").await;
+    w.add_node("node-a", "10.0.5.1").await;
+    w.sim.set_fault(Some(Fault {
+        status: 500,
+        rate: 1.0,
+        only_writes: true,
+    }));
+    w.create(&World::lb_service("web", Some(CLASS), &[(80, "TCP")]))
+        .await;
+    let svc = wait_for("Programmed=False with the loxilb error", WAIT, || async {
+        let s = w.get("web").await?;
+        let (status, reason, _) = World::condition(&s, COND_PROGRAMMED)?;
+        (status == "False" && reason == "LoxilbServerError").then_some(s)
+    })
+    .await;
+    // The address is still allocated and shown.
+    assert!(svc.status.unwrap().load_balancer.unwrap().ingress.is_some());
+    w.sim.set_fault(None);
+    wait_for("Programmed=True after loxilb recovers", WAIT, || async {
+        let s = w.get("web").await?;
+        (World::condition(&s, COND_PROGRAMMED)?.0 == "True").then_some(())
+    })
+    .await;
+    assert_eq!(w.sim.rules().len(), 1);
+    w.finish().await;
+}
+
+#[tokio::test]
+async fn bad_annotation_is_reported_and_keeps_existing_rules() {
+    let w = World::new("badann").await;
+    w.add_node("node-a", "10.0.6.1").await;
+    w.create(&World::lb_service("web", Some(CLASS), &[(80, "TCP")]))
+        .await;
+    let ip = w.wait_for_ip("web").await;
+    wait_for("rule", WAIT, || async {
+        (w.rules_for(&ip).len() == 1).then_some(())
+    })
+    .await;
+    let before = w.sim.rules();
+    w.services
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"metadata":{"annotations":{"loxilb.io/lbmode":"fastest"}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let (_, reason, message) = wait_for("InvalidAnnotation condition", WAIT, || async {
+        let s = w.get("web").await?;
+        let c = World::condition(&s, COND_PROGRAMMED)?;
+        (c.1 == "InvalidAnnotation").then_some(c)
+    })
+    .await;
+    assert_eq!(reason, "InvalidAnnotation");
+    assert!(
+        message.contains("loxilb.io/lbmode") && message.contains("fastest"),
+        "{message}"
+    );
+    wait_for("Warning event", WAIT, || async {
+        w.event_reasons("web")
+            .await
+            .contains(&"InvalidAnnotation".to_string())
+            .then_some(())
+    })
+    .await;
+    assert_eq!(w.sim.rules(), before, "existing rule must stay as it was");
+    // The same IP is still shown.
+    assert_eq!(w.wait_for_ip("web").await, ip);
+    w.finish().await;
+}
+
+#[tokio::test]
+async fn exhausted_pool_waits_then_gets_freed_address() {
+    let w = World::with(
+        "exhaust",
+        Options {
+            cidr: "192.0.2.8/30".into(), // two usable addresses
+            ..Options::default()
+        },
+    )
+    .await;
+    w.add_node("node-a", "10.0.7.1").await;
+    for name in ["a", "b"] {
+        w.create(&World::lb_service(name, Some(CLASS), &[(80, "TCP")]))
+            .await;
+        w.wait_for_ip(name).await;
+    }
+    let ip_a = w.wait_for_ip("a").await;
+    w.create(&World::lb_service("c", Some(CLASS), &[(80, "TCP")]))
+        .await;
+    wait_for("PoolExhausted condition", WAIT, || async {
+        let s = w.get("c").await?;
+        (World::condition(&s, COND_ADDRESS)?.1 == "PoolExhausted").then_some(())
+    })
+    .await;
+    w.services
+        .delete("a", &DeleteParams::default())
+        .await
+        .unwrap();
+    let ip_c = w.wait_for_ip("c").await;
+    assert_eq!(ip_c, ip_a, "c gets the address a freed");
+    w.finish().await;
+}
+
+#[tokio::test]
+async fn controller_restart_keeps_every_address() {
+    let mut w = World::new("ctrlrestart").await;
+    w.add_node("node-a", "10.0.8.1").await;
+    let mut before = Vec::new();
+    for i in 0..5 {
+        let name = format!("svc{i}");
+        w.create(&World::lb_service(&name, Some(CLASS), &[(80, "TCP")]))
+            .await;
+    }
+    for i in 0..5 {
+        before.push(w.wait_for_ip(&format!("svc{i}")).await);
+    }
+    w.stop_controller().await;
+    // Free the lowest address while no controller runs: a naive allocator would hand it to
+    // the next Service and could reshuffle; ours rebuilds from what Services show.
+    w.services
+        .delete("svc0", &DeleteParams::default())
+        .await
+        .unwrap();
+    w.start_controller(&Options::default()).await;
+    wait_for("svc0 cleaned up by the new controller", WAIT, || async {
+        w.get("svc0").await.is_none().then_some(())
+    })
+    .await;
+    w.create(&World::lb_service("late", Some(CLASS), &[(80, "TCP")]))
+        .await;
+    let late = w.wait_for_ip("late").await;
+    for i in 1..5 {
+        assert_eq!(w.wait_for_ip(&format!("svc{i}")).await, before[i]);
+    }
+    assert!(!before[1..].contains(&late), "{late} duplicated");
+    wait_for("4 + 1 rules", WAIT, || async {
+        (w.sim.rules().len() == 5).then_some(())
+    })
+    .await;
+    w.finish().await;
+}
