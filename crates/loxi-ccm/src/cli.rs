@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -148,6 +148,35 @@ pub struct RunArgs {
     /// Log filter in tracing's EnvFilter syntax, e.g. info or loxi_ccm=debug.
     #[arg(long = "log-level", env = "LOXI_CCM_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
+
+    /// Elect one active replica through a coordination.k8s.io/v1 Lease; standbys keep warm
+    /// caches and take over when the leader stops or its lease expires. Set to false only
+    /// when exactly one replica runs.
+    #[arg(long = "leader-elect", env = "LOXI_CCM_LEADER_ELECT", default_value_t = true, action = ArgAction::Set)]
+    pub leader_elect: bool,
+
+    /// Namespace of the leader-election Lease.
+    #[arg(
+        long = "leader-elect-namespace",
+        env = "LOXI_CCM_LEADER_ELECT_NAMESPACE",
+        default_value = "kube-system"
+    )]
+    pub leader_elect_namespace: String,
+
+    /// Name of the leader-election Lease.
+    #[arg(
+        long = "leader-elect-name",
+        env = "LOXI_CCM_LEADER_ELECT_NAME",
+        default_value = "loxi-ccm"
+    )]
+    pub leader_elect_name: String,
+
+    /// How long a leader's Lease stays valid without renewal; a standby takes over after it.
+    #[arg(long = "leader-elect-lease-duration", env = "LOXI_CCM_LEADER_ELECT_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    pub leader_elect_lease_duration: Duration,
+
+    #[command(flatten)]
+    pub node_init: crate::node_init::NodeInitArgs,
 }
 
 /// Parses durations such as `500ms`, `5s`, `2m`, `1h` (a bare number is seconds).

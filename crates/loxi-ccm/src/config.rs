@@ -8,6 +8,8 @@ use loxilb_client::ClientConfig;
 use thiserror::Error;
 
 use crate::cli::RunArgs;
+use crate::leader::{LeaseConfig, default_identity};
+use crate::node_init::NodeInitArgs;
 
 /// The name of the pool built from `--external-cidr`.
 pub const DEFAULT_POOL: &str = "default";
@@ -45,6 +47,9 @@ pub struct Config {
     pub health_interval: Duration,
     pub drift_interval: Duration,
     pub concurrency: u16,
+    /// `None`: leader election off (this replica is always the leader).
+    pub leader: Option<LeaseConfig>,
+    pub node_init: NodeInitArgs,
 }
 
 impl Config {
@@ -110,6 +115,19 @@ impl Config {
             health_interval: args.health_interval,
             drift_interval: args.drift_interval,
             concurrency: args.concurrency,
+            leader: args.leader_elect.then(|| {
+                let mut lease = LeaseConfig::new(
+                    &args.leader_elect_namespace,
+                    &args.leader_elect_name,
+                    default_identity(),
+                );
+                lease.lease_duration = args.leader_elect_lease_duration;
+                // client-go's proportions: renew within 2/3 of the lease, retry at 2/15.
+                lease.renew_deadline = args.leader_elect_lease_duration * 2 / 3;
+                lease.retry_period = args.leader_elect_lease_duration * 2 / 15;
+                lease
+            }),
+            node_init: args.node_init.clone(),
         })
     }
 }

@@ -27,9 +27,13 @@ pub struct Context {
     pub fleet: Fleet,
     pub recorder: Recorder,
     pub metrics: Metrics,
-    /// Stores synced and address index rebuilt.
+    /// Stores synced (standbys too: their caches are warm).
+    pub synced: AtomicBool,
+    /// This replica leads, its stores are synced and its address index is rebuilt.
     pub ready: AtomicBool,
     pub ready_rx: watch::Receiver<bool>,
+    /// True while this replica holds the leader Lease.
+    pub leader_rx: watch::Receiver<bool>,
     /// The reconcile loop is running (for /healthz).
     pub running: AtomicBool,
     /// Consecutive failures per Service, for per-object exponential backoff reset on success.

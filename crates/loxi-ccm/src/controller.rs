@@ -1,7 +1,7 @@
 //! Wiring: watches and stores, the reconcile loop, loxilb health and drift checks.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,6 +23,7 @@ use crate::config::Config;
 use crate::context::Context;
 use crate::fleet::Fleet;
 use crate::kube_view::{Selection, node_view, owner_key, published_addresses};
+use crate::leader::LeaderElector;
 use crate::metrics::Metrics;
 use crate::reconcile::{desired_rules, error_policy, reconcile};
 
@@ -40,7 +41,19 @@ async fn cluster_id(client: &kube::Client, cfg: &Config) -> anyhow::Result<Clust
     ))
 }
 
-/// Runs the controller until `shutdown` resolves.
+/// A shutdown signal that many tasks can wait on.
+#[derive(Clone)]
+struct Stop(watch::Receiver<bool>);
+
+impl Stop {
+    async fn wait(mut self) {
+        let _ = self.0.wait_for(|stopped| *stopped).await;
+    }
+}
+
+/// Runs the controller until `shutdown` resolves. Returns an error when this replica lost
+/// its leadership (the process then exits and restarts as a standby, so no two replicas
+/// ever write at once).
 pub async fn run(
     client: kube::Client,
     cfg: Config,
@@ -54,6 +67,30 @@ pub async fn run(
         clients.push(LoxilbClient::new(c.clone())?);
     }
     let fleet = Fleet::new(clients);
+
+    // One stop signal for the reconcile loop: the caller's shutdown or a lost leadership.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stop_tx = Arc::new(stop_tx);
+    {
+        let stop_tx = stop_tx.clone();
+        tokio::spawn(async move {
+            shutdown.await;
+            let _ = stop_tx.send(true);
+        });
+    }
+
+    // Leader election; without it this replica always leads.
+    let (elector_stop_tx, elector_stop_rx) = watch::channel(false);
+    let (leader_rx, elector_task) = match &cfg.leader {
+        Some(lease) => {
+            let elector = LeaderElector::new(client.clone(), lease.clone());
+            let rx = elector.subscribe();
+            let stop = Stop(elector_stop_rx);
+            (rx, Some(tokio::spawn(elector.run(stop.wait()))))
+        }
+        None => (watch::channel(true).1, None),
+    };
+    let lost_leadership = Arc::new(AtomicBool::new(false));
 
     let services: Api<Service> = match &cfg.namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
@@ -93,8 +130,10 @@ pub async fn run(
         nodes: node_store,
         fleet,
         metrics: Metrics::new(),
+        synced: false.into(),
         ready: false.into(),
         ready_rx,
+        leader_rx: leader_rx.clone(),
         running: true.into(),
         failures: Mutex::default(),
         waiting_for_address: Mutex::default(),
@@ -111,14 +150,19 @@ pub async fn run(
         });
     }
     tokio::spawn(watch_nodes(ctx.clone(), node_events));
-    tokio::spawn(start_up(ctx.clone(), ready_tx));
+    tokio::spawn(start_up(ctx.clone(), ready_tx, Stop(stop_rx.clone())));
+    tokio::spawn(watch_leadership(
+        ctx.clone(),
+        stop_tx.clone(),
+        lost_leadership.clone(),
+    ));
     tokio::spawn(health_loop(ctx.clone()));
     tokio::spawn(drift_loop(ctx.clone()));
 
     let requeues = tokio_stream_from(requeue_rx);
     controller
         .reconcile_on(requeues)
-        .graceful_shutdown_on(shutdown)
+        .graceful_shutdown_on(Stop(stop_rx).wait())
         .run(reconcile, error_policy, ctx.clone())
         .for_each(|result| async move {
             if let Err(e) = result {
@@ -127,8 +171,47 @@ pub async fn run(
         })
         .await;
     ctx.running.store(false, Ordering::Relaxed);
+    // Release the Lease only once no reconcile runs any more, so the next leader never
+    // overlaps with this one.
+    let _ = elector_stop_tx.send(true);
+    if let Some(task) = elector_task {
+        let _ = tokio::time::timeout(Duration::from_secs(3), task).await;
+    }
     info!("controller stopped");
+    if lost_leadership.load(Ordering::Relaxed) {
+        anyhow::bail!("lost leadership: exiting so that a restart comes back as a standby");
+    }
     Ok(())
+}
+
+/// Publishes the leader state as a metric, and stops the controller when leadership is lost.
+async fn watch_leadership(
+    ctx: Arc<Context>,
+    stop: Arc<watch::Sender<bool>>,
+    lost: Arc<AtomicBool>,
+) {
+    let mut rx = ctx.leader_rx.clone();
+    let mut led = false;
+    loop {
+        let leading = *rx.borrow_and_update();
+        ctx.metrics.set_leader(leading);
+        if leading && !led {
+            info!("leading: this replica now writes");
+        }
+        if led && !leading {
+            if *stop.borrow() {
+                return; // released on our own shutdown
+            }
+            warn!("leadership lost: stopping");
+            lost.store(true, Ordering::Relaxed);
+            let _ = stop.send(true);
+            return;
+        }
+        led = leading;
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
 }
 
 fn tokio_stream_from<T: Send + 'static>(
@@ -139,9 +222,16 @@ fn tokio_stream_from<T: Send + 'static>(
 
 /// Waits for both stores, then rebuilds the address index from what Services show, before
 /// anything is allocated (DESIGN.md §4).
-async fn start_up(ctx: Arc<Context>, ready_tx: watch::Sender<bool>) {
+async fn start_up(ctx: Arc<Context>, ready_tx: watch::Sender<bool>, stop: Stop) {
     if wait_store(&ctx.services).await.is_err() || wait_store(&ctx.nodes).await.is_err() {
         warn!("store writer dropped before sync");
+        return;
+    }
+    ctx.synced.store(true, Ordering::Relaxed);
+    // Standbys stop here with warm stores; the index is rebuilt by whoever leads, from the
+    // cluster as it is at that moment.
+    let mut leader = ctx.leader_rx.clone();
+    if leader.wait_for(|l| *l).await.is_err() {
         return;
     }
     {
@@ -165,6 +255,14 @@ async fn start_up(ctx: Arc<Context>, ready_tx: watch::Sender<bool>) {
     }
     ctx.ready.store(true, Ordering::Relaxed);
     let _ = ready_tx.send(true);
+    // The cloud node controller writes too: leader only.
+    let node_init = ctx.cfg.node_init.clone();
+    let client = ctx.client.clone();
+    tokio::spawn(async move {
+        if let Err(e) = crate::node_init::run(client, node_init, stop.wait()).await {
+            warn!(error = %e, "node initialization stopped");
+        }
+    });
 }
 
 /// Waits until a store has seen its first full listing. kube-runtime 5's readiness signal

@@ -8,7 +8,9 @@ pub mod context;
 pub mod controller;
 pub mod fleet;
 pub mod kube_view;
+pub mod leader;
 pub mod metrics;
+pub mod node_init;
 pub mod reconcile;
 pub mod status;
 

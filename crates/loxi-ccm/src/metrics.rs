@@ -50,6 +50,7 @@ pub struct Metrics {
     loxilb_rules: Family<InstanceLabels, Gauge>,
     pool_addresses: Family<PoolLabels, Gauge<i64, AtomicI64>>,
     endpoints_dropped: Gauge,
+    leader: Gauge,
 }
 
 impl Default for Metrics {
@@ -110,7 +111,14 @@ impl Metrics {
             "Candidate endpoints left out by loxilb's 32-endpoint limit, summed over Services",
             endpoints_dropped.clone(),
         );
+        let leader = Gauge::default();
+        registry.register(
+            "leader",
+            "1 while this replica holds the leader Lease and writes",
+            leader.clone(),
+        );
         Metrics {
+            leader,
             registry,
             reconciles,
             reconcile_seconds,
@@ -175,6 +183,10 @@ impl Metrics {
                 })
                 .set(v);
         }
+    }
+
+    pub fn set_leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
     }
 
     pub fn set_endpoints_dropped(&self, n: usize) {

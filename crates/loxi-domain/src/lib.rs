@@ -6,6 +6,7 @@
 
 pub mod diff;
 pub mod intent;
+pub mod inventory;
 pub mod ipam;
 pub mod model;
 pub mod naming;

@@ -151,6 +151,8 @@ impl World {
             "--cluster-id=test".into(),
             "--health-interval=200ms".into(),
             format!("--drift-interval={}", opts.drift),
+            // Leader election on, with the Lease in the test's namespace.
+            format!("--leader-elect-namespace={}", self.ns),
         ];
         if opts.ccm_mode {
             args.push("--ccm-mode".into());

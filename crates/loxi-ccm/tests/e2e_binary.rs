@@ -1,0 +1,251 @@
+//! End to end: the `deploy/` manifests applied with kubectl to a real kube-apiserver (RBAC on),
+//! and the built `loxi-ccm` binary started as a user would, authenticated as the shipped
+//! ServiceAccount, so the shipped ClusterRole is what is tested.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Namespace, Node, Service};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use loxilb_sim::{SimConfig, Simulator};
+use serde_json::json;
+
+async fn wait_for<T, Fut: std::future::Future<Output = Option<T>>>(
+    what: &str,
+    mut f: impl FnMut() -> Fut,
+) -> T {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn shipped_manifests_and_rbac_run_the_binary_end_to_end() {
+    let cp = testenv::ControlPlane::start().await.expect("control plane");
+    let kubectl = cp.k8s_bin_dir().join("kubectl");
+    let admin_kc = cp.kubeconfig_path();
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy");
+
+    // kubectl apply of deploy/ as an operator would (strict validation).
+    let out = Command::new(&kubectl)
+        .arg("--kubeconfig")
+        .arg(&admin_kc)
+        .args(["apply", "--validate=strict", "-f"])
+        .arg(&deploy)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl apply -f deploy/ failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // A token for the shipped ServiceAccount: everything below runs with its rights only.
+    let out = Command::new(&kubectl)
+        .arg("--kubeconfig")
+        .arg(&admin_kc)
+        .args(["-n", "kube-system", "create", "token", "loxi-ccm"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let token = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let sa_kc = cp.dir().join("loxi-ccm.kubeconfig");
+    cp.write_kubeconfig(&sa_kc, &token).unwrap();
+
+    let admin = cp.admin_client().await.unwrap();
+    let ns = "e2e";
+    Api::<Namespace>::all(admin.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let nodes: Api<Node> = Api::all(admin.clone());
+    for (name, ip) in [("e2e-a", "10.9.0.1"), ("e2e-b", "10.9.0.2")] {
+        nodes
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": name}})).unwrap(),
+            )
+            .await
+            .unwrap();
+        nodes
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"status": {"addresses": [{"type": "InternalIP", "address": ip}]}}),
+                ),
+            )
+            .await
+            .unwrap();
+    }
+
+    let sim = Simulator::start("127.0.0.1:0".parse().unwrap(), SimConfig::default())
+        .await
+        .unwrap();
+    let log_path = cp.dir().join("loxi-ccm.log");
+    let admin_port = testenv::free_port().unwrap();
+    let mut ccm = Command::new(env!("CARGO_BIN_EXE_loxi-ccm"))
+        .args(["run", "--kubeconfig"])
+        .arg(&sa_kc)
+        .args([
+            "--loxiURL",
+            &sim.url(),
+            "--externalCIDR",
+            "198.51.100.0/24",
+            "--admin-addr",
+            &format!("127.0.0.1:{admin_port}"),
+            "--log-format",
+            "json",
+        ])
+        .stdout(std::fs::File::create(&log_path).unwrap())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+
+    let services: Api<Service> = Api::namespaced(admin.clone(), ns);
+    services
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "web"},
+                "spec": {"type": "LoadBalancer", "loadBalancerClass": "loxilb.io/loxilb",
+                         "ports": [{"name": "http", "port": 80, "protocol": "TCP"}, {"name": "dns", "port": 53, "protocol": "UDP"}]}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let ip = wait_for("an address on web", || async {
+        services
+            .get("web")
+            .await
+            .ok()?
+            .status?
+            .load_balancer?
+            .ingress?
+            .first()?
+            .ip
+            .clone()
+    })
+    .await;
+    assert!(ip.starts_with("198.51.100."));
+    wait_for("two rules", || async {
+        (sim.rules().iter().filter(|r| r.external_ip == ip).count() == 2).then_some(())
+    })
+    .await;
+
+    // The cloud node controller, under the same ServiceAccount: a kubelet-style new Node.
+    nodes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "e2e-new", "annotations": {"alpha.kubernetes.io/provided-node-ip": "10.9.0.3"}},
+                "spec": {"taints": [{"key": "node.cloudprovider.kubernetes.io/uninitialized", "value": "true", "effect": "NoSchedule"}]}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let node = wait_for("e2e-new initialized", || async {
+        let n = nodes.get("e2e-new").await.ok()?;
+        let tainted = n
+            .spec
+            .as_ref()?
+            .taints
+            .as_ref()
+            .is_some_and(|t| t.iter().any(|t| t.key.contains("uninitialized")));
+        (!tainted).then_some(n)
+    })
+    .await;
+    assert_eq!(
+        node.spec.unwrap().provider_id.as_deref(),
+        Some("loxilb://e2e-new")
+    );
+    let addresses: Vec<(String, String)> = node
+        .status
+        .unwrap()
+        .addresses
+        .unwrap_or_default()
+        .into_iter()
+        .map(|a| (a.type_, a.address))
+        .collect();
+    assert!(
+        addresses.contains(&("InternalIP".to_string(), "10.9.0.3".to_string())),
+        "{addresses:?}"
+    );
+
+    // Metrics and probes answer.
+    let metrics = reqwest_get(&format!("http://127.0.0.1:{admin_port}/metrics")).await;
+    assert!(metrics.contains("loxi_ccm_reconciles_total"), "{metrics}");
+    assert!(
+        reqwest_get(&format!("http://127.0.0.1:{admin_port}/readyz"))
+            .await
+            .starts_with("ok")
+    );
+
+    services
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("web deleted and its rules gone", || async {
+        (services.get_opt("web").await.ok()?.is_none() && sim.rules().is_empty()).then_some(())
+    })
+    .await;
+
+    // SIGTERM: the binary stops by itself.
+    let started = Instant::now();
+    unsafe {
+        libc_kill(ccm.id() as i32, 15);
+    }
+    let status = loop {
+        if let Some(s) = ccm.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "loxi-ccm ignored SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    eprintln!(
+        "loxi-ccm exited {status} {:?} after SIGTERM",
+        started.elapsed()
+    );
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert!(status.success(), "exit status {status}; log:\n{log}");
+    assert!(!log.contains("forbidden"), "RBAC denied something:\n{log}");
+}
+
+unsafe extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
+}
+
+async fn reqwest_get(url: &str) -> String {
+    // A raw HTTP/1.0 GET keeps this test free of another HTTP client dependency.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = url.trim_start_matches("http://");
+    let (host, path) = addr.split_once('/').unwrap();
+    let mut s = tokio::net::TcpStream::connect(host).await.unwrap();
+    s.write_all(format!("GET /{path} HTTP/1.0\r\nHost: {host}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await.unwrap();
+    buf.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default()
+}
