@@ -6,6 +6,7 @@
 //!   until Ctrl-C, or exits after showing the result with `--exit`.
 //! - `test`: the whole test suite as CI runs it: builds the control plane (cached) while
 //!   cargo compiles, then `cargo fmt --check`, `cargo clippy -D warnings`, `cargo test`.
+//! - `bench [--quick]`: builds the release binaries and runs `loxi-bench` (docs/BENCHMARKS.md).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -51,11 +52,31 @@ fn main() -> Result<()> {
     match args.first().map(String::as_str) {
         Some("test") => test(),
         Some("demo") => demo(args.iter().any(|a| a == "--exit")),
+        Some("bench") => bench(&args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask <demo [--exit] | test>");
+            eprintln!(
+                "usage: cargo xtask <demo [--exit] | test | bench [--quick] [loxi-bench flags]>"
+            );
             std::process::exit(2);
         }
     }
+}
+
+/// `bench [--quick] [flags]`: the release loxi-ccm binary against a real API server and the
+/// simulator (see bench/ and docs/BENCHMARKS.md); `--help` lists the flags.
+fn bench(args: &[String]) -> Result<()> {
+    let mut build = cargo();
+    build.args(["build", "--release", "-p", "loxi-ccm", "-p", "loxi-bench"]);
+    run(build, "cargo build --release -p loxi-ccm -p loxi-bench")?;
+    let mut bench = cargo();
+    bench
+        .args(["run", "--quiet", "--release", "-p", "loxi-bench", "--"])
+        .args(args)
+        .env(
+            "LOXI_BENCH_COMMAND",
+            format!("cargo xtask bench {}", args.join(" ")).trim_end(),
+        );
+    run(bench, "loxi-bench")
 }
 
 fn test() -> Result<()> {
@@ -138,6 +159,32 @@ async fn demo_async(exit_after: bool) -> Result<()> {
             .spawn()
             .context("starting loxilb-sim")?,
     );
+
+    let kubectl_bin = cp.k8s_bin_dir().join("kubectl");
+    let crd = workspace_root().join("deploy/05-crd-addressclaims.yaml");
+    eprintln!("xtask: kubectl apply -f deploy/05-crd-addressclaims.yaml");
+    for args in [
+        vec!["apply", "-f", crd.to_str().unwrap_or_default()],
+        vec![
+            "wait",
+            "--for=condition=established",
+            "--timeout=60s",
+            "crd/addressclaims.ipam.loxilb.io",
+        ],
+    ] {
+        let out = Command::new(&kubectl_bin)
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args(&args)
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "kubectl {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
 
     let admin_port = free_port()?;
     let log_path = cp.dir().join("loxi-ccm.log");

@@ -1,11 +1,13 @@
-//! Command line. Every option can also come from an environment variable (`LOXI_CCM_*`), and
-//! kube-loxilb's spellings are accepted as aliases so existing manifests keep working.
+//! Command line. Every option of `run` (and `check`, which takes the same options) can also
+//! come from an environment variable (`LOXI_CCM_*`) or a YAML config file (`--config`); the
+//! layering itself is in [`crate::config::load`]. kube-loxilb's spellings are accepted as flag
+//! aliases so existing manifests keep working.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
+use clap::{ArgAction, Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -14,7 +16,9 @@ use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
     about = "Kubernetes Service type=LoadBalancer controller and cloud-controller-manager for loxilb",
     long_about = "loxi-ccm gives Services of type LoadBalancer an external IP from the operator's \
 pool, programs one loxilb rule per address and port on every loxilb instance, reports the \
-address in the Service status, and removes the rules under a finalizer when the Service goes."
+address in the Service status, and removes the rules under a finalizer when the Service goes.\n\n\
+Every option is read, by precedence, from the command line, then its LOXI_CCM_* environment \
+variable, then the YAML config file (--config), then its default."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -27,6 +31,30 @@ pub enum Command {
     Run(Box<RunArgs>),
 }
 
+/// Name of the subcommand that validates the configuration and reaches every dependency.
+pub const CHECK: &str = "check";
+
+/// The complete command tree the binary parses: [`Cli`] plus `check`, which takes exactly the
+/// options of `run` (same flags, environment variables and config-file keys).
+///
+/// `check` is added here rather than as a [`Command`] variant so that code matching
+/// `Command::Run` irrefutably keeps compiling.
+pub fn command() -> clap::Command {
+    let check = RunArgs::augment_args(clap::Command::new(CHECK))
+        .about(
+            "Check the configuration, reach the Kubernetes API and every loxilb, print one line \
+per check and exit non-zero on any problem",
+        )
+        .long_about(
+            "Validates the configuration exactly as `run` would (same flags, environment \
+variables and config file), then checks the Kubernetes API (GET /version), the credentials \
+(listing Services and Nodes, and the permissions `run` needs) and every loxilb (GET /version \
+and a rule listing, which also proves the token). Prints one OK or FAIL line per check; exits \
+1 when any check fails.",
+        );
+    Cli::command().subcommand(check)
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Text,
@@ -35,30 +63,86 @@ pub enum LogFormat {
 
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
+    /// YAML config file: keys are the options in camelCase (e.g. externalCidr), and
+    /// kube-loxilb's and loxi-ccm's (Go) spellings. Flags and environment variables override it.
+    #[arg(long, env = "LOXI_CCM_CONFIG")]
+    pub config: Option<PathBuf>,
+
     /// Path to a kubeconfig. Without it: in-cluster configuration, then ~/.kube/config.
     #[arg(long, env = "KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
 
     /// loxilb API endpoint(s), e.g. http://10.0.0.5:11111. Repeat the flag or separate with
-    /// commas; every instance gets every rule. (kube-loxilb: --loxiURL)
+    /// commas; every instance gets every rule. Required. (kube-loxilb: --loxiURL)
     #[arg(
         long = "loxilb-url",
         alias = "loxiURL",
         env = "LOXI_CCM_LOXILB_URL",
-        value_delimiter = ',',
-        required = true
+        value_delimiter = ','
     )]
     pub loxilb_urls: Vec<String>,
 
-    /// Pool of external addresses: an IPv4 CIDR (network and broadcast addresses are never
-    /// handed out) or a range a.b.c.d-a.b.c.e. (kube-loxilb: --externalCIDR; loxi-ccm ConfigMap: externalIPcidr)
+    /// Default IPv4 pool, named "default": a CIDR (network and broadcast addresses are never
+    /// handed out) or a range a.b.c.d-a.b.c.e. (kube-loxilb: --externalCIDR; loxi-ccm: externalIPcidr)
     #[arg(
         long = "external-cidr",
         alias = "externalCIDR",
         alias = "externalIPcidr",
         env = "LOXI_CCM_EXTERNAL_CIDR"
     )]
-    pub external_cidr: String,
+    pub external_cidr: Option<String>,
+
+    /// Default IPv6 pool, named "default6": a CIDR or a range a::b-a::c. (kube-loxilb: --externalCIDR6)
+    #[arg(
+        long = "external-cidr6",
+        alias = "externalCIDR6",
+        env = "LOXI_CCM_EXTERNAL_CIDR6"
+    )]
+    pub external_cidr6: Option<String>,
+
+    /// Named IPv4 pools, name=CIDR or name=a-b, comma-separated; a name given several times
+    /// gets several blocks. They come after --external-cidr, in the order given. (kube-loxilb: --cidrPools)
+    #[arg(
+        long = "cidr-pools",
+        alias = "cidrPools",
+        env = "LOXI_CCM_CIDR_POOLS",
+        value_delimiter = ','
+    )]
+    pub cidr_pools: Vec<String>,
+
+    /// Named IPv6 pools, name=CIDR or name=a-b, comma-separated (as --cidr-pools).
+    /// (kube-loxilb: --cidr6Pools)
+    #[arg(
+        long = "cidr6-pools",
+        alias = "cidr6Pools",
+        env = "LOXI_CCM_CIDR6_POOLS",
+        value_delimiter = ','
+    )]
+    pub cidr6_pools: Vec<String>,
+
+    /// IPv4 pools for secondary (SCTP multi-homing) addresses, comma-separated; they are named
+    /// secondary0, secondary1, ... in order. (kube-loxilb: --externalSecondaryCIDRs)
+    #[arg(
+        long = "external-secondary-cidrs",
+        alias = "externalSecondaryCIDRs",
+        env = "LOXI_CCM_EXTERNAL_SECONDARY_CIDRS",
+        value_delimiter = ','
+    )]
+    pub external_secondary_cidrs: Vec<String>,
+
+    /// Give every Service its own address (exclusive IPAM). Off: Services share an address
+    /// when their ports differ, as kube-loxilb's default shared mode. (kube-loxilb: --setUniqueIP)
+    #[arg(
+        long = "set-unique-ip",
+        alias = "setUniqueIP",
+        env = "LOXI_CCM_SET_UNIQUE_IP",
+        default_value_t = false,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        action = ArgAction::Set
+    )]
+    pub set_unique_ip: bool,
 
     /// Serve Services whose spec.loadBalancerClass equals this value.
     /// (kube-loxilb: --loxilbLoadBalancerClass)
@@ -72,7 +156,15 @@ pub struct RunArgs {
 
     /// Also serve LoadBalancer Services without a class, as the cluster's cloud provider does
     /// (finalizer service.kubernetes.io/load-balancer-cleanup).
-    #[arg(long = "ccm-mode", env = "LOXI_CCM_CCM_MODE", default_value_t = false)]
+    #[arg(
+        long = "ccm-mode",
+        env = "LOXI_CCM_CCM_MODE",
+        default_value_t = false,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        action = ArgAction::Set
+    )]
     pub ccm_mode: bool,
 
     /// Default loxilb NAT mode for Services without loxilb.io/lbmode: default, onearm,
@@ -87,7 +179,15 @@ pub struct RunArgs {
 
     /// Ask loxilb to health-check endpoints by default (loxilb.io/liveness overrides).
     /// (kube-loxilb: --monitor)
-    #[arg(long, env = "LOXI_CCM_MONITOR", default_value_t = false)]
+    #[arg(
+        long,
+        env = "LOXI_CCM_MONITOR",
+        default_value_t = false,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        action = ArgAction::Set
+    )]
     pub monitor: bool,
 
     /// Cluster identity written into every rule name so clusters can share a loxilb.
@@ -106,6 +206,11 @@ pub struct RunArgs {
         hide_env_values = true
     )]
     pub loxilb_token: Option<String>,
+
+    /// File holding the loxilb token (e.g. a mounted Secret); surrounding whitespace is
+    /// ignored. Read once at start. Not together with --loxilb-token.
+    #[arg(long = "loxilb-token-file", env = "LOXI_CCM_LOXILB_TOKEN_FILE")]
+    pub loxilb_token_file: Option<PathBuf>,
 
     /// PEM file with the CA that signs loxilb's HTTPS certificate.
     #[arg(long = "loxilb-ca-file", env = "LOXI_CCM_LOXILB_CA_FILE")]
@@ -205,19 +310,34 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::CommandFactory;
 
     #[test]
     fn cli_is_consistent_and_every_flag_is_explained() {
         Cli::command().debug_assert();
-        let mut cmd = Cli::command();
-        let run = cmd.find_subcommand_mut("run").unwrap();
-        for arg in run.get_arguments() {
-            if ["help", "version"].contains(&arg.get_id().as_str()) {
-                continue;
+        command().debug_assert();
+        let cmd = command();
+        for name in ["run", CHECK] {
+            let sub = cmd.find_subcommand(name).unwrap();
+            for arg in sub.get_arguments() {
+                if ["help", "version"].contains(&arg.get_id().as_str()) {
+                    continue;
+                }
+                assert!(arg.get_help().is_some(), "--{} has no help", arg.get_id());
             }
-            assert!(arg.get_help().is_some(), "--{} has no help", arg.get_id());
         }
+    }
+
+    #[test]
+    fn check_takes_the_options_of_run() {
+        let cmd = command();
+        let ids = |name: &str| -> Vec<String> {
+            cmd.find_subcommand(name)
+                .unwrap()
+                .get_arguments()
+                .map(|a| a.get_id().to_string())
+                .collect()
+        };
+        assert_eq!(ids("run"), ids(CHECK));
     }
 
     #[test]
@@ -227,13 +347,44 @@ mod tests {
             "run",
             "--loxiURL=http://a:11111,http://b:11111",
             "--externalCIDR=192.0.2.0/24",
+            "--externalCIDR6=2001:db8::/64",
+            "--cidrPools=a=10.0.0.0/24,b=10.0.1.0/24",
+            "--cidr6Pools=c=2001:db8:1::/64",
+            "--externalSecondaryCIDRs=10.1.0.0/24,10.2.0.0/24",
+            "--setUniqueIP",
             "--setLBMode=2",
+            "--monitor=true",
+            "--loxilbLoadBalancerClass=example.com/lb",
         ])
         .unwrap();
         let Command::Run(args) = cli.command;
         assert_eq!(args.loxilb_urls, ["http://a:11111", "http://b:11111"]);
-        assert_eq!(args.external_cidr, "192.0.2.0/24");
+        assert_eq!(args.external_cidr.as_deref(), Some("192.0.2.0/24"));
+        assert_eq!(args.external_cidr6.as_deref(), Some("2001:db8::/64"));
+        assert_eq!(args.cidr_pools, ["a=10.0.0.0/24", "b=10.0.1.0/24"]);
+        assert_eq!(args.cidr6_pools, ["c=2001:db8:1::/64"]);
+        assert_eq!(
+            args.external_secondary_cidrs,
+            ["10.1.0.0/24", "10.2.0.0/24"]
+        );
+        assert!(args.set_unique_ip);
+        assert!(args.monitor);
         assert_eq!(args.lb_mode, "2");
+        assert_eq!(args.load_balancer_class, "example.com/lb");
+    }
+
+    #[test]
+    fn booleans_take_go_style_values() {
+        for (flag, want) in [
+            ("--ccm-mode", true),
+            ("--ccm-mode=true", true),
+            ("--ccm-mode=false", false),
+        ] {
+            let cli = Cli::try_parse_from(["loxi-ccm", "run", flag]).unwrap();
+            let Command::Run(args) = cli.command;
+            assert_eq!(args.ccm_mode, want, "{flag}");
+        }
+        assert!(Cli::try_parse_from(["loxi-ccm", "run", "--monitor=maybe"]).is_err());
     }
 
     #[test]

@@ -1,44 +1,87 @@
-//! The validated configuration the controller runs with, built from the command line.
+//! The validated configuration the controller runs with, and how it is put together.
+//!
+//! Every option of `loxi-ccm run` (and `check`) is taken from four layers, highest first:
+//!
+//! 1. the command line (`--external-cidr ...`, or a kube-loxilb alias such as `--externalCIDR`);
+//! 2. its environment variable (`LOXI_CCM_EXTERNAL_CIDR`, as declared on the clap argument);
+//! 3. the YAML config file named by `--config` / `LOXI_CCM_CONFIG` (key `externalCidr`, or a
+//!    legacy spelling such as `externalCIDR`, see [`file_keys`]);
+//! 4. the default declared on the clap argument.
+//!
+//! A layer replaces the option as a whole (a list given in the environment is not merged with
+//! the file's list). How it works ([`load`]): clap parses the command line alone (environment
+//! lookups switched off), so `ArgMatches::value_source` says exactly which options the user
+//! typed. For every other option the environment, then the file, is consulted, and the value
+//! found is handed back to clap as if typed (`--long=value`), in a second parse, so each value
+//! goes through the very parser the flag uses. Whatever fails in that second parse is reported
+//! with the layer the value came from: `environment LOXI_CCM_LB_MODE: invalid value "x": ...`,
+//! `config file /etc/loxi-ccm/config.yaml: key "externalCidr": invalid value ...`. The
+//! semantic checks of [`Config::from_args_with`] name the source the same way.
 
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use loxi_domain::ipam::AddressBlock;
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::parser::ValueSource;
+use clap::{Arg, ArgAction, FromArgMatches};
+use ipnet::IpNet;
+use loxi_domain::ipam::{AddressBlock, Family};
 use loxi_domain::{ClusterId, Defaults, NatMode, Pool};
-use loxilb_client::ClientConfig;
+use loxilb_client::{ClientConfig, ClientError, LoxilbClient};
 use thiserror::Error;
 
-use crate::cli::RunArgs;
+use crate::cli::{CHECK, RunArgs};
 use crate::leader::{LeaseConfig, default_identity};
 use crate::node_init::NodeInitArgs;
 
 /// The name of the pool built from `--external-cidr`.
 pub const DEFAULT_POOL: &str = "default";
+/// The name of the pool built from `--external-cidr6`.
+pub const DEFAULT_POOL6: &str = "default6";
+/// Secondary pools are named `secondary0`, `secondary1`, ... in the order given.
+pub const SECONDARY_POOL_PREFIX: &str = "secondary";
 
-#[derive(Debug, Error)]
+/// Why the configuration cannot be used. The text always names where the bad value came from.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum ConfigError {
-    #[error("--external-cidr: {0}")]
-    Pool(#[from] loxi_domain::ipam::BlockError),
-    #[error(
-        "--lb-mode {0:?}: expected default, onearm, fullnat, dsr, fullproxy, hostonearm or 0-5"
-    )]
-    LbMode(String),
-    #[error("--cluster-id: {0}")]
-    ClusterId(String),
-    #[error("--loxilb-url {url:?}: {reason}")]
-    LoxilbUrl { url: String, reason: String },
-    #[error("--loxilb-ca-file {path}: {source}")]
-    CaFile {
-        path: String,
-        source: std::io::Error,
-    },
-    #[error("--concurrency must be at least 1")]
-    Concurrency,
+    /// One option, or one config-file key, is wrong. `origin` reads like
+    /// `flag --external-cidr`, `environment LOXI_CCM_LB_MODE`,
+    /// `config file /etc/loxi-ccm/config.yaml: key "lbMode"` or `config file /x.yaml`.
+    #[error("{origin}: {message}")]
+    Invalid { origin: String, message: String },
+    /// Options that are fine alone but not together (or one that is missing everywhere).
+    #[error("{0}")]
+    Conflict(String),
+}
+
+impl ConfigError {
+    fn invalid(origin: impl Into<String>, message: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid {
+            origin: origin.into(),
+            message: message.into(),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
 pub struct Config {
     pub loxilb: Vec<ClientConfig>,
+    /// The first pool holding IPv4 addresses (or the first pool when none does): what the
+    /// controller used before several pools existed. Equal to one element of `pools`.
     pub pool: Pool,
+    /// Every address pool, in priority order: `--external-cidr` (pool "default"), then
+    /// `--cidr-pools` in the order given, then `--external-cidr6` ("default6"), then
+    /// `--cidr6-pools`. Entries with the same name are one pool with several blocks (possibly
+    /// of both families). Never empty; no two blocks overlap.
+    pub pools: Vec<Pool>,
+    /// Pools for secondary (multi-homing) addresses from `--external-secondary-cidrs`, named
+    /// `secondary0`, `secondary1`, ...; one IPv4 block each. They overlap no other block.
+    pub secondary_pools: Vec<Pool>,
+    /// `--set-unique-ip`: one address per Service (exclusive); false = shared, as kube-loxilb.
+    pub unique_ip: bool,
     pub class: String,
     pub ccm_mode: bool,
     pub defaults: Defaults,
@@ -52,27 +95,705 @@ pub struct Config {
     pub node_init: NodeInitArgs,
 }
 
+// ---------------------------------------------------------------------------------------------
+// Where each option came from.
+
+/// The layer an option's value came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    Flag,
+    Env(String),
+    File { path: PathBuf, key: String },
+    Default,
+}
+
+impl Origin {
+    /// `flag --lb-mode`, `environment LOXI_CCM_LB_MODE`, `config file X: key "lbMode"`,
+    /// `default of --lb-mode`.
+    pub fn describe(&self, long: &str) -> String {
+        match self {
+            Origin::Flag => format!("flag --{long}"),
+            Origin::Env(var) => format!("environment {var}"),
+            Origin::File { path, key } => format!("config file {}: key {key:?}", path.display()),
+            Origin::Default => format!("default of --{long}"),
+        }
+    }
+}
+
+/// The origin of every option, by clap argument id.
+#[derive(Debug, Clone, Default)]
+pub struct Origins {
+    /// id -> (long flag name, origin)
+    entries: HashMap<String, (String, Origin)>,
+}
+
+impl Origins {
+    fn insert(&mut self, id: &str, long: &str, origin: Origin) {
+        self.entries
+            .insert(id.to_string(), (long.to_string(), origin));
+    }
+
+    /// Where the option with clap id `id` came from ([`Origin::Default`] when unknown).
+    pub fn of(&self, id: &str) -> Origin {
+        self.entries
+            .get(id)
+            .map(|(_, o)| o.clone())
+            .unwrap_or(Origin::Default)
+    }
+
+    /// The source of option `id` as error messages name it. Without recorded origins (a
+    /// [`Config::from_args`] caller) simply `--long-name`.
+    pub fn describe(&self, id: &str) -> String {
+        match self.entries.get(id) {
+            Some((long, origin)) => origin.describe(long),
+            None => format!("--{}", long_of(id)),
+        }
+    }
+
+    fn by_long(&self, long: &str) -> Option<&Origin> {
+        self.entries
+            .values()
+            .find(|(l, _)| l == long)
+            .map(|(_, o)| o)
+    }
+}
+
+/// The long flag of the `run` option with clap id `id`.
+fn long_of(id: &str) -> String {
+    crate::cli::command()
+        .find_subcommand("run")
+        .and_then(|run| {
+            run.get_arguments()
+                .find(|a| a.get_id() == id)
+                .and_then(|a| a.get_long().map(str::to_string))
+        })
+        .unwrap_or_else(|| id.replace('_', "-"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Config-file keys.
+
+/// File keys accepted besides the camelCase of the long flag: kube-loxilb's flag and config
+/// spellings, and loxi-ccm (Go)'s ConfigMap keys (`apiServerURL` is its list of loxilb API
+/// URLs, `externalIPcidr` its pool).
+const LEGACY_KEYS: &[(&str, &[&str])] = &[
+    ("loxilb_urls", &["loxiURL", "apiServerURL"]),
+    ("external_cidr", &["externalCIDR", "externalIPcidr"]),
+    ("external_cidr6", &["externalCIDR6"]),
+    ("cidr_pools", &["cidrPools"]),
+    ("cidr6_pools", &["cidr6Pools"]),
+    (
+        "external_secondary_cidrs",
+        &["externalSecondaryCIDRs", "ExternalSecondaryCIDRs"],
+    ),
+    ("set_unique_ip", &["setUniqueIP", "setExclIPAM"]),
+    ("lb_mode", &["setLBMode"]),
+    ("monitor", &["monitor"]),
+    ("load_balancer_class", &["loxilbLoadBalancerClass"]),
+];
+
+/// kube-loxilb / loxi-ccm (Go) settings that have no equivalent here. Refused with an
+/// explanation rather than ignored: silently dropping e.g. `setBGP` would change behaviour.
+const UNSUPPORTED_KEYS: &[&str] = &[
+    "setBGP",
+    "listenBGPPort",
+    "eBGPMultiHop",
+    "extBGPPeers",
+    "enableBGPCRDs",
+    "externalSecondaryCIDRs6",
+    "setRoles",
+    "zone",
+    "privateCIDR",
+    "excludeRoleList",
+    "appendEPs",
+    "gatewayAPI",
+    "loxilbGatewayClass",
+    "hostProcPathPrefix",
+    "withNamespace",
+    "nodePortServiceVirtIP",
+    "clientConnection",
+];
+
+/// `loxilb-url` -> `loxilbUrl`, `external-cidr6` -> `externalCidr6`.
+pub fn camel_case(long: &str) -> String {
+    let mut out = String::with_capacity(long.len());
+    for (i, part) in long.split('-').filter(|p| !p.is_empty()).enumerate() {
+        if i == 0 {
+            out.push_str(part);
+        } else {
+            let mut chars = part.chars();
+            if let Some(c) = chars.next() {
+                out.extend(c.to_uppercase());
+                out.push_str(chars.as_str());
+            }
+        }
+    }
+    out
+}
+
+/// The config-file keys of an option: the camelCase of its long flag first, then legacy
+/// spellings. Empty for `--config` itself (a config file cannot name another one) and for
+/// `--help` / `--version`.
+pub fn file_keys(arg: &Arg) -> Vec<String> {
+    let id = arg.get_id().as_str();
+    if matches!(id, "config" | "help" | "version") {
+        return Vec::new();
+    }
+    let Some(long) = arg.get_long() else {
+        return Vec::new();
+    };
+    let mut keys = vec![camel_case(long)];
+    for (_, extra) in LEGACY_KEYS.iter().filter(|(i, _)| *i == id) {
+        for k in *extra {
+            if !keys.iter().any(|have| have == k) {
+                keys.push(k.to_string());
+            }
+        }
+    }
+    keys
+}
+
+/// Values found in the config file, by clap id: (the key used, the values as text).
+#[derive(Debug, Default)]
+struct FileLayer {
+    path: PathBuf,
+    values: HashMap<String, (String, Vec<String>)>,
+}
+
+fn takes_many(arg: &Arg) -> bool {
+    matches!(arg.get_action(), ArgAction::Append)
+}
+
+fn parse_file(path: &Path, text: &str, args: &[&Arg]) -> Result<FileLayer, ConfigError> {
+    let at = format!("config file {}", path.display());
+    let doc: serde_json::Value = if text.trim().is_empty() {
+        serde_json::Value::Null
+    } else {
+        serde_saphyr::from_str(text)
+            .map_err(|e| ConfigError::invalid(&at, format!("not valid YAML: {e}")))?
+    };
+    let map = match doc {
+        serde_json::Value::Null => serde_json::Map::new(),
+        serde_json::Value::Object(m) => m,
+        other => {
+            return Err(ConfigError::invalid(
+                &at,
+                format!(
+                    "expected a mapping of option keys to values at the top level, found {}",
+                    json_kind(&other)
+                ),
+            ));
+        }
+    };
+    let mut by_key: HashMap<String, &Arg> = HashMap::new();
+    for arg in args {
+        for key in file_keys(arg) {
+            by_key.insert(key, arg);
+        }
+    }
+    let mut layer = FileLayer {
+        path: path.to_path_buf(),
+        values: HashMap::new(),
+    };
+    for (key, value) in map {
+        let Some(arg) = by_key.get(key.as_str()) else {
+            if UNSUPPORTED_KEYS.contains(&key.as_str()) {
+                return Err(ConfigError::invalid(
+                    &at,
+                    format!(
+                        "key {key:?} is a kube-loxilb / loxi-ccm (Go) setting that loxi-ccm does \
+                         not support: remove it (see docs/migration.md)"
+                    ),
+                ));
+            }
+            let hint = suggest(&key, by_key.keys().map(String::as_str))
+                .map(|k| format!(" (did you mean {k:?}?)"))
+                .unwrap_or_default();
+            return Err(ConfigError::invalid(
+                &at,
+                format!("unknown key {key:?}{hint}"),
+            ));
+        };
+        let origin = format!("{at}: key {key:?}");
+        let Some(values) = scalars(&value).map_err(|m| ConfigError::invalid(&origin, m))? else {
+            continue; // `key:` with no value: as if absent
+        };
+        if values.is_empty() && takes_many(arg) {
+            continue;
+        }
+        if !takes_many(arg) && values.len() != 1 {
+            return Err(ConfigError::invalid(
+                &origin,
+                format!("expects one value, got a list of {}", values.len()),
+            ));
+        }
+        let id = arg.get_id().to_string();
+        if let Some((other, _)) = layer.values.get(&id) {
+            let (first, second) = if *other < key {
+                (other.as_str(), key.as_str())
+            } else {
+                (key.as_str(), other.as_str())
+            };
+            return Err(ConfigError::invalid(
+                &at,
+                format!(
+                    "keys {first:?} and {second:?} both set --{}: keep one",
+                    arg.get_long().unwrap_or(&id)
+                ),
+            ));
+        }
+        layer.values.insert(id, (key, values));
+    }
+    Ok(layer)
+}
+
+fn json_kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "nothing",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "a list",
+        serde_json::Value::Object(_) => "a mapping",
+    }
+}
+
+/// A YAML value as the text values clap would receive: a scalar is one value, a list of
+/// scalars several. `None` for null.
+fn scalars(v: &serde_json::Value) -> Result<Option<Vec<String>>, String> {
+    fn one(v: &serde_json::Value) -> Result<String, String> {
+        match v {
+            serde_json::Value::String(s) => Ok(s.clone()),
+            serde_json::Value::Bool(b) => Ok(b.to_string()),
+            serde_json::Value::Number(n) => Ok(n.to_string()),
+            other => Err(format!(
+                "expected a value or a list of values, found {} in the list",
+                json_kind(other)
+            )),
+        }
+    }
+    match v {
+        serde_json::Value::Null => Ok(None),
+        serde_json::Value::Array(items) => {
+            items.iter().map(one).collect::<Result<_, _>>().map(Some)
+        }
+        serde_json::Value::Object(_) => {
+            Err("expected a value or a list of values, found a mapping".to_string())
+        }
+        scalar => Ok(Some(vec![one(scalar)?])),
+    }
+}
+
+/// The known key closest to a mistyped one: at most 2 edits apart ignoring case, the
+/// exact-case distance breaking ties.
+fn suggest<'a>(key: &str, known: impl Iterator<Item = &'a str>) -> Option<&'a str> {
+    let lower = key.to_ascii_lowercase();
+    known
+        .filter_map(|k| {
+            let d = edit_distance(&lower, &k.to_ascii_lowercase());
+            (d <= 2).then(|| ((d, edit_distance(key, k)), k))
+        })
+        .min()
+        .map(|(_, k)| k)
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1; b.len() + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != *cb);
+            cur[j + 1] = sub.min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+// ---------------------------------------------------------------------------------------------
+// Loading: command line > environment > config file > default.
+
+/// Which subcommand was invoked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Run,
+    Check,
+}
+
+/// The options of `run` / `check`, every layer applied, and where each came from.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub mode: Mode,
+    pub args: RunArgs,
+    pub origins: Origins,
+    /// The config file read, if any.
+    pub config_file: Option<PathBuf>,
+}
+
+impl Loaded {
+    /// Validates the options into the controller's [`Config`].
+    pub fn config(&self) -> Result<Config, ConfigError> {
+        Config::from_args_with(&self.args, &self.origins)
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum LoadError {
+    /// Command-line syntax, or `--help` / `--version`: clap renders it (`err.exit()`).
+    #[error("{0}")]
+    Clap(clap::Error),
+    /// A value from the environment or the config file is wrong, or the file is.
+    #[error("{error}")]
+    Invalid { mode: Mode, error: ConfigError },
+}
+
+/// Parses `argv` (program name first) with every layer. `env` looks up environment variables
+/// (`|k| std::env::var_os(k)` in the binary; a map in tests).
+pub fn load<I, T>(argv: I, env: &dyn Fn(&str) -> Option<OsString>) -> Result<Loaded, LoadError>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString>,
+{
+    let argv: Vec<OsString> = argv.into_iter().map(Into::into).collect();
+    let full = crate::cli::command();
+    // The same tree without environment lookups: clap then sees the command line only, and
+    // the layers below it are applied here.
+    let parser = full
+        .clone()
+        .mut_subcommands(|sub| sub.mut_args(|arg| arg.env(None)));
+
+    let first = match parser.clone().try_get_matches_from(&argv) {
+        Ok(m) => m,
+        Err(e) => {
+            let e = match e.kind() {
+                // Rendered by the full tree so that help shows the environment variables.
+                ErrorKind::DisplayHelp
+                | ErrorKind::DisplayVersion
+                | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+                    full.clone().try_get_matches_from(&argv).err().unwrap_or(e)
+                }
+                _ => e,
+            };
+            return Err(LoadError::Clap(e));
+        }
+    };
+    let Some((name, sub)) = first.subcommand() else {
+        // clap requires a subcommand; this is only reachable if that changes.
+        return Err(LoadError::Clap(
+            full.clone()
+                .error(ErrorKind::MissingSubcommand, "a subcommand is required"),
+        ));
+    };
+    let mode = if name == CHECK {
+        Mode::Check
+    } else {
+        Mode::Run
+    };
+    let invalid = |error: ConfigError| LoadError::Invalid { mode, error };
+    let sub_cmd = full
+        .find_subcommand(name)
+        .expect("the parsed subcommand exists");
+    let args: Vec<&Arg> = sub_cmd
+        .get_arguments()
+        .filter(|a| !matches!(a.get_id().as_str(), "help" | "version"))
+        .collect();
+    let typed = |id: &str| sub.value_source(id) == Some(ValueSource::CommandLine);
+
+    // The config file itself: flag, else environment.
+    let config_env = args
+        .iter()
+        .find(|a| a.get_id() == "config")
+        .and_then(|a| a.get_env())
+        .and_then(|e| e.to_str())
+        .unwrap_or("LOXI_CCM_CONFIG")
+        .to_string();
+    let (config_path, config_origin) = if typed("config") {
+        (sub.get_one::<PathBuf>("config").cloned(), Origin::Flag)
+    } else if let Some(v) = env(&config_env) {
+        (Some(PathBuf::from(v)), Origin::Env(config_env.clone()))
+    } else {
+        (None, Origin::Default)
+    };
+    let file = match &config_path {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                invalid(ConfigError::invalid(
+                    format!("config file {}", path.display()),
+                    format!(
+                        "cannot be read: {e} (named by {})",
+                        config_origin.describe("config")
+                    ),
+                ))
+            })?;
+            Some(parse_file(path, &text, &args).map_err(invalid)?)
+        }
+        None => None,
+    };
+
+    let mut origins = Origins::default();
+    let mut extra: Vec<OsString> = Vec::new();
+    for arg in &args {
+        let id = arg.get_id().as_str();
+        let long = arg.get_long().unwrap_or(id);
+        if id == "config" {
+            origins.insert(id, long, config_origin.clone());
+            continue;
+        }
+        if typed(id) {
+            origins.insert(id, long, Origin::Flag);
+            continue;
+        }
+        let from_env = arg
+            .get_env()
+            .and_then(|var| var.to_str())
+            .and_then(|var| env(var).map(|value| (var, value)));
+        let (values, origin) = match from_env {
+            Some((var, value)) => {
+                let origin = Origin::Env(var.to_string());
+                let value = value.into_string().map_err(|_| {
+                    invalid(ConfigError::invalid(
+                        origin.describe(long),
+                        "the value is not valid UTF-8",
+                    ))
+                })?;
+                (vec![value], origin)
+            }
+            None => match file.as_ref().and_then(|f| f.values.get(id).map(|v| (f, v))) {
+                Some((f, (key, values))) => (
+                    values.clone(),
+                    Origin::File {
+                        path: f.path.clone(),
+                        key: key.clone(),
+                    },
+                ),
+                None => {
+                    origins.insert(id, long, Origin::Default);
+                    continue;
+                }
+            },
+        };
+        if matches!(arg.get_action(), ArgAction::SetTrue) {
+            // A flag that takes no value on the command line.
+            for v in &values {
+                match v.trim() {
+                    "true" => extra.push(format!("--{long}").into()),
+                    "false" => {}
+                    _ => {
+                        return Err(invalid(ConfigError::invalid(
+                            origin.describe(long),
+                            format!("invalid value {v:?}: expected true or false"),
+                        )));
+                    }
+                }
+            }
+        } else {
+            extra.extend(
+                values
+                    .iter()
+                    .map(|v| OsString::from(format!("--{long}={v}"))),
+            );
+        }
+        origins.insert(id, long, origin);
+    }
+
+    let mut argv2 = argv;
+    argv2.extend(extra);
+    let second = parser
+        .try_get_matches_from(&argv2)
+        .map_err(|e| attribute(e, &origins, mode))?;
+    let sub2 = second
+        .subcommand_matches(name)
+        .expect("the same subcommand parses again");
+    let args = RunArgs::from_arg_matches(sub2).map_err(LoadError::Clap)?;
+    Ok(Loaded {
+        mode,
+        args,
+        origins,
+        config_file: config_path,
+    })
+}
+
+fn context_strings(e: &clap::Error, kind: ContextKind) -> Vec<String> {
+    match e.get(kind) {
+        Some(ContextValue::String(s)) => vec![s.clone()],
+        Some(ContextValue::Strings(v)) => v.clone(),
+        _ => Vec::new(),
+    }
+}
+
+/// Turns an error of the second parse into one naming the environment variable or the
+/// config-file key the bad value came from.
+fn attribute(e: clap::Error, origins: &Origins, mode: Mode) -> LoadError {
+    let mut involved: Vec<(String, Origin)> = Vec::new();
+    for kind in [ContextKind::InvalidArg, ContextKind::PriorArg] {
+        for text in context_strings(&e, kind) {
+            // "--lb-mode <LB_MODE>", "--monitor[=<MONITOR>]": the flag is the leading word.
+            let long = text.strip_prefix("--").map(|rest| {
+                let end = rest
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+                    .unwrap_or(rest.len());
+                &rest[..end]
+            });
+            if let Some(long) = long
+                && let Some(origin) = origins.by_long(long)
+            {
+                involved.push((long.to_string(), origin.clone()));
+            }
+        }
+    }
+    let Some((long, origin)) = involved
+        .iter()
+        .find(|(_, o)| !matches!(o, Origin::Flag | Origin::Default))
+        .cloned()
+    else {
+        return LoadError::Clap(e);
+    };
+    let error = match e.kind() {
+        ErrorKind::ValueValidation | ErrorKind::InvalidValue => {
+            let value = context_strings(&e, ContextKind::InvalidValue)
+                .into_iter()
+                .next()
+                .unwrap_or_default();
+            let valid = context_strings(&e, ContextKind::ValidValue);
+            let reason = if !valid.is_empty() {
+                format!("expected one of {}", valid.join(", "))
+            } else if let Some(source) = std::error::Error::source(&e) {
+                source.to_string()
+            } else {
+                clap_sentence(&e)
+            };
+            ConfigError::invalid(
+                origin.describe(&long),
+                format!("invalid value {value:?}: {reason}"),
+            )
+        }
+        _ => {
+            let whence: Vec<String> = involved
+                .iter()
+                .map(|(l, o)| format!("--{l} from {}", o.describe(l)))
+                .collect();
+            ConfigError::Conflict(format!("{} ({})", clap_sentence(&e), whence.join("; ")))
+        }
+    };
+    LoadError::Invalid { mode, error }
+}
+
+/// The first line of a clap error without its `error: ` prefix.
+fn clap_sentence(e: &clap::Error) -> String {
+    let rendered = e.render().to_string();
+    let line = rendered.lines().next().unwrap_or_default();
+    line.strip_prefix("error: ").unwrap_or(line).to_string()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validation.
+
 impl Config {
+    /// Validates options whose origins are not known (tests, embedders): errors name the flag.
     pub fn from_args(args: &RunArgs) -> Result<Config, ConfigError> {
-        let block: AddressBlock = args.external_cidr.parse()?;
-        let mode: NatMode = args
-            .lb_mode
-            .trim()
-            .parse()
-            .map_err(|()| ConfigError::LbMode(args.lb_mode.clone()))?;
-        let cluster_id = args
-            .cluster_id
-            .as_deref()
-            .map(ClusterId::new)
-            .transpose()
-            .map_err(ConfigError::ClusterId)?;
+        Config::from_args_with(args, &Origins::default())
+    }
+
+    /// Validates the options; every error names the option and the layer its value came from.
+    pub fn from_args_with(args: &RunArgs, origins: &Origins) -> Result<Config, ConfigError> {
+        let bad = |id: &str, value: &str, reason: &str| {
+            ConfigError::invalid(
+                origins.describe(id),
+                format!("invalid value {value:?}: {reason}"),
+            )
+        };
+        let mode: NatMode = args.lb_mode.trim().parse().map_err(|()| {
+            bad(
+                "lb_mode",
+                &args.lb_mode,
+                "expected default, onearm, fullnat, dsr, fullproxy, hostonearm or 0-5",
+            )
+        })?;
+        let cluster_id = match args.cluster_id.as_deref() {
+            Some(id) => Some(
+                ClusterId::new(id)
+                    .map_err(|_| bad("cluster_id", id, "expected 1-32 characters of [a-z0-9-]"))?,
+            ),
+            None => None,
+        };
+        if let Some(ns) = &args.namespace
+            && ns.trim().is_empty()
+        {
+            return Err(bad("namespace", ns, "must not be empty"));
+        }
+        if args.load_balancer_class.trim().is_empty() {
+            return Err(bad(
+                "load_balancer_class",
+                &args.load_balancer_class,
+                "must not be empty",
+            ));
+        }
+        if args.concurrency == 0 {
+            return Err(bad("concurrency", "0", "must be at least 1"));
+        }
+        for (id, d) in [
+            ("loxilb_timeout", args.loxilb_timeout),
+            ("health_interval", args.health_interval),
+            ("drift_interval", args.drift_interval),
+        ] {
+            if d.is_zero() {
+                return Err(bad(id, &format!("{d:?}"), "must be longer than 0"));
+            }
+        }
+        if args.leader_elect && args.leader_elect_lease_duration < Duration::from_secs(1) {
+            return Err(bad(
+                "leader_elect_lease_duration",
+                &format!("{:?}", args.leader_elect_lease_duration),
+                "must be at least 1s (the Lease counts in whole seconds)",
+            ));
+        }
+        if args.leader_elect {
+            for (id, v) in [
+                ("leader_elect_namespace", &args.leader_elect_namespace),
+                ("leader_elect_name", &args.leader_elect_name),
+            ] {
+                if v.trim().is_empty() {
+                    return Err(bad(id, v, "must not be empty"));
+                }
+            }
+        }
+
         let ca_pem = match &args.loxilb_ca_file {
-            Some(path) => Some(std::fs::read(path).map_err(|source| ConfigError::CaFile {
-                path: path.display().to_string(),
-                source,
+            Some(path) => Some(std::fs::read(path).map_err(|e| {
+                ConfigError::invalid(
+                    origins.describe("loxilb_ca_file"),
+                    format!("cannot read {}: {e}", path.display()),
+                )
             })?),
             None => None,
         };
+        let token = match (&args.loxilb_token, &args.loxilb_token_file) {
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::Conflict(format!(
+                    "the loxilb token is given twice, by {} and by {}: keep one",
+                    origins.describe("loxilb_token"),
+                    origins.describe("loxilb_token_file"),
+                )));
+            }
+            (Some(token), None) => Some(token.clone()),
+            (None, Some(path)) => {
+                let origin = origins.describe("loxilb_token_file");
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    ConfigError::invalid(&origin, format!("cannot read {}: {e}", path.display()))
+                })?;
+                let token = text.trim();
+                if token.is_empty() {
+                    return Err(ConfigError::invalid(
+                        &origin,
+                        format!("{} is empty", path.display()),
+                    ));
+                }
+                Some(token.to_string())
+            }
+            (None, None) => None,
+        };
+
         let mut loxilb = Vec::new();
         for url in args
             .loxilb_urls
@@ -81,34 +802,55 @@ impl Config {
             .filter(|u| !u.is_empty())
         {
             if !(url.starts_with("http://") || url.starts_with("https://")) {
-                return Err(ConfigError::LoxilbUrl {
-                    url: url.to_string(),
-                    reason: "must start with http:// or https://".into(),
-                });
+                return Err(bad(
+                    "loxilb_urls",
+                    url,
+                    "a loxilb URL must start with http:// or https://",
+                ));
             }
             let mut c = ClientConfig::new(url);
             c.timeout = args.loxilb_timeout;
-            c.token = args.loxilb_token.clone();
+            c.token = token.clone();
             c.ca_pem = ca_pem.clone();
+            // Building the client checks the URL (host present) and the CA bundle.
+            match LoxilbClient::new(c.clone()) {
+                Ok(_) => {}
+                Err(ClientError::Config(msg)) if msg.contains("CA bundle") => {
+                    return Err(ConfigError::invalid(
+                        origins.describe("loxilb_ca_file"),
+                        msg,
+                    ));
+                }
+                Err(e) => return Err(bad("loxilb_urls", url, &e.to_string())),
+            }
             loxilb.push(c);
         }
         if loxilb.is_empty() {
-            return Err(ConfigError::LoxilbUrl {
-                url: String::new(),
-                reason: "at least one loxilb URL is required".into(),
-            });
+            return Err(ConfigError::Conflict(
+                "no loxilb URL: set --loxilb-url, LOXI_CCM_LOXILB_URL or the config key loxilbUrl"
+                    .to_string(),
+            ));
         }
-        if args.concurrency == 0 {
-            return Err(ConfigError::Concurrency);
-        }
+
+        let (pools, secondary_pools) = build_pools(args, origins)?;
+        let pool = pools
+            .iter()
+            .find(|p| p.size(Family::V4) > 0)
+            .unwrap_or(&pools[0])
+            .clone();
+
         Ok(Config {
             loxilb,
-            pool: Pool::new(DEFAULT_POOL, vec![block]),
+            pool,
+            pools,
+            secondary_pools,
+            unique_ip: args.set_unique_ip,
             class: args.load_balancer_class.clone(),
             ccm_mode: args.ccm_mode,
             defaults: Defaults {
                 mode,
                 monitor: args.monitor,
+                use_pod_network: false,
             },
             cluster_id,
             namespace: args.namespace.clone(),
@@ -129,5 +871,685 @@ impl Config {
             }),
             node_init: args.node_init.clone(),
         })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pools.
+
+/// One block of one pool, with the text and the source it came from (for messages).
+struct BlockEntry {
+    pool: String,
+    block: AddressBlock,
+    origin: String,
+}
+
+fn non_empty(items: &[String]) -> impl Iterator<Item = &str> {
+    items.iter().map(|s| s.trim()).filter(|s| !s.is_empty())
+}
+
+fn valid_pool_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    name.len() <= 63
+        && chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+/// Parses one block of the expected family; `value` is the text as given (for messages).
+fn parse_block(
+    origins: &Origins,
+    id: &str,
+    value: &str,
+    block_text: &str,
+    family: Family,
+    other_family_hint: &str,
+) -> Result<AddressBlock, ConfigError> {
+    let origin = origins.describe(id);
+    let block: AddressBlock = block_text
+        .parse()
+        .map_err(|e: loxi_domain::ipam::BlockError| {
+            ConfigError::invalid(&origin, format!("invalid value {value:?}: {}", e.reason))
+        })?;
+    if block.family() != family {
+        return Err(ConfigError::invalid(
+            &origin,
+            format!(
+                "invalid value {value:?}: {block_text} is {}; {} blocks go in {other_family_hint}",
+                block.family(),
+                block.family()
+            ),
+        ));
+    }
+    Ok(block)
+}
+
+/// `name=block` of --cidr-pools / --cidr6-pools.
+fn named_block(
+    origins: &Origins,
+    id: &str,
+    item: &str,
+    family: Family,
+    other_family_hint: &str,
+) -> Result<BlockEntry, ConfigError> {
+    let origin = origins.describe(id);
+    let Some((name, text)) = item.split_once('=') else {
+        return Err(ConfigError::invalid(
+            &origin,
+            format!("invalid value {item:?}: expected <pool name>=<CIDR or range>"),
+        ));
+    };
+    let name = name.trim();
+    if !valid_pool_name(name) {
+        return Err(ConfigError::invalid(
+            &origin,
+            format!(
+                "invalid value {item:?}: pool name {name:?} must be 1-63 letters, digits, '-', \
+                 '_' or '.', starting with a letter or digit"
+            ),
+        ));
+    }
+    let block = parse_block(origins, id, item, text.trim(), family, other_family_hint)?;
+    Ok(BlockEntry {
+        pool: name.to_string(),
+        block,
+        origin,
+    })
+}
+
+fn to_u128(ip: IpAddr) -> u128 {
+    match ip {
+        IpAddr::V4(v4) => u32::from(v4) as u128,
+        IpAddr::V6(v6) => u128::from(v6),
+    }
+}
+
+/// First and last usable address of a block, as `loxi_domain::ipam` computes them (network
+/// and, for IPv4, broadcast addresses of prefixes shorter than /31 are skipped).
+fn bounds(block: &AddressBlock) -> Option<(u128, u128)> {
+    let text = block.to_string();
+    let t = text.trim();
+    if let Some((a, b)) = t.split_once('-') {
+        let a: IpAddr = a.trim().parse().ok()?;
+        let b: IpAddr = b.trim().parse().ok()?;
+        return Some((to_u128(a), to_u128(b)));
+    }
+    let net: IpNet = t.parse().ok()?;
+    let mut first = to_u128(net.network());
+    let mut last = to_u128(net.broadcast());
+    if net.max_prefix_len() - net.prefix_len() >= 2 {
+        first += 1;
+        if block.family() == Family::V4 {
+            last -= 1;
+        }
+    }
+    Some((first, last))
+}
+
+/// Any two overlapping blocks (in different pools or in the same one) are an error naming
+/// both.
+fn check_overlaps(entries: &[&BlockEntry]) -> Result<(), ConfigError> {
+    let mut spans: Vec<(Family, u128, u128, usize)> = entries
+        .iter()
+        .enumerate()
+        .filter_map(|(i, e)| bounds(&e.block).map(|(f, l)| (e.block.family(), f, l, i)))
+        .collect();
+    spans.sort_by_key(|&(family, first, last, _)| (family == Family::V6, first, last));
+    // The block reaching furthest so far, per family run.
+    let mut reach: Option<(Family, u128, usize)> = None;
+    for &(family, first, last, i) in &spans {
+        if let Some((rf, rlast, ri)) = reach
+            && rf == family
+            && first <= rlast
+        {
+            let (a, b) = (entries[ri], entries[i]);
+            return Err(ConfigError::Conflict(format!(
+                "address blocks overlap: {} of pool {:?} ({}) and {} of pool {:?} ({})",
+                a.block, a.pool, a.origin, b.block, b.pool, b.origin
+            )));
+        }
+        if reach.is_none_or(|(rf, rlast, _)| rf != family || last > rlast) {
+            reach = Some((family, last, i));
+        }
+    }
+    Ok(())
+}
+
+fn build_pools(args: &RunArgs, origins: &Origins) -> Result<(Vec<Pool>, Vec<Pool>), ConfigError> {
+    let mut entries: Vec<BlockEntry> = Vec::new();
+    if let Some(text) = &args.external_cidr {
+        let block = parse_block(
+            origins,
+            "external_cidr",
+            text,
+            text.trim(),
+            Family::V4,
+            "--external-cidr6",
+        )?;
+        entries.push(BlockEntry {
+            pool: DEFAULT_POOL.to_string(),
+            block,
+            origin: origins.describe("external_cidr"),
+        });
+    }
+    for item in non_empty(&args.cidr_pools) {
+        entries.push(named_block(
+            origins,
+            "cidr_pools",
+            item,
+            Family::V4,
+            "--cidr6-pools",
+        )?);
+    }
+    if let Some(text) = &args.external_cidr6 {
+        let block = parse_block(
+            origins,
+            "external_cidr6",
+            text,
+            text.trim(),
+            Family::V6,
+            "--external-cidr",
+        )?;
+        entries.push(BlockEntry {
+            pool: DEFAULT_POOL6.to_string(),
+            block,
+            origin: origins.describe("external_cidr6"),
+        });
+    }
+    for item in non_empty(&args.cidr6_pools) {
+        entries.push(named_block(
+            origins,
+            "cidr6_pools",
+            item,
+            Family::V6,
+            "--cidr-pools",
+        )?);
+    }
+    let mut secondary: Vec<BlockEntry> = Vec::new();
+    for (i, text) in non_empty(&args.external_secondary_cidrs).enumerate() {
+        let block = parse_block(
+            origins,
+            "external_secondary_cidrs",
+            text,
+            text,
+            Family::V4,
+            "no option yet (IPv6 secondary pools are not supported)",
+        )?;
+        secondary.push(BlockEntry {
+            pool: format!("{SECONDARY_POOL_PREFIX}{i}"),
+            block,
+            origin: origins.describe("external_secondary_cidrs"),
+        });
+    }
+    if entries.is_empty() {
+        return Err(ConfigError::Conflict(
+            "no address pool: set --external-cidr, --external-cidr6, --cidr-pools or \
+             --cidr6-pools (or their LOXI_CCM_* variables or config keys)"
+                .to_string(),
+        ));
+    }
+    let all: Vec<&BlockEntry> = entries.iter().chain(&secondary).collect();
+    check_overlaps(&all)?;
+    if let Some(clash) = secondary
+        .iter()
+        .find(|s| entries.iter().any(|e| e.pool == s.pool))
+    {
+        return Err(ConfigError::Conflict(format!(
+            "pool name {:?} is used by {} and by the secondary pools of {}: rename the pool",
+            clash.pool,
+            entries
+                .iter()
+                .find(|e| e.pool == clash.pool)
+                .map(|e| e.origin.as_str())
+                .unwrap_or_default(),
+            clash.origin
+        )));
+    }
+
+    let mut pools: Vec<Pool> = Vec::new();
+    for e in entries {
+        match pools.iter_mut().find(|p| p.name == e.pool) {
+            Some(p) => p.blocks.push(e.block),
+            None => pools.push(Pool::new(&e.pool, vec![e.block])),
+        }
+    }
+    let secondary_pools = secondary
+        .into_iter()
+        .map(|e| Pool::new(&e.pool, vec![e.block]))
+        .collect();
+    Ok((pools, secondary_pools))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn env_of(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> + use<> {
+        let map: BTreeMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k: &str| map.get(k).map(OsString::from)
+    }
+
+    fn temp_file(name: &str, content: &str) -> PathBuf {
+        let path = std::env::temp_dir().join(format!(
+            "loxi-ccm-config-test-{}-{name}.yaml",
+            std::process::id()
+        ));
+        std::fs::write(&path, content).unwrap();
+        path
+    }
+
+    fn run(argv: &[&str], env: &dyn Fn(&str) -> Option<OsString>) -> Result<Loaded, LoadError> {
+        let mut full = vec!["loxi-ccm", "run"];
+        full.extend_from_slice(argv);
+        load(full, env)
+    }
+
+    fn err(r: Result<Loaded, LoadError>) -> String {
+        match r {
+            Ok(l) => match l.config() {
+                Ok(_) => panic!("expected an error"),
+                Err(e) => e.to_string(),
+            },
+            Err(LoadError::Invalid { error, .. }) => error.to_string(),
+            Err(LoadError::Clap(e)) => e.render().to_string(),
+        }
+    }
+
+    const BASE: &[&str] = &["--loxilb-url=http://127.0.0.1:11111"];
+
+    #[test]
+    fn precedence_flag_then_env_then_file_then_default() {
+        let file = temp_file(
+            "precedence",
+            "lbMode: onearm\nloxilbUrl: http://10.0.0.1:11111\nexternalCidr: 192.0.2.0/24\n\
+             monitor: true\n",
+        );
+        let f = file.to_str().unwrap();
+        let env = env_of(&[("LOXI_CCM_LB_MODE", "fullnat"), ("LOXI_CCM_CONFIG", f)]);
+
+        // Flag beats environment and file.
+        let l = run(&["--lb-mode=dsr"], &env).unwrap();
+        assert_eq!(l.args.lb_mode, "dsr");
+        assert_eq!(l.origins.of("lb_mode"), Origin::Flag);
+
+        // Environment beats file.
+        let l = run(&[], &env).unwrap();
+        assert_eq!(l.args.lb_mode, "fullnat");
+        assert_eq!(
+            l.origins.of("lb_mode"),
+            Origin::Env("LOXI_CCM_LB_MODE".into())
+        );
+
+        // File beats default; untouched options keep their default.
+        let env = env_of(&[("LOXI_CCM_CONFIG", f)]);
+        let l = run(&[], &env).unwrap();
+        assert_eq!(l.args.lb_mode, "onearm");
+        assert_eq!(
+            l.origins.of("lb_mode"),
+            Origin::File {
+                path: file.clone(),
+                key: "lbMode".into()
+            }
+        );
+        assert!(l.args.monitor);
+        assert_eq!(l.args.concurrency, 16);
+        assert_eq!(l.origins.of("concurrency"), Origin::Default);
+        assert_eq!(l.config_file.as_deref(), Some(file.as_path()));
+        let cfg = l.config().unwrap();
+        assert_eq!(cfg.defaults.mode, NatMode::OneArm);
+        assert_eq!(cfg.loxilb[0].url, "http://10.0.0.1:11111");
+        assert_eq!(cfg.pool.name, DEFAULT_POOL);
+
+        // --config beats LOXI_CCM_CONFIG; nothing from the environment's file is read.
+        let other = temp_file("precedence-other", "lbMode: hostonearm\n");
+        let l = run(
+            &[
+                &format!("--config={}", other.display()),
+                BASE[0],
+                "--external-cidr=192.0.2.0/24",
+            ],
+            &env,
+        )
+        .unwrap();
+        assert_eq!(l.args.lb_mode, "hostonearm");
+    }
+
+    #[test]
+    fn default_is_the_last_layer() {
+        let l = run(&[], &env_of(&[])).unwrap();
+        assert_eq!(l.args.lb_mode, "default");
+        assert_eq!(l.origins.of("lb_mode"), Origin::Default);
+        assert!(l.config_file.is_none());
+    }
+
+    #[test]
+    fn legacy_and_kube_loxilb_keys_lists_and_comma_strings() {
+        let file = temp_file(
+            "legacy",
+            "apiServerURL:\n  - http://10.0.0.1:11111\n  - http://10.0.0.2:11111\n\
+             externalIPcidr: 192.0.2.0/24\n\
+             cidrPools: a=198.51.100.0/25,b=198.51.100.128/25\n\
+             cidr6Pools: [c=2001:db8:1::/64, c=2001:db8:2::/64]\n\
+             externalCIDR6: 2001:db8::/64\n\
+             externalSecondaryCIDRs: 203.0.113.0/26,203.0.113.64/26\n\
+             setLBMode: 2\nsetUniqueIP: true\nloxilbLoadBalancerClass: example.com/lb\n\
+             concurrency: 4\nhealthInterval: 500ms\ndisableNodeInit: true\n",
+        );
+        let env = env_of(&[("LOXI_CCM_CONFIG", file.to_str().unwrap())]);
+        let cfg = run(&[], &env).unwrap().config().unwrap();
+        let urls: Vec<_> = cfg.loxilb.iter().map(|c| c.url.as_str()).collect();
+        assert_eq!(urls, ["http://10.0.0.1:11111", "http://10.0.0.2:11111"]);
+        let names: Vec<_> = cfg.pools.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["default", "a", "b", "default6", "c"]);
+        assert_eq!(cfg.pools[4].blocks.len(), 2);
+        let secondary: Vec<_> = cfg
+            .secondary_pools
+            .iter()
+            .map(|p| p.name.as_str())
+            .collect();
+        assert_eq!(secondary, ["secondary0", "secondary1"]);
+        assert_eq!(cfg.defaults.mode, NatMode::FullNat);
+        assert!(cfg.unique_ip);
+        assert_eq!(cfg.class, "example.com/lb");
+        assert_eq!(cfg.concurrency, 4);
+        assert_eq!(cfg.health_interval, Duration::from_millis(500));
+        assert!(cfg.node_init.disable_node_init);
+        assert_eq!(cfg.pool.name, "default");
+    }
+
+    #[test]
+    fn unknown_and_unsupported_keys_name_the_file() {
+        let file = temp_file("unknown", "externalCidrr: 192.0.2.0/24\n");
+        let e = err(run(
+            BASE,
+            &env_of(&[("LOXI_CCM_CONFIG", file.to_str().unwrap())]),
+        ));
+        assert_eq!(
+            e,
+            format!(
+                "config file {}: unknown key \"externalCidrr\" (did you mean \"externalCidr\"?)",
+                file.display()
+            )
+        );
+        let file = temp_file("unsupported", "setBGP: 65100\n");
+        let e = err(run(
+            BASE,
+            &env_of(&[("LOXI_CCM_CONFIG", file.to_str().unwrap())]),
+        ));
+        assert!(
+            e.contains("key \"setBGP\"") && e.contains("not support"),
+            "{e}"
+        );
+        let file = temp_file(
+            "twice",
+            "externalCidr: 192.0.2.0/24\nexternalCIDR: 192.0.2.0/24\n",
+        );
+        let e = err(run(
+            BASE,
+            &env_of(&[("LOXI_CCM_CONFIG", file.to_str().unwrap())]),
+        ));
+        assert!(
+            e.contains("\"externalCIDR\" and \"externalCidr\" both set --external-cidr"),
+            "{e}"
+        );
+        let file = temp_file("notamap", "- a\n- b\n");
+        let e = err(run(
+            BASE,
+            &env_of(&[("LOXI_CCM_CONFIG", file.to_str().unwrap())]),
+        ));
+        assert!(e.contains("expected a mapping"), "{e}");
+        let e = err(run(
+            BASE,
+            &env_of(&[("LOXI_CCM_CONFIG", "/nonexistent/loxi-ccm.yaml")]),
+        ));
+        assert!(
+            e.starts_with("config file /nonexistent/loxi-ccm.yaml: cannot be read")
+                && e.contains("environment LOXI_CCM_CONFIG"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn invalid_values_name_their_source() {
+        let cidr = "--external-cidr=192.0.2.0/24";
+        // Semantic check, from the environment.
+        let e = err(run(&[BASE[0], cidr], &env_of(&[("LOXI_CCM_LB_MODE", "x")])));
+        assert_eq!(
+            e,
+            "environment LOXI_CCM_LB_MODE: invalid value \"x\": expected default, onearm, \
+             fullnat, dsr, fullproxy, hostonearm or 0-5"
+        );
+        // clap's own parser, from the environment and from the file.
+        let e = err(run(
+            &[BASE[0], cidr],
+            &env_of(&[("LOXI_CCM_CONCURRENCY", "many")]),
+        ));
+        assert!(
+            e.starts_with("environment LOXI_CCM_CONCURRENCY: invalid value \"many\": "),
+            "{e}"
+        );
+        let file = temp_file("badvalues", "logFormat: xml\n");
+        let e = err(run(
+            &[BASE[0], cidr],
+            &env_of(&[("LOXI_CCM_CONFIG", file.to_str().unwrap())]),
+        ));
+        assert_eq!(
+            e,
+            format!(
+                "config file {}: key \"logFormat\": invalid value \"xml\": expected one of text, json",
+                file.display()
+            )
+        );
+        let file = temp_file("badduration", "driftInterval: soon\n");
+        let e = err(run(
+            &[BASE[0], cidr],
+            &env_of(&[("LOXI_CCM_CONFIG", file.to_str().unwrap())]),
+        ));
+        assert!(
+            e.starts_with(&format!(
+                "config file {}: key \"driftInterval\": invalid value \"soon\": ",
+                file.display()
+            )),
+            "{e}"
+        );
+        let e = err(run(&[BASE[0], cidr], &env_of(&[("LOXI_CCM_MONITOR", "1")])));
+        assert_eq!(
+            e,
+            "environment LOXI_CCM_MONITOR: invalid value \"1\": expected one of true, false"
+        );
+        let e = err(run(BASE, &env_of(&[("LOXI_CCM_DISABLE_NODE_INIT", "yes")])));
+        assert_eq!(
+            e,
+            "environment LOXI_CCM_DISABLE_NODE_INIT: invalid value \"yes\": expected true or false"
+        );
+        // A bad block from a flag.
+        let e = err(run(
+            &[BASE[0], "--external-cidr=192.0.2.0/33"],
+            &env_of(&[]),
+        ));
+        assert!(
+            e.starts_with("flag --external-cidr: invalid value \"192.0.2.0/33\""),
+            "{e}"
+        );
+        // Lists in the file for a single-valued option.
+        let file = temp_file("list", "lbMode: [a, b]\n");
+        let e = err(run(
+            &[BASE[0], cidr],
+            &env_of(&[("LOXI_CCM_CONFIG", file.to_str().unwrap())]),
+        ));
+        assert!(
+            e.ends_with("key \"lbMode\": expects one value, got a list of 2"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn pools_are_validated() {
+        let env = env_of(&[]);
+        let e = err(run(BASE, &env));
+        assert!(e.starts_with("no address pool"), "{e}");
+        let e = err(run(&[BASE[0], "--external-cidr=2001:db8::/64"], &env));
+        assert!(
+            e.contains("is IPv6; IPv6 blocks go in --external-cidr6"),
+            "{e}"
+        );
+        let e = err(run(&[BASE[0], "--cidr-pools=10.0.0.0/24"], &env));
+        assert!(e.contains("expected <pool name>=<CIDR or range>"), "{e}");
+        let e = err(run(
+            &[
+                BASE[0],
+                "--external-cidr=10.0.0.0/24",
+                "--cidr-pools=b=10.0.0.128-10.0.0.130",
+            ],
+            &env,
+        ));
+        assert_eq!(
+            e,
+            "address blocks overlap: 10.0.0.0/24 of pool \"default\" (flag --external-cidr) and \
+             10.0.0.128-10.0.0.130 of pool \"b\" (flag --cidr-pools)"
+        );
+        // Network and broadcast addresses are not part of a block: these touch, not overlap.
+        let cfg = run(
+            &[
+                BASE[0],
+                "--cidr-pools=a=10.0.0.0/30,b=10.0.0.3-10.0.0.4,a=10.0.1.0/24",
+            ],
+            &env,
+        )
+        .unwrap()
+        .config()
+        .unwrap();
+        assert_eq!(cfg.pools.len(), 2);
+        assert_eq!(cfg.pools[0].blocks.len(), 2);
+        assert_eq!(cfg.pool.name, "a");
+        // IPv6 only: the first pool stands in for `pool`.
+        let cfg = run(&[BASE[0], "--external-cidr6=2001:db8::/64"], &env)
+            .unwrap()
+            .config()
+            .unwrap();
+        assert_eq!(cfg.pool.name, DEFAULT_POOL6);
+        // Secondary pools overlapping a primary one.
+        let e = err(run(
+            &[
+                BASE[0],
+                "--external-cidr=10.0.0.0/24",
+                "--external-secondary-cidrs=10.0.0.0/28",
+            ],
+            &env,
+        ));
+        assert!(e.starts_with("address blocks overlap"), "{e}");
+    }
+
+    #[test]
+    fn bounds_match_the_domain_block_sizes() {
+        for text in [
+            "10.0.0.0/24",
+            "10.0.0.0/31",
+            "10.0.0.1/32",
+            "10.0.0.5-10.0.0.9",
+            "2001:db8::/64",
+            "2001:db8::/127",
+            "2001:db8::1-2001:db8::5",
+        ] {
+            let block: AddressBlock = text.parse().unwrap();
+            let (first, last) = bounds(&block).unwrap();
+            assert_eq!(last - first + 1, block.size(), "{text}");
+        }
+    }
+
+    #[test]
+    fn token_file() {
+        let token = temp_file("token", "s3cret\n");
+        let cfg = run(
+            &[
+                BASE[0],
+                "--external-cidr=10.0.0.0/24",
+                &format!("--loxilb-token-file={}", token.display()),
+            ],
+            &env_of(&[]),
+        )
+        .unwrap()
+        .config()
+        .unwrap();
+        assert_eq!(cfg.loxilb[0].token.as_deref(), Some("s3cret"));
+        let e = err(run(
+            &[
+                BASE[0],
+                "--external-cidr=10.0.0.0/24",
+                &format!("--loxilb-token-file={}", token.display()),
+            ],
+            &env_of(&[("LOXI_CCM_LOXILB_TOKEN", "other")]),
+        ));
+        assert_eq!(
+            e,
+            "the loxilb token is given twice, by environment LOXI_CCM_LOXILB_TOKEN and by flag \
+             --loxilb-token-file: keep one"
+        );
+    }
+
+    #[test]
+    fn conflicts_between_layers_name_both() {
+        let file = temp_file("conflict", "inventoryConfigmap: kube-system/inv\n");
+        let e = err(run(
+            &[BASE[0], "--external-cidr=10.0.0.0/24"],
+            &env_of(&[
+                ("LOXI_CCM_CONFIG", file.to_str().unwrap()),
+                ("LOXI_CCM_INVENTORY_FILE", "/etc/inv.yaml"),
+            ]),
+        ));
+        assert!(
+            e.contains("environment LOXI_CCM_INVENTORY_FILE")
+                && e.contains("key \"inventoryConfigmap\""),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn file_keys_and_camel_case() {
+        assert_eq!(camel_case("loxilb-url"), "loxilbUrl");
+        assert_eq!(camel_case("external-cidr6"), "externalCidr6");
+        assert_eq!(camel_case("kubeconfig"), "kubeconfig");
+        let cmd = crate::cli::command();
+        let run = cmd.find_subcommand("run").unwrap();
+        let keys = |id: &str| file_keys(run.get_arguments().find(|a| a.get_id() == id).unwrap());
+        assert_eq!(
+            keys("loxilb_urls"),
+            ["loxilbUrl", "loxiURL", "apiServerURL"]
+        );
+        assert_eq!(keys("cidr_pools"), ["cidrPools"]);
+        assert!(keys("config").is_empty());
+        // No key is shared by two options.
+        let mut seen = HashMap::new();
+        for arg in run.get_arguments() {
+            for k in file_keys(arg) {
+                if let Some(other) = seen.insert(k.clone(), arg.get_id().to_string()) {
+                    panic!("key {k} used by {other} and {}", arg.get_id());
+                }
+            }
+        }
+        // Every legacy entry names a real option.
+        for (id, _) in LEGACY_KEYS {
+            assert!(run.get_arguments().any(|a| a.get_id() == *id), "{id}");
+        }
+    }
+
+    #[test]
+    fn from_args_names_flags_without_origins() {
+        let cli = <crate::cli::Cli as clap::Parser>::try_parse_from([
+            "loxi-ccm",
+            "run",
+            "--loxilb-url=http://a:1",
+            "--external-cidr=nope",
+        ])
+        .unwrap();
+        let crate::cli::Command::Run(args) = cli.command;
+        let e = Config::from_args(&args).unwrap_err().to_string();
+        assert!(
+            e.starts_with("--external-cidr: invalid value \"nope\""),
+            "{e}"
+        );
     }
 }

@@ -10,6 +10,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use loxi_domain::{Allocator, ClusterId};
 use tokio::sync::{mpsc, watch};
 
+use crate::claims::AddressClaim;
 use crate::config::Config;
 use crate::fleet::Fleet;
 use crate::kube_view::Selection;
@@ -22,6 +23,9 @@ pub struct Context {
     pub cluster: ClusterId,
     pub services: Store<Service>,
     pub nodes: Store<Node>,
+    /// Durable address claims (the record the allocator index is rebuilt from).
+    pub claims: Store<AddressClaim>,
+    pub claims_api: kube::Api<AddressClaim>,
     /// In-memory index of address ownership, rebuilt from the cluster before any allocation.
     pub ipam: Mutex<Allocator>,
     pub fleet: Fleet,

@@ -13,12 +13,12 @@ use kube::runtime::controller::Controller;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
-use loxi_domain::ipam::Family;
 use loxi_domain::{Allocator, ClusterId, NodeView};
 use loxilb_client::LoxilbClient;
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
+use crate::claims::AddressClaim;
 use crate::config::Config;
 use crate::context::Context;
 use crate::fleet::Fleet;
@@ -111,6 +111,26 @@ pub async fn run(
     .default_backoff()
     .touched_objects();
 
+    let claims_api: Api<AddressClaim> = Api::all(client.clone());
+    // Without the CRD nothing can be allocated safely: say so at once instead of waiting.
+    if let Err(e) = claims_api
+        .list_metadata(&kube::api::ListParams::default().limit(1))
+        .await
+    {
+        anyhow::bail!(
+            "cannot list AddressClaims ({e}); install the CRD (kubectl apply -f deploy/05-crd-addressclaims.yaml) and grant the RBAC in deploy/"
+        );
+    }
+    let (claim_store, claim_writer) = reflector::store::<AddressClaim>();
+    let claim_events = reflector(
+        claim_writer,
+        watcher(
+            claims_api.clone(),
+            watcher::Config::default().any_semantic(),
+        ),
+    )
+    .default_backoff();
+
     let (requeue_tx, requeue_rx) = mpsc::unbounded_channel::<ObjectRef<Service>>();
     let (ready_tx, ready_rx) = watch::channel(false);
     let reporter = Reporter {
@@ -128,6 +148,8 @@ pub async fn run(
         cluster,
         services: service_store,
         nodes: node_store,
+        claims: claim_store,
+        claims_api,
         fleet,
         metrics: Metrics::new(),
         synced: false.into(),
@@ -150,6 +172,7 @@ pub async fn run(
         });
     }
     tokio::spawn(watch_nodes(ctx.clone(), node_events));
+    tokio::spawn(watch_claims(ctx.clone(), claim_events));
     tokio::spawn(start_up(ctx.clone(), ready_tx, Stop(stop_rx.clone())));
     tokio::spawn(watch_leadership(
         ctx.clone(),
@@ -234,25 +257,39 @@ async fn start_up(ctx: Arc<Context>, ready_tx: watch::Sender<bool>, stop: Stop) 
     if leader.wait_for(|l| *l).await.is_err() {
         return;
     }
+    if wait_store(&ctx.claims).await.is_err() {
+        warn!("claim store writer dropped before sync");
+        return;
+    }
     {
         let mut ipam = ctx.ipam.lock().expect("ipam lock");
+        // The durable record first: every claim, whoever made it.
+        for claim in ctx.claims.state() {
+            if let Some(ip) = claim.ip()
+                && let Err(e) = ipam.assign(ip, &claim.owner_key())
+            {
+                warn!(error = %e, "two claims for one address");
+            }
+        }
+        // Then addresses Services show without a claim yet (first start after kube-loxilb,
+        // loxi-ccm or an older version): held here until their reconcile claims them.
         for svc in ctx.services.state() {
             if !ctx.selection.serves(&svc) && ctx.selection.our_finalizers(&svc).is_empty() {
                 continue;
             }
             for ip in published_addresses(&svc) {
                 if let Err(e) = ipam.assign(ip, &owner_key(&svc)) {
-                    warn!(service = %owner_key(&svc), error = %e, "address shown by two Services");
+                    warn!(service = %owner_key(&svc), error = %e, "address shown by a Service is claimed by another");
                 }
             }
         }
-        ctx.metrics.set_pool(
-            &ctx.cfg.pool.name,
-            ctx.cfg.pool.size(Family::V4),
-            ipam.used(),
+        info!(
+            addresses = ipam.used(),
+            claims = ctx.claims.len(),
+            "address index rebuilt"
         );
-        info!(addresses = ipam.used(), "address index rebuilt");
     }
+    crate::reconcile::update_pool_metrics(&ctx);
     ctx.ready.store(true, Ordering::Relaxed);
     let _ = ready_tx.send(true);
     // The cloud node controller writes too: leader only.
@@ -263,6 +300,74 @@ async fn start_up(ctx: Arc<Context>, ready_tx: watch::Sender<bool>, stop: Stop) 
             warn!(error = %e, "node initialization stopped");
         }
     });
+}
+
+/// Keeps the address index in step with claims made or removed elsewhere (another replica,
+/// another process, an operator's reservation).
+async fn watch_claims(
+    ctx: Arc<Context>,
+    events: impl futures::Stream<Item = Result<watcher::Event<AddressClaim>, watcher::Error>>,
+) {
+    let mut events = std::pin::pin!(events);
+    while let Some(event) = events.next().await {
+        // Before start-up the index is rebuilt from the store as a whole.
+        let ready = ctx.ready.load(Ordering::Relaxed);
+        match event {
+            Ok(watcher::Event::Apply(c) | watcher::Event::InitApply(c)) if ready => {
+                if let (Some(ip), Ok(mut ipam)) = (c.ip(), ctx.ipam.lock())
+                    && ipam.owner_of(&ip).is_none()
+                {
+                    let _ = ipam.assign(ip, &c.owner_key());
+                }
+            }
+            Ok(watcher::Event::Delete(c)) if ready => {
+                let freed = match (c.ip(), ctx.ipam.lock()) {
+                    (Some(ip), Ok(mut ipam))
+                        if ipam.owner_of(&ip) == Some(c.owner_key().as_str()) =>
+                    {
+                        ipam.release(&ip);
+                        true
+                    }
+                    _ => false,
+                };
+                if freed {
+                    crate::reconcile::update_pool_metrics(&ctx);
+                    ctx.wake_address_waiters();
+                }
+            }
+            Ok(_) => {}
+            Err(e) => warn!(error = %e, "address claim watch error"),
+        }
+    }
+}
+
+/// Deletes retained claims whose time is up, and claims of Services that no longer exist
+/// (only in the namespaces this replica watches, and only once their rules are gone: the
+/// drift check that precedes this removed them).
+async fn collect_claims(ctx: &Context) {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    for claim in ctx.claims.state() {
+        let in_scope = ctx
+            .cfg
+            .namespace
+            .as_deref()
+            .is_none_or(|ns| ns == claim.spec.service.namespace);
+        if !in_scope {
+            continue;
+        }
+        let by = &claim.spec.service;
+        let orphan = !by.uid.is_empty()
+            && ctx
+                .services
+                .get(&ObjectRef::new(&by.name).within(&by.namespace))
+                .is_none_or(|s| s.metadata.uid.as_deref() != Some(by.uid.as_str()));
+        if claim.expired(now) || orphan {
+            info!(address = %claim.spec.address, owner = %claim.owner_key(), expired = claim.expired(now), "releasing claim");
+            if let Err(e) = crate::claims::release(&ctx.claims_api, &claim).await {
+                warn!(error = %e, "could not release claim");
+            }
+        }
+    }
 }
 
 /// Waits until a store has seen its first full listing. kube-runtime 5's readiness signal
@@ -361,6 +466,7 @@ async fn drift_loop(ctx: Arc<Context>) {
                 converge_instance(&ctx, i).await;
             }
         }
+        collect_claims(&ctx).await;
     }
 }
 

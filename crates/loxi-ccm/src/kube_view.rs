@@ -91,6 +91,7 @@ pub fn service_view(svc: &Service) -> ServiceView {
         namespace: svc.metadata.namespace.clone().unwrap_or_default(),
         name: svc.metadata.name.clone().unwrap_or_default(),
         ports,
+        ..Default::default()
     }
 }
 
@@ -116,6 +117,7 @@ pub fn node_view(node: &Node) -> NodeView {
             .is_some_and(|l| l.contains_key(EXCLUDE_LB_LABEL)),
         deleting: node.metadata.deletion_timestamp.is_some(),
         ready,
+        ..Default::default()
     }
 }
 

@@ -2,10 +2,13 @@
 //! controller in-process through [`controller::run`]).
 
 pub mod admin;
+pub mod check;
+pub mod claims;
 pub mod cli;
 pub mod config;
 pub mod context;
 pub mod controller;
+pub mod crds;
 pub mod fleet;
 pub mod kube_view;
 pub mod leader;

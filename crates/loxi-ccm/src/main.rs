@@ -1,8 +1,10 @@
-use clap::Parser;
+use std::process::ExitCode;
+
 use tracing_subscriber::EnvFilter;
 
-use loxi_ccm::cli::{Cli, Command, LogFormat};
-use loxi_ccm::config::Config;
+use loxi_ccm::check::Report;
+use loxi_ccm::cli::LogFormat;
+use loxi_ccm::config::{LoadError, Loaded, Mode, load};
 
 fn init_logging(format: LogFormat, filter: &str) {
     let filter = EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new("info"));
@@ -34,16 +36,66 @@ async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
-    loxilb_client::install_crypto_provider();
-    match cli.command {
-        Command::Run(args) => {
-            init_logging(args.log_format, &args.log_level);
-            let cfg = Config::from_args(&args)?;
-            let client = loxi_ccm::kube_client(args.kubeconfig.as_deref()).await?;
-            loxi_ccm::controller::run(client, cfg, Some(args.admin_addr), shutdown_signal()).await
+/// Exit code of a configuration that cannot be used (as clap's usage errors).
+const EXIT_CONFIG: u8 = 2;
+
+fn print_report(report: &Report) -> ExitCode {
+    print!("{report}");
+    eprintln!("{}", report.summary());
+    if report.passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+async fn run(loaded: Loaded) -> ExitCode {
+    init_logging(loaded.args.log_format, &loaded.args.log_level);
+    let cfg = match loaded.config() {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(EXIT_CONFIG);
         }
+    };
+    if let Some(path) = &loaded.config_file {
+        tracing::info!(file = %path.display(), "configuration file read");
+    }
+    let client = match loxi_ccm::kube_client(loaded.args.kubeconfig.as_deref()).await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: Kubernetes client: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match loxi_ccm::controller::run(client, cfg, Some(loaded.args.admin_addr), shutdown_signal())
+        .await
+    {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    loxilb_client::install_crypto_provider();
+    let loaded = match load(std::env::args_os(), &|k| std::env::var_os(k)) {
+        Ok(loaded) => loaded,
+        Err(LoadError::Clap(e)) => e.exit(),
+        Err(LoadError::Invalid {
+            mode: Mode::Check,
+            error,
+        }) => return print_report(&Report::config_failure(&error)),
+        Err(LoadError::Invalid { error, .. }) => {
+            eprintln!("error: {error}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    match loaded.mode {
+        Mode::Run => run(loaded).await,
+        Mode::Check => print_report(&loxi_ccm::check::run(&loaded).await),
     }
 }

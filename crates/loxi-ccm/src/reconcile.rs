@@ -19,6 +19,7 @@ use serde_json::json;
 use thiserror::Error;
 use tracing::{Instrument, info, warn};
 
+use crate::claims::{self, ClaimResult};
 use crate::context::Context;
 use crate::kube_view::{node_view, owner_key, published_addresses, service_view};
 use crate::status::{self, COND_ADDRESS, COND_PROGRAMMED, Cond, DesiredStatus};
@@ -69,6 +70,7 @@ pub fn desired_rules(svc: &Service, ctx: &Context) -> Result<Option<Plan>, Probl
         &ctx.cluster,
         &service_view(svc),
         &nodes,
+        &[],
         &addresses,
         &intent,
     )?))
@@ -130,7 +132,7 @@ async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<Outcome, Reco
     ensure_finalizer(svc, ctx).await?;
 
     // Address first: a Service with a bad annotation still keeps (and shows) its address.
-    let (address, newly) = match ensure_address(svc, ctx) {
+    let (address, newly) = match ensure_address(svc, ctx).await? {
         Ok(x) => x,
         Err(e) => {
             if matches!(e, AllocError::Exhausted { .. })
@@ -158,7 +160,7 @@ async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<Outcome, Reco
             EventType::Normal,
             "AddressAllocated",
             "Allocate",
-            format!("allocated {address} from pool {}", ctx.cfg.pool.name),
+            format!("allocated {address}{}", pool_suffix(ctx, &address)),
         )
         .await;
     }
@@ -166,7 +168,7 @@ async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<Outcome, Reco
         COND_ADDRESS,
         true,
         "Allocated",
-        format!("{address} from pool {}", ctx.cfg.pool.name),
+        format!("{address}{}", pool_suffix(ctx, &address)),
     );
 
     let plan = match desired_rules(svc, ctx) {
@@ -305,41 +307,166 @@ async fn apply_everywhere(svc: &Service, ctx: &Context, rules: &[Rule]) -> (Cond
     (cond, retry)
 }
 
-/// The Service's address: the one already indexed, else the one it already shows (adoption
-/// after a restart or from kube-loxilb / loxi-ccm), else `spec.loadBalancerIP`, else a new one.
-fn ensure_address(svc: &Service, ctx: &Context) -> Result<(IpAddr, bool), AllocError> {
+fn pool_suffix(ctx: &Context, ip: &IpAddr) -> String {
+    let pool = ctx
+        .ipam
+        .lock()
+        .map(|i| i.pool_containing(ip).to_string())
+        .unwrap_or_default();
+    if pool.is_empty() {
+        " (outside every pool)".to_string()
+    } else {
+        format!(" from pool {pool}")
+    }
+}
+
+/// Where a candidate address comes from; decides what happens when its claim is taken.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// Already indexed for this Service (claimed before, or shown in its status at start-up).
+    Indexed,
+    /// Shown in the Service's status (adoption from kube-loxilb / loxi-ccm, or a restart).
+    Published,
+    /// `spec.loadBalancerIP`.
+    Requested,
+    /// Fresh from the pool.
+    Allocated,
+}
+
+/// The Service's address, backed by a durable claim that exists before this returns: the one
+/// already indexed, else the one it already shows (adoption), else `spec.loadBalancerIP`,
+/// else the lowest free address. A claim created by someone else first (another replica,
+/// another process) is never stolen: a fresh address is then taken from the pool, while an
+/// adopted or requested one is reported as in use.
+async fn ensure_address(
+    svc: &Service,
+    ctx: &Context,
+) -> Result<Result<(IpAddr, bool), AllocError>, ReconcileError> {
     let key = owner_key(svc);
-    let mut ipam = ctx.ipam.lock().expect("ipam lock poisoned");
-    if let Some(ip) = ipam.addresses_of(&key).first() {
-        return Ok((*ip, false));
+    let ns = svc.namespace().unwrap_or_default();
+    let name = svc.name_any();
+    let uid = svc.uid().unwrap_or_default();
+    // The address the Service shows wins when it holds its claim: any other address indexed
+    // for it (a replica that raced and lost the status write) is given back.
+    if let Some(shown) = published_addresses(svc).into_iter().next()
+        && let Some(c) = ctx.claims.get(&ObjectRef::new(&claims::claim_name(&shown)))
+        && c.owner_key() == key
+        && c.spec.service.uid == uid
+        && c.spec.retain_until.is_none()
+    {
+        let extra: Vec<IpAddr> = ctx
+            .ipam
+            .lock()
+            .map(|mut i| {
+                let _ = i.assign(shown, &key);
+                i.addresses_of(&key)
+                    .iter()
+                    .copied()
+                    .filter(|ip| *ip != shown && ip.is_ipv4() == shown.is_ipv4())
+                    .collect()
+            })
+            .unwrap_or_default();
+        for ip in extra {
+            if let Some(c) = ctx.claims.get(&ObjectRef::new(&claims::claim_name(&ip)))
+                && c.owner_key() == key
+            {
+                claims::release(&ctx.claims_api, &c).await?;
+            }
+            if let Ok(mut i) = ctx.ipam.lock() {
+                i.release(&ip);
+            }
+            warn!(%ip, kept = %shown, "released a second address claimed for this Service");
+        }
+        return Ok(Ok((shown, false)));
+    }
+    // Bounded: each lost race marks one more address as taken.
+    for _ in 0..32 {
+        let picked = {
+            let mut ipam = ctx.ipam.lock().expect("ipam lock poisoned");
+            pick_address(svc, &key, &mut ipam)
+        };
+        let (ip, source) = match picked {
+            Ok(x) => x,
+            Err(e) => return Ok(Err(e)),
+        };
+        // Fast path: the claim is already in the store and is this Service's.
+        if let Some(c) = ctx.claims.get(&ObjectRef::new(&claims::claim_name(&ip)))
+            && c.owner_key() == key
+            && c.spec.service.uid == uid
+            && c.spec.retain_until.is_none()
+        {
+            return Ok(Ok((ip, false)));
+        }
+        let pool = ctx
+            .ipam
+            .lock()
+            .map(|i| i.pool_containing(&ip).to_string())
+            .unwrap_or_default();
+        match claims::claim(&ctx.claims_api, &ip, &pool, &ns, &name, &uid).await? {
+            ClaimResult::Ours => {
+                update_pool_metrics(ctx);
+                return Ok(Ok((ip, source == Source::Allocated)));
+            }
+            ClaimResult::Taken(other) => {
+                let owner = other.owner_key();
+                if let Ok(mut ipam) = ctx.ipam.lock() {
+                    if ipam.owner_of(&ip) == Some(key.as_str()) {
+                        ipam.release(&ip);
+                    }
+                    let _ = ipam.assign(ip, &owner);
+                }
+                if matches!(source, Source::Published | Source::Requested) {
+                    return Ok(Err(AllocError::Taken { ip, owner }));
+                }
+                warn!(%ip, %owner, "address claimed by someone else first; taking another");
+            }
+        }
+    }
+    Ok(Err(AllocError::Exhausted {
+        pool: ctx.cfg.pool.name.clone(),
+        family: Family::V4,
+    }))
+}
+
+fn pick_address(
+    svc: &Service,
+    key: &str,
+    ipam: &mut loxi_domain::Allocator,
+) -> Result<(IpAddr, Source), AllocError> {
+    if let Some(ip) = ipam.addresses_of(key).first() {
+        return Ok((*ip, Source::Indexed));
     }
     if let Some(ip) = published_addresses(svc).into_iter().next() {
-        ipam.assign(ip, &key)?;
-        return Ok((ip, false));
+        ipam.assign(ip, key)?;
+        return Ok((ip, Source::Published));
     }
     let requested = svc
         .spec
         .as_ref()
         .and_then(|s| s.load_balancer_ip.as_deref())
         .filter(|s| !s.is_empty());
-    let ip = match requested {
+    match requested {
         Some(text) => {
             let ip: IpAddr = text.parse().map_err(|_| {
                 AllocError::UnknownPool(format!(
                     "spec.loadBalancerIP {text:?} is not an IP address"
                 ))
             })?;
-            ipam.assign(ip, &key)?;
-            ip
+            ipam.assign(ip, key)?;
+            Ok((ip, Source::Requested))
         }
-        None => ipam.allocate(&key, None, Family::V4)?,
-    };
-    ctx.metrics.set_pool(
-        &ctx.cfg.pool.name,
-        ctx.cfg.pool.size(Family::V4),
-        ipam.used(),
-    );
-    Ok((ip, true))
+        None => Ok((ipam.allocate(key, None, Family::V4)?, Source::Allocated)),
+    }
+}
+
+pub fn update_pool_metrics(ctx: &Context) {
+    if let Ok(ipam) = ctx.ipam.lock() {
+        ctx.metrics.set_pool(
+            &ctx.cfg.pool.name,
+            ctx.cfg.pool.size(Family::V4),
+            ipam.used(),
+        );
+    }
 }
 
 async fn report_problem(
@@ -420,15 +547,7 @@ async fn cleanup(svc: &Service, ctx: &Context) -> Result<(), ReconcileError> {
         )
         .await;
     }
-    let released = ctx
-        .ipam
-        .lock()
-        .map(|mut i| i.release_owner(&key))
-        .unwrap_or_default();
-    if !released.is_empty() {
-        info!(?released, "addresses released");
-        ctx.wake_address_waiters();
-    }
+    release_addresses(svc, ctx).await?;
     if svc.metadata.deletion_timestamp.is_none() {
         status::clear(&services_api(ctx, svc), svc).await?;
     }
@@ -439,6 +558,55 @@ async fn cleanup(svc: &Service, ctx: &Context) -> Result<(), ReconcileError> {
             .filter(|f| !finalizers.contains(&f.as_str()))
             .collect();
         patch_finalizers(ctx, svc, json!(remaining)).await?;
+    }
+    Ok(())
+}
+
+/// Annotation asking to keep a deleted Service's address for a while (e.g. `24h`), so that
+/// re-creating the Service gets the same address.
+pub const ANN_RETAIN: &str = "loxilb.io/retain-address";
+
+/// Gives the Service's addresses back (their rules are gone by now): deletes their claims,
+/// or keeps them as retained for this namespace/name when asked to.
+async fn release_addresses(svc: &Service, ctx: &Context) -> Result<(), ReconcileError> {
+    let key = owner_key(svc);
+    let uid = svc.uid().unwrap_or_default();
+    let ips: Vec<IpAddr> = ctx
+        .ipam
+        .lock()
+        .map(|i| i.addresses_of(&key).to_vec())
+        .unwrap_or_default();
+    let retain = svc
+        .annotations()
+        .get(ANN_RETAIN)
+        .and_then(|v| crate::cli::parse_duration(v).ok())
+        .filter(|d| !d.is_zero());
+    let mut released = Vec::new();
+    for ip in ips {
+        let claim = ctx.claims.get(&ObjectRef::new(&claims::claim_name(&ip)));
+        let ours = claim.as_ref().is_some_and(|c| {
+            c.owner_key() == key && (c.spec.service.uid.is_empty() || c.spec.service.uid == uid)
+        });
+        match (claim, ours, retain) {
+            (Some(c), true, Some(d)) => {
+                let until = k8s_openapi::jiff::Timestamp::now()
+                    + k8s_openapi::jiff::SignedDuration::try_from(d).unwrap_or_default();
+                claims::retain(&ctx.claims_api, &c, until).await?;
+                info!(%ip, %until, "address retained");
+                continue; // still indexed for this namespace/name
+            }
+            (Some(c), true, None) => claims::release(&ctx.claims_api, &c).await?,
+            _ => {}
+        }
+        if let Ok(mut ipam) = ctx.ipam.lock() {
+            ipam.release(&ip);
+        }
+        released.push(ip);
+    }
+    if !released.is_empty() {
+        info!(?released, "addresses released");
+        update_pool_metrics(ctx);
+        ctx.wake_address_waiters();
     }
     Ok(())
 }

@@ -109,12 +109,18 @@ pub async fn write(api: &Api<Service>, svc: &Service, want: &DesiredStatus) -> k
     if !ingress.is_empty() {
         status["loadBalancer"] = json!({ "ingress": ingress });
     }
-    let patch = json!({
+    let mut patch = json!({
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": { "name": name },
         "status": status,
     });
+    // Publishing a different address is conditional on the Service being unchanged since we
+    // read it: of two writers that raced for one Service, only one address is ever shown.
+    let ips: Vec<String> = want.addresses.iter().map(ToString::to_string).collect();
+    if current_ingress(svc) != ips {
+        patch["metadata"]["resourceVersion"] = json!(svc.metadata.resource_version);
+    }
     // Forced: on adoption the ingress field may belong to kube-loxilb's or loxi-ccm's
     // manager; the address is unchanged, only its owner.
     let params = PatchParams::apply(FIELD_MANAGER).force();

@@ -46,6 +46,23 @@ async fn shipped_manifests_and_rbac_run_the_binary_end_to_end() {
         String::from_utf8_lossy(&out.stderr)
     );
 
+    let out = Command::new(&kubectl)
+        .arg("--kubeconfig")
+        .arg(&admin_kc)
+        .args([
+            "wait",
+            "--for=condition=established",
+            "--timeout=60s",
+            "crd/addressclaims.ipam.loxilb.io",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
     // A token for the shipped ServiceAccount: everything below runs with its rights only.
     let out = Command::new(&kubectl)
         .arg("--kubeconfig")

@@ -325,6 +325,15 @@ impl Allocator {
             .unwrap_or_default()
     }
 
+    /// Name of the first pool whose blocks contain `ip` ("" outside every pool).
+    pub fn pool_containing(&self, ip: &IpAddr) -> &str {
+        self.pools
+            .iter()
+            .find(|p| p.pool.contains(ip))
+            .map(|p| p.pool.name.as_str())
+            .unwrap_or_default()
+    }
+
     /// Number of addresses owned (inside pools or not).
     pub fn used(&self) -> usize {
         self.owner_by_ip.len()

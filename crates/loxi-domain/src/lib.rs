@@ -18,4 +18,7 @@ pub use intent::{AnnotationError, Defaults, ServiceIntent, parse_intent};
 pub use ipam::{AllocError, Allocator, Pool};
 pub use model::{Endpoint, EndpointSelection, NatMode, Protocol, Rule, RuleKey};
 pub use naming::{ClusterId, RuleName};
-pub use plan::{NodeView, PlanError, ServicePortView, ServiceView, plan_rules};
+pub use plan::{
+    EndpointPortView, EndpointView, NodeView, PlanError, ServicePortView, ServiceView,
+    TrafficPolicy, plan_rules,
+};

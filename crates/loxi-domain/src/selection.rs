@@ -28,22 +28,48 @@ fn fnv1a(parts: &[&[u8]]) -> u64 {
     h ^ (h >> 31)
 }
 
-/// Returns at most `limit` of `candidates`, chosen by rendezvous hashing on `key`, sorted.
-pub fn stable_subset(key: &str, candidates: &[IpAddr], limit: usize) -> Vec<IpAddr> {
-    let mut scored: Vec<(u64, IpAddr)> = candidates
+fn ip_octets(ip: &IpAddr) -> Vec<u8> {
+    match ip {
+        IpAddr::V4(v4) => v4.octets().to_vec(),
+        IpAddr::V6(v6) => v6.octets().to_vec(),
+    }
+}
+
+/// Rendezvous selection over any candidates, scored by `fnv1a(key, bytes(candidate))`.
+fn rendezvous<T: Ord + Copy>(
+    key: &str,
+    candidates: &[T],
+    limit: usize,
+    bytes: impl Fn(&T) -> Vec<u8>,
+) -> Vec<T> {
+    let mut scored: Vec<(u64, T)> = candidates
         .iter()
-        .map(|ip| {
-            let octets = match ip {
-                IpAddr::V4(v4) => v4.octets().to_vec(),
-                IpAddr::V6(v6) => v6.octets().to_vec(),
-            };
-            (fnv1a(&[key.as_bytes(), &octets]), *ip)
-        })
+        .map(|c| (fnv1a(&[key.as_bytes(), &bytes(c)]), *c))
         .collect();
     scored.sort_unstable_by(|a, b| b.cmp(a));
-    let mut chosen: Vec<IpAddr> = scored.into_iter().take(limit).map(|(_, ip)| ip).collect();
+    let mut chosen: Vec<T> = scored.into_iter().take(limit).map(|(_, c)| c).collect();
     chosen.sort();
     chosen
+}
+
+/// Returns at most `limit` of `candidates`, chosen by rendezvous hashing on `key`, sorted.
+pub fn stable_subset(key: &str, candidates: &[IpAddr], limit: usize) -> Vec<IpAddr> {
+    rendezvous(key, candidates, limit, ip_octets)
+}
+
+/// Like [`stable_subset`] for (address, target port) candidates, as pod endpoints are: the
+/// same pod address can serve on different ports, and different pods may resolve a named
+/// target port differently.
+pub fn stable_subset_endpoints(
+    key: &str,
+    candidates: &[(IpAddr, u16)],
+    limit: usize,
+) -> Vec<(IpAddr, u16)> {
+    rendezvous(key, candidates, limit, |(ip, port)| {
+        let mut b = ip_octets(ip);
+        b.extend_from_slice(&port.to_be_bytes());
+        b
+    })
 }
 
 #[cfg(test)]
@@ -73,6 +99,22 @@ mod tests {
         let after: BTreeSet<_> = stable_subset("ns/a", &rest, 32).into_iter().collect();
         assert_eq!(after.len(), 32);
         assert_eq!(before.difference(&after).count(), 1);
+    }
+
+    #[test]
+    fn endpoint_subsets_are_stable_and_bounded() {
+        let all: Vec<(IpAddr, u16)> = nodes(80).into_iter().map(|ip| (ip, 8080)).collect();
+        let a = stable_subset_endpoints("ns/a", &all, 32);
+        assert_eq!(a.len(), 32);
+        assert!(a.windows(2).all(|w| w[0] < w[1]));
+        let mut shuffled = all.clone();
+        shuffled.reverse();
+        assert_eq!(stable_subset_endpoints("ns/a", &shuffled, 32), a);
+        assert_ne!(stable_subset_endpoints("ns/b", &all, 32), a);
+        assert_eq!(
+            stable_subset_endpoints("ns/a", &all[..5], 32),
+            all[..5].to_vec()
+        );
     }
 
     #[test]

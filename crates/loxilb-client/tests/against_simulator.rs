@@ -65,6 +65,11 @@ fn tcp_rule(vip: &str, port: u16, name: &str, endpoints: Vec<Endpoint>) -> Rule 
         endpoints,
         monitor: true,
         managed: true,
+        probe: Default::default(),
+        inactive_timeout: 0,
+        proxy_protocol_v2: false,
+        allowed_sources: vec![],
+        secondary_ips: vec![],
     }
 }
 

@@ -174,6 +174,11 @@ fn minimal() -> LoadbalanceEntry {
         }],
         monitor: false,
         managed: false,
+        probe: Default::default(),
+        inactive_timeout: 0,
+        proxy_protocol_v2: false,
+        allowed_sources: vec![],
+        secondary_ips: vec![],
     })
 }
 

@@ -1,0 +1,534 @@
+//! `loxi-ccm check`: everything `run` needs, verified once, with a readable report.
+//!
+//! 1. The configuration (all layers, every value validated as `run` would).
+//! 2. The Kubernetes API: `GET /version`, then the credentials (who we are, listing Services
+//!    and Nodes), the cluster identity, and the permissions `run` uses (one
+//!    SelfSubjectAccessReview per verb and resource).
+//! 3. Every loxilb: `GET /version` (reachable) and a rule listing (which, unlike `/version`,
+//!    needs the token when loxilb runs with authentication).
+//!
+//! One line per check, `OK` or `FAIL` with the reason; [`Report::passed`] decides the exit code.
+//! Nothing is written anywhere.
+
+use std::fmt;
+use std::future::Future;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+};
+use k8s_openapi::api::core::v1::{Namespace, Node, Service};
+use kube::api::{Api, ListParams, PostParams};
+use loxi_domain::ClusterId;
+use loxilb_client::{ClientConfig, LoxilbClient};
+
+use crate::config::{Config, ConfigError, Loaded};
+
+/// Upper bound for one Kubernetes call of the check.
+const KUBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One check and its outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckLine {
+    pub ok: bool,
+    pub name: String,
+    pub detail: String,
+}
+
+impl fmt::Display for CheckLine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let status = if self.ok { "OK  " } else { "FAIL" };
+        write!(f, "{status} {}: {}", self.name, self.detail)
+    }
+}
+
+/// The outcome of every check, in order.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    pub lines: Vec<CheckLine>,
+}
+
+impl Report {
+    fn push(&mut self, ok: bool, name: impl Into<String>, detail: impl Into<String>) {
+        self.lines.push(CheckLine {
+            ok,
+            name: name.into(),
+            detail: detail.into(),
+        });
+    }
+
+    pub fn pass(&mut self, name: impl Into<String>, detail: impl Into<String>) {
+        self.push(true, name, detail);
+    }
+
+    pub fn fail(&mut self, name: impl Into<String>, detail: impl Into<String>) {
+        self.push(false, name, detail);
+    }
+
+    /// A report holding only the failed configuration (nothing else can be checked).
+    pub fn config_failure(error: &ConfigError) -> Report {
+        let mut r = Report::default();
+        r.fail("configuration", error.to_string());
+        r
+    }
+
+    /// True when every check passed.
+    pub fn passed(&self) -> bool {
+        !self.lines.is_empty() && self.lines.iter().all(|l| l.ok)
+    }
+
+    /// `check passed: 7 checks OK` / `check failed: 2 of 7 checks failed`.
+    pub fn summary(&self) -> String {
+        let failed = self.lines.iter().filter(|l| !l.ok).count();
+        if failed == 0 {
+            format!("check passed: {} checks OK", self.lines.len())
+        } else {
+            format!(
+                "check failed: {failed} of {} checks failed",
+                self.lines.len()
+            )
+        }
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for line in &self.lines {
+            writeln!(f, "{line}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs every check. The configuration is validated first; without a valid one nothing else
+/// is tried.
+pub async fn run(loaded: &Loaded) -> Report {
+    let mut report = Report::default();
+    let cfg = match loaded.config() {
+        Ok(cfg) => cfg,
+        Err(e) => return Report::config_failure(&e),
+    };
+    report.pass("configuration", describe_config(&cfg, loaded));
+    let (kube_lines, loxilb_lines) = tokio::join!(
+        kube_checks(loaded.args.kubeconfig.as_deref(), &cfg),
+        loxilb_checks(&cfg)
+    );
+    report.lines.extend(kube_lines.lines);
+    report.lines.extend(loxilb_lines.lines);
+    report
+}
+
+fn describe_config(cfg: &Config, loaded: &Loaded) -> String {
+    let pools: Vec<String> = cfg
+        .pools
+        .iter()
+        .chain(&cfg.secondary_pools)
+        .map(|p| {
+            let blocks: Vec<String> = p.blocks.iter().map(|b| b.to_string()).collect();
+            format!("{}={}", p.name, blocks.join("+"))
+        })
+        .collect();
+    let mut text = format!(
+        "{} loxilb instance(s); pools {}; {} IPs; class {}{}",
+        cfg.loxilb.len(),
+        pools.join(", "),
+        if cfg.unique_ip { "unique" } else { "shared" },
+        cfg.class,
+        if cfg.ccm_mode {
+            " and class-less Services (CCM mode)"
+        } else {
+            ""
+        },
+    );
+    if let Some(path) = &loaded.config_file {
+        text.push_str(&format!("; config file {}", path.display()));
+    }
+    text
+}
+
+async fn with_timeout<T, E: fmt::Display>(
+    fut: impl Future<Output = Result<T, E>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(KUBE_TIMEOUT, fut).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no answer within {}s", KUBE_TIMEOUT.as_secs())),
+    }
+}
+
+/// A client with short timeouts (the check must not hang on an unreachable API server), and
+/// the API server URL for the report.
+async fn kube_client(kubeconfig: Option<&Path>) -> anyhow::Result<(kube::Client, String)> {
+    loxilb_client::install_crypto_provider();
+    let mut config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                .await
+                .with_context(|| format!("using kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer().await.context(
+            "no kubeconfig given and none found (in-cluster, $KUBECONFIG, ~/.kube/config)",
+        )?,
+    };
+    config.connect_timeout = Some(Duration::from_secs(5));
+    config.read_timeout = Some(KUBE_TIMEOUT);
+    let url = config.cluster_url.to_string();
+    let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
+    Ok((client, url.trim_end_matches('/').to_string()))
+}
+
+/// `context: cause: cause`, leaving out causes the text before already quotes (kube's errors
+/// often repeat their source).
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let part = cause.to_string();
+        if !text.contains(&part) {
+            if !text.is_empty() {
+                text.push_str(": ");
+            }
+            text.push_str(&part);
+        }
+    }
+    text
+}
+
+/// One permission `run` relies on.
+struct Need {
+    verb: &'static str,
+    group: &'static str,
+    resource: &'static str,
+    subresource: &'static str,
+    namespace: Option<String>,
+    name: Option<String>,
+}
+
+impl Need {
+    fn new(verb: &'static str, group: &'static str, resource: &'static str) -> Need {
+        Need {
+            verb,
+            group,
+            resource,
+            subresource: "",
+            namespace: None,
+            name: None,
+        }
+    }
+
+    fn sub(mut self, subresource: &'static str) -> Need {
+        self.subresource = subresource;
+        self
+    }
+
+    fn ns(mut self, namespace: Option<&str>) -> Need {
+        self.namespace = namespace.map(str::to_string);
+        self
+    }
+
+    fn named(mut self, name: &str) -> Need {
+        self.name = Some(name.to_string());
+        self
+    }
+}
+
+impl fmt::Display for Need {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.verb, self.resource)?;
+        if !self.group.is_empty() {
+            write!(f, ".{}", self.group)?;
+        }
+        if !self.subresource.is_empty() {
+            write!(f, "/{}", self.subresource)?;
+        }
+        if let Some(name) = &self.name {
+            write!(f, " {name:?}")?;
+        }
+        match &self.namespace {
+            Some(ns) => write!(f, " in namespace {ns}"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// What `run` does with the API, as configured (see deploy/20-clusterrole.yaml and
+/// deploy/22-role-leases.yaml).
+fn needs(cfg: &Config) -> Vec<Need> {
+    let ns = cfg.namespace.as_deref();
+    let mut needs = vec![
+        Need::new("list", "", "services").ns(ns),
+        Need::new("watch", "", "services").ns(ns),
+        Need::new("patch", "", "services").ns(ns),
+        Need::new("patch", "", "services").sub("status").ns(ns),
+        Need::new("list", "", "nodes"),
+        Need::new("watch", "", "nodes"),
+        Need::new("create", "events.k8s.io", "events").ns(ns),
+    ];
+    // Durable address claims (cluster-scoped, crate::claims).
+    for verb in ["list", "watch", "create", "patch", "delete"] {
+        needs.push(Need::new(verb, "ipam.loxilb.io", "addressclaims"));
+    }
+    if cfg.cluster_id.is_none() {
+        needs.push(Need::new("get", "", "namespaces").named("kube-system"));
+    }
+    if let Some(lease) = &cfg.leader {
+        let lns = Some(lease.namespace.as_str());
+        needs.push(Need::new("create", "coordination.k8s.io", "leases").ns(lns));
+        needs.push(
+            Need::new("get", "coordination.k8s.io", "leases")
+                .ns(lns)
+                .named(&lease.name),
+        );
+        needs.push(
+            Need::new("update", "coordination.k8s.io", "leases")
+                .ns(lns)
+                .named(&lease.name),
+        );
+    }
+    if !cfg.node_init.disable_node_init {
+        needs.push(Need::new("patch", "", "nodes"));
+        needs.push(Need::new("patch", "", "nodes").sub("status"));
+        needs.push(Need::new("create", "events.k8s.io", "events").ns(Some("default")));
+        if let Some(cm) = &cfg.node_init.inventory_configmap {
+            let cns = Some(cm.namespace.as_str());
+            needs.push(Need::new("get", "", "configmaps").ns(cns).named(&cm.name));
+            needs.push(Need::new("watch", "", "configmaps").ns(cns));
+        }
+    }
+    needs
+}
+
+async fn allowed(client: &kube::Client, need: &Need) -> Result<bool, String> {
+    let review = SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                verb: Some(need.verb.to_string()),
+                group: Some(need.group.to_string()),
+                resource: Some(need.resource.to_string()),
+                subresource: (!need.subresource.is_empty()).then(|| need.subresource.to_string()),
+                namespace: need.namespace.clone(),
+                name: need.name.clone(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
+    let answer = with_timeout(api.create(&PostParams::default(), &review)).await?;
+    Ok(answer.status.is_some_and(|s| s.allowed))
+}
+
+async fn kube_checks(kubeconfig: Option<&Path>, cfg: &Config) -> Report {
+    let mut r = Report::default();
+    let (client, url) = match kube_client(kubeconfig).await {
+        Ok(c) => c,
+        Err(e) => {
+            r.fail("kubernetes client", error_chain(&e));
+            return r;
+        }
+    };
+    let api_name = format!("kubernetes API {url}");
+    match with_timeout(client.apiserver_version()).await {
+        Ok(info) => r.pass(api_name, format!("reachable, version {}", info.git_version)),
+        Err(e) => {
+            r.fail(api_name, format!("unreachable: {e}"));
+            return r;
+        }
+    }
+
+    // Who we are (informational; older API servers may not serve SelfSubjectReview).
+    let whoami: Api<SelfSubjectReview> = Api::all(client.clone());
+    let who = with_timeout(whoami.create(&PostParams::default(), &SelfSubjectReview::default()))
+        .await
+        .ok()
+        .and_then(|r| r.status)
+        .and_then(|s| s.user_info)
+        .and_then(|u| u.username)
+        .map(|u| format!(" as {u}"))
+        .unwrap_or_default();
+    let (services, scope): (Api<Service>, String) = match &cfg.namespace {
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            format!("namespace {ns}"),
+        ),
+        None => (Api::all(client.clone()), "all namespaces".to_string()),
+    };
+    let one = ListParams::default().limit(1);
+    match with_timeout(services.list(&one)).await {
+        Ok(_) => r.pass(
+            "kubernetes credentials",
+            format!("authenticated{who}; can list Services in {scope}"),
+        ),
+        Err(e) => r.fail(
+            "kubernetes credentials",
+            format!("listing Services in {scope}{who} failed: {e}"),
+        ),
+    }
+    let nodes: Api<Node> = Api::all(client.clone());
+    match with_timeout(nodes.list(&one)).await {
+        Ok(list) => r.pass(
+            "kubernetes nodes",
+            format!(
+                "can list Nodes ({})",
+                if list.items.is_empty() {
+                    "none yet"
+                } else {
+                    "at least one"
+                }
+            ),
+        ),
+        Err(e) => r.fail("kubernetes nodes", format!("listing Nodes failed: {e}")),
+    }
+
+    match &cfg.cluster_id {
+        Some(id) => r.pass("cluster id", format!("{} (configured)", id.as_str())),
+        None => {
+            let namespaces: Api<Namespace> = Api::all(client.clone());
+            match with_timeout(namespaces.get("kube-system")).await {
+                Ok(ns) => {
+                    let id = ClusterId::from_uid(ns.metadata.uid.as_deref().unwrap_or_default());
+                    r.pass(
+                        "cluster id",
+                        format!("{} (from the kube-system namespace UID)", id.as_str()),
+                    );
+                }
+                Err(e) => r.fail(
+                    "cluster id",
+                    format!(
+                        "reading namespace kube-system failed ({e}); grant it or set --cluster-id"
+                    ),
+                ),
+            }
+        }
+    }
+
+    let needs = needs(cfg);
+    let mut missing = Vec::new();
+    let mut errors = Vec::new();
+    for need in &needs {
+        match allowed(&client, need).await {
+            Ok(true) => {}
+            Ok(false) => missing.push(need.to_string()),
+            Err(e) => errors.push(format!("{need}: {e}")),
+        }
+    }
+    if !errors.is_empty() {
+        r.fail(
+            "permissions",
+            format!("could not ask the API server: {}", errors.join("; ")),
+        );
+    } else if !missing.is_empty() {
+        r.fail(
+            "permissions",
+            format!(
+                "missing {} of {}: {}",
+                missing.len(),
+                needs.len(),
+                missing.join(", ")
+            ),
+        );
+    } else {
+        r.pass(
+            "permissions",
+            format!("all {} permissions `run` uses are granted", needs.len()),
+        );
+    }
+    r
+}
+
+async fn loxilb_checks(cfg: &Config) -> Report {
+    let lines = futures::future::join_all(cfg.loxilb.iter().cloned().map(one_loxilb)).await;
+    Report { lines }
+}
+
+async fn one_loxilb(mut c: ClientConfig) -> CheckLine {
+    let name = format!("loxilb {}", c.url);
+    // One attempt: the report should say what happens now, quickly.
+    c.retry.attempts = 1;
+    let line = |ok: bool, detail: String| CheckLine {
+        ok,
+        name: name.clone(),
+        detail,
+    };
+    let client = match LoxilbClient::new(c) {
+        Ok(client) => client,
+        Err(e) => return line(false, e.to_string()),
+    };
+    let version = match client.version().await {
+        Ok(v) => v,
+        Err(e) => return line(false, e.to_string()),
+    };
+    match client.list_rules().await {
+        Ok(rules) => line(
+            true,
+            format!(
+                "reachable, version {} ({}), {} rule(s)",
+                version.version,
+                version.build_info,
+                rules.len()
+            ),
+        ),
+        Err(e) => line(
+            false,
+            format!(
+                "reachable (version {}), but listing rules failed: {e}",
+                version.version
+            ),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn report_lines_and_summary() {
+        let mut r = Report::default();
+        assert!(!r.passed(), "an empty report proves nothing");
+        r.pass("configuration", "fine");
+        assert!(r.passed());
+        r.fail(
+            "loxilb http://127.0.0.1:1",
+            "loxilb at http://127.0.0.1:1 is unreachable",
+        );
+        assert!(!r.passed());
+        assert_eq!(
+            r.to_string(),
+            "OK   configuration: fine\nFAIL loxilb http://127.0.0.1:1: loxilb at \
+             http://127.0.0.1:1 is unreachable\n"
+        );
+        assert_eq!(r.summary(), "check failed: 1 of 2 checks failed");
+    }
+
+    #[test]
+    fn needs_follow_the_configuration() {
+        let cli = <crate::cli::Cli as clap::Parser>::try_parse_from([
+            "loxi-ccm",
+            "run",
+            "--loxilb-url=http://127.0.0.1:11111",
+            "--external-cidr=192.0.2.0/24",
+            "--cluster-id=test",
+            "--leader-elect=false",
+            "--disable-node-init",
+        ])
+        .unwrap();
+        let crate::cli::Command::Run(args) = cli.command;
+        let cfg = Config::from_args(&args).unwrap();
+        let list: Vec<String> = needs(&cfg).iter().map(|n| n.to_string()).collect();
+        assert!(
+            list.contains(&"patch services/status".to_string()),
+            "{list:?}"
+        );
+        assert!(
+            !list
+                .iter()
+                .any(|n| n.contains("leases") || n.contains("namespaces"))
+        );
+    }
+}

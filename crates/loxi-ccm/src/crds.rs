@@ -1,0 +1,18 @@
+//! The CustomResourceDefinitions loxi-ccm owns, rendered as the YAML shipped in `deploy/`.
+//! A test keeps the checked-in files equal to what the code generates.
+
+use kube::CustomResourceExt;
+
+use crate::claims::AddressClaim;
+
+/// `(file name under deploy/, YAML)` for every CRD.
+pub fn rendered() -> Vec<(&'static str, String)> {
+    let header = "# Generated from the Rust types by loxi-ccm (crates/loxi-ccm/src/crds.rs).\n# Do not edit: change the code and run `UPDATE_CRDS=1 cargo test -p loxi-ccm --test crds`.\n";
+    vec![(
+        "05-crd-addressclaims.yaml",
+        format!(
+            "{header}{}",
+            serde_saphyr::to_string(&AddressClaim::crd()).unwrap_or_default()
+        ),
+    )]
+}
