@@ -190,6 +190,21 @@ pub struct RunArgs {
     )]
     pub monitor: bool,
 
+    /// Send traffic straight to pod IPs and target ports (from EndpointSlices) instead of node
+    /// InternalIPs and NodePorts, for Services without loxilb.io/usepodnetwork.
+    /// (kube-loxilb: --usePodNetwork)
+    #[arg(
+        long = "use-pod-network",
+        alias = "usePodNetwork",
+        env = "LOXI_CCM_USE_POD_NETWORK",
+        default_value_t = false,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        action = ArgAction::Set
+    )]
+    pub use_pod_network: bool,
+
     /// Cluster identity written into every rule name so clusters can share a loxilb.
     /// Default: derived from the kube-system namespace UID.
     #[arg(long = "cluster-id", env = "LOXI_CCM_CLUSTER_ID")]

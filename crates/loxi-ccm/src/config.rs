@@ -189,6 +189,7 @@ const LEGACY_KEYS: &[(&str, &[&str])] = &[
     ("set_unique_ip", &["setUniqueIP", "setExclIPAM"]),
     ("lb_mode", &["setLBMode"]),
     ("monitor", &["monitor"]),
+    ("use_pod_network", &["usePodNetwork"]),
     ("load_balancer_class", &["loxilbLoadBalancerClass"]),
 ];
 
@@ -850,7 +851,7 @@ impl Config {
             defaults: Defaults {
                 mode,
                 monitor: args.monitor,
-                use_pod_network: false,
+                use_pod_network: args.use_pod_network,
             },
             cluster_id,
             namespace: args.namespace.clone(),

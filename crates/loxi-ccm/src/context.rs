@@ -5,6 +5,7 @@ use std::sync::Mutex;
 use std::sync::atomic::AtomicBool;
 
 use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
 use loxi_domain::{Allocator, ClusterId};
@@ -23,6 +24,7 @@ pub struct Context {
     pub cluster: ClusterId,
     pub services: Store<Service>,
     pub nodes: Store<Node>,
+    pub endpoint_slices: Store<EndpointSlice>,
     /// Durable address claims (the record the allocator index is rebuilt from).
     pub claims: Store<AddressClaim>,
     pub claims_api: kube::Api<AddressClaim>,

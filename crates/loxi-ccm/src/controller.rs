@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::Api;
 use kube::runtime::controller::Controller;
 use kube::runtime::events::{Recorder, Reporter};
@@ -111,6 +112,19 @@ pub async fn run(
     .default_backoff()
     .touched_objects();
 
+    // EndpointSlices: backends for externalTrafficPolicy Local and pod-network mode.
+    let slices_api: Api<EndpointSlice> = match &cfg.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let (slice_store, slice_writer) = reflector::store::<EndpointSlice>();
+    let slice_events = reflector(
+        slice_writer,
+        watcher(slices_api, watcher::Config::default().any_semantic()),
+    )
+    .default_backoff()
+    .touched_objects();
+
     let claims_api: Api<AddressClaim> = Api::all(client.clone());
     // Without the CRD nothing can be allocated safely: say so at once instead of waiting.
     if let Err(e) = claims_api
@@ -148,6 +162,7 @@ pub async fn run(
         cluster,
         services: service_store,
         nodes: node_store,
+        endpoint_slices: slice_store,
         claims: claim_store,
         claims_api,
         fleet,
@@ -173,6 +188,7 @@ pub async fn run(
     }
     tokio::spawn(watch_nodes(ctx.clone(), node_events));
     tokio::spawn(watch_claims(ctx.clone(), claim_events));
+    tokio::spawn(watch_endpoint_slices(ctx.clone(), slice_events));
     tokio::spawn(start_up(ctx.clone(), ready_tx, Stop(stop_rx.clone())));
     tokio::spawn(watch_leadership(
         ctx.clone(),
@@ -257,7 +273,7 @@ async fn start_up(ctx: Arc<Context>, ready_tx: watch::Sender<bool>, stop: Stop) 
     if leader.wait_for(|l| *l).await.is_err() {
         return;
     }
-    if wait_store(&ctx.claims).await.is_err() {
+    if wait_store(&ctx.endpoint_slices).await.is_err() || wait_store(&ctx.claims).await.is_err() {
         warn!("claim store writer dropped before sync");
         return;
     }
@@ -300,6 +316,42 @@ async fn start_up(ctx: Arc<Context>, ready_tx: watch::Sender<bool>, stop: Stop) 
             warn!(error = %e, "node initialization stopped");
         }
     });
+}
+
+/// Re-plans the one Service an EndpointSlice belongs to (named by its
+/// `kubernetes.io/service-name` label), and only if this controller serves it.
+async fn watch_endpoint_slices(
+    ctx: Arc<Context>,
+    events: impl futures::Stream<Item = Result<EndpointSlice, watcher::Error>>,
+) {
+    let mut events = std::pin::pin!(events);
+    while let Some(event) = events.next().await {
+        let slice = match event {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(error = %e, "endpointslice watch error");
+                continue;
+            }
+        };
+        let Some(service) = slice
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(crate::kube_view::SERVICE_NAME_LABEL))
+        else {
+            continue;
+        };
+        let ns = slice.metadata.namespace.clone().unwrap_or_default();
+        let svc_ref = ObjectRef::<Service>::new(service).within(&ns);
+        if ctx.ready.load(Ordering::Relaxed)
+            && ctx
+                .services
+                .get(&svc_ref)
+                .is_some_and(|s| ctx.selection.serves(&s))
+        {
+            let _ = ctx.requeue.send(svc_ref);
+        }
+    }
 }
 
 /// Keeps the address index in step with claims made or removed elsewhere (another replica,

@@ -4,7 +4,10 @@
 use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::{Node, Service};
-use loxi_domain::{NodeView, ServicePortView, ServiceView};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use loxi_domain::{
+    EndpointPortView, EndpointView, NodeView, ServicePortView, ServiceView, TrafficPolicy,
+};
 
 /// Finalizer on Services of our class. The upstream service controller treats any Service
 /// with a class as not its own and would strip the standard finalizer (DESIGN.md §4).
@@ -87,12 +90,59 @@ pub fn service_view(svc: &Service) -> ServiceView {
                 .collect()
         })
         .unwrap_or_default();
+    let spec = svc.spec.as_ref();
     ServiceView {
         namespace: svc.metadata.namespace.clone().unwrap_or_default(),
         name: svc.metadata.name.clone().unwrap_or_default(),
         ports,
-        ..Default::default()
+        external_traffic_policy: match spec.and_then(|s| s.external_traffic_policy.as_deref()) {
+            Some("Local") => TrafficPolicy::Local,
+            _ => TrafficPolicy::Cluster,
+        },
+        source_ranges: spec
+            .and_then(|s| s.load_balancer_source_ranges.clone())
+            .unwrap_or_default(),
+        secondary_ips: Vec::new(),
     }
+}
+
+/// The label EndpointSlices carry to name their Service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// One view per endpoint address of the Service's EndpointSlices.
+pub fn endpoint_views<'a>(slices: impl Iterator<Item = &'a EndpointSlice>) -> Vec<EndpointView> {
+    let mut out = Vec::new();
+    for slice in slices {
+        let ports: Vec<EndpointPortView> = slice
+            .ports
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|p| {
+                Some(EndpointPortView {
+                    name: p.name.clone().unwrap_or_default(),
+                    port: u16::try_from(p.port?).ok()?,
+                    protocol: p.protocol.clone().unwrap_or_default(),
+                })
+            })
+            .collect();
+        for ep in slice.endpoints.as_deref().unwrap_or_default() {
+            // The API's rule: an unset ready condition means ready.
+            let ready = ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
+            for addr in &ep.addresses {
+                if let Ok(ip) = addr.parse::<IpAddr>() {
+                    out.push(EndpointView {
+                        ip,
+                        node_name: ep.node_name.clone(),
+                        ready,
+                        ports: ports.clone(),
+                        networks: Default::default(),
+                    });
+                }
+            }
+        }
+    }
+    out
 }
 
 pub fn node_view(node: &Node) -> NodeView {
@@ -117,7 +167,7 @@ pub fn node_view(node: &Node) -> NodeView {
             .is_some_and(|l| l.contains_key(EXCLUDE_LB_LABEL)),
         deleting: node.metadata.deletion_timestamp.is_some(),
         ready,
-        ..Default::default()
+        labels: node.metadata.labels.clone().unwrap_or_default(),
     }
 }
 

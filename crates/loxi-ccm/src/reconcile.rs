@@ -21,7 +21,9 @@ use tracing::{Instrument, info, warn};
 
 use crate::claims::{self, ClaimResult};
 use crate::context::Context;
-use crate::kube_view::{node_view, owner_key, published_addresses, service_view};
+use crate::kube_view::{
+    SERVICE_NAME_LABEL, endpoint_views, node_view, owner_key, published_addresses, service_view,
+};
 use crate::status::{self, COND_ADDRESS, COND_PROGRAMMED, Cond, DesiredStatus};
 
 #[derive(Debug, Error)]
@@ -66,11 +68,22 @@ pub fn desired_rules(svc: &Service, ctx: &Context) -> Result<Option<Plan>, Probl
         return Ok(None);
     }
     let nodes: Vec<_> = ctx.nodes.state().iter().map(|n| node_view(n)).collect();
+    let ns = svc.namespace().unwrap_or_default();
+    let name = svc.name_any();
+    let slices = ctx.endpoint_slices.state();
+    let endpoints = endpoint_views(slices.iter().map(|s| s.as_ref()).filter(|s| {
+        s.metadata.namespace.as_deref() == Some(ns.as_str())
+            && s.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(SERVICE_NAME_LABEL))
+                .is_some_and(|n| *n == name)
+    }));
     Ok(Some(plan_rules(
         &ctx.cluster,
         &service_view(svc),
         &nodes,
-        &[],
+        &endpoints,
         &addresses,
         &intent,
     )?))

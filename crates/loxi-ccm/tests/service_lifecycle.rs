@@ -416,3 +416,111 @@ async fn controller_restart_keeps_every_address() {
     .await;
     w.finish().await;
 }
+
+#[tokio::test]
+async fn endpoint_slices_drive_local_policy_and_pod_network_mode() {
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    use kube::api::{Api, PostParams};
+
+    let w = World::new("slices").await;
+    w.add_node("node-a", "10.0.9.1").await;
+    w.add_node("node-b", "10.0.9.2").await;
+    let slices: Api<EndpointSlice> = Api::namespaced(w.client.clone(), &w.ns);
+    let slice = |name: &str, svc: &str, port: (&str, i32), eps: &[(&str, &str, bool)]| {
+        serde_json::from_value::<EndpointSlice>(serde_json::json!({
+            "metadata": {"name": name, "labels": {"kubernetes.io/service-name": svc}},
+            "addressType": "IPv4",
+            "ports": [{"name": port.0, "port": port.1, "protocol": "TCP"}],
+            "endpoints": eps.iter().map(|(ip, node, ready)| serde_json::json!({
+                "addresses": [ip], "nodeName": node, "conditions": {"ready": ready}
+            })).collect::<Vec<_>>()
+        }))
+        .unwrap()
+    };
+
+    // externalTrafficPolicy: Local -> only nodes with a ready endpoint, NodePort target.
+    let mut local = World::lb_service("local", Some(CLASS), &[(80, "TCP")]);
+    local.spec.as_mut().unwrap().external_traffic_policy = Some("Local".into());
+    let local = w.create(&local).await;
+    let np = node_ports(&local)[0];
+    slices
+        .create(
+            &PostParams::default(),
+            &slice(
+                "local-1",
+                "local",
+                ("tcp-80", 8080),
+                &[("10.244.1.5", "node-a", true)],
+            ),
+        )
+        .await
+        .unwrap();
+    let ip = w.wait_for_ip("local").await;
+    wait_for("Local: only node-a", WAIT, || async {
+        (w.rules_for(&ip) == vec![(80, "tcp".to_string(), vec![format!("10.0.9.1:{np}")])])
+            .then_some(())
+    })
+    .await;
+    slices
+        .replace("local-1", &PostParams::default(), &{
+            let mut s = slice(
+                "local-1",
+                "local",
+                ("tcp-80", 8080),
+                &[
+                    ("10.244.1.5", "node-a", false),
+                    ("10.244.2.6", "node-b", true),
+                ],
+            );
+            s.metadata.resource_version = slices
+                .get("local-1")
+                .await
+                .unwrap()
+                .metadata
+                .resource_version;
+            s
+        })
+        .await
+        .unwrap();
+    wait_for("Local: endpoint moved to node-b", WAIT, || async {
+        (w.rules_for(&ip) == vec![(80, "tcp".to_string(), vec![format!("10.0.9.2:{np}")])])
+            .then_some(())
+    })
+    .await;
+
+    // Pod-network mode: ready pod IPs and the target port, source ranges as allowedSources.
+    let mut pods = World::lb_service("pods", Some(CLASS), &[(80, "TCP")]);
+    pods.metadata.annotations =
+        Some([("loxilb.io/usepodnetwork".to_string(), "yes".to_string())].into());
+    pods.spec.as_mut().unwrap().load_balancer_source_ranges = Some(vec!["203.0.113.0/24".into()]);
+    w.create(&pods).await;
+    slices
+        .create(
+            &PostParams::default(),
+            &slice(
+                "pods-1",
+                "pods",
+                ("tcp-80", 8080),
+                &[
+                    ("10.244.1.7", "node-a", true),
+                    ("10.244.2.8", "node-b", false),
+                ],
+            ),
+        )
+        .await
+        .unwrap();
+    let pip = w.wait_for_ip("pods").await;
+    wait_for("pod endpoints with target port", WAIT, || async {
+        (w.rules_for(&pip) == vec![(80, "tcp".to_string(), vec!["10.244.1.7:8080".to_string()])])
+            .then_some(())
+    })
+    .await;
+    let rule = w
+        .sim
+        .rules()
+        .into_iter()
+        .find(|r| r.external_ip == pip)
+        .unwrap();
+    assert_eq!(rule.allowed_sources, vec!["203.0.113.0/24".to_string()]);
+    w.finish().await;
+}
