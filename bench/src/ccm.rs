@@ -187,7 +187,7 @@ pub fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
                 .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")))
                 .then(|| value.parse::<f64>().ok())?
         })
-        .sum()
+        .fold(0.0, |a, b| a + b)
 }
 
 pub fn log_tail(path: &Path, lines: usize) -> String {

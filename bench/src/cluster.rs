@@ -201,6 +201,8 @@ pub struct Seen {
     pub resource_version: String,
     /// `manager operation subresource time` of every managedFields entry.
     pub managed: Vec<String>,
+    /// `type=status reason: message` of every status condition.
+    pub conditions: Vec<String>,
 }
 
 /// name -> state of every Service in the namespace.
@@ -231,6 +233,14 @@ pub async fn snapshot(api: &Api<Service>) -> Result<HashMap<String, Seen>> {
                     ip: first_ingress_ip(&s),
                     resource_version: s.metadata.resource_version.clone().unwrap_or_default(),
                     managed,
+                    conditions: s
+                        .status
+                        .as_ref()
+                        .and_then(|st| st.conditions.as_ref())
+                        .into_iter()
+                        .flatten()
+                        .map(|c| format!("{}={} {}: {}", c.type_, c.status, c.reason, c.message))
+                        .collect(),
                 },
             )
         })

@@ -702,6 +702,8 @@ async fn run_n(env: &Env, n: usize, flips: usize, run: &mut Value) -> Result<()>
                 "service": name,
                 "before": before[*name].managed,
                 "after": after.get(*name).map(|a| a.managed.clone()),
+                "conditions_before": before[*name].conditions,
+                "conditions_after": after.get(*name).map(|a| a.conditions.clone()),
             })
         })
         .collect();

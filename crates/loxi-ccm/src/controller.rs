@@ -157,7 +157,7 @@ pub async fn run(
             class: cfg.class.clone(),
             ccm_mode: cfg.ccm_mode,
         },
-        ipam: Mutex::new(Allocator::new(vec![cfg.pool.clone()])),
+        ipam: Mutex::new(Allocator::new(cfg.pools.clone())),
         client,
         cluster,
         services: service_store,

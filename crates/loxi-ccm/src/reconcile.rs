@@ -25,6 +25,7 @@ use crate::kube_view::{
     SERVICE_NAME_LABEL, endpoint_views, node_view, owner_key, published_addresses, service_view,
 };
 use crate::status::{self, COND_ADDRESS, COND_PROGRAMMED, Cond, DesiredStatus};
+use loxi_domain::addressing::{AddressInput, AddressSlot, address_slots};
 
 #[derive(Debug, Error)]
 pub enum ReconcileError {
@@ -59,11 +60,20 @@ impl Problem {
 /// The rules a served Service should have, computed from the stores only (no allocation).
 /// `Ok(None)` when it has no address yet.
 pub fn desired_rules(svc: &Service, ctx: &Context) -> Result<Option<Plan>, Problem> {
-    let intent = parse_intent(&svc.annotations().clone(), ctx.cfg.defaults)?;
     let addresses: Vec<IpAddr> = match ctx.ipam.lock() {
         Ok(ipam) => ipam.addresses_of(&owner_key(svc)).to_vec(),
         Err(_) => Vec::new(),
     };
+    desired_rules_for(svc, ctx, &addresses)
+}
+
+/// The rules for `svc` on `addresses`.
+pub fn desired_rules_for(
+    svc: &Service,
+    ctx: &Context,
+    addresses: &[IpAddr],
+) -> Result<Option<Plan>, Problem> {
+    let intent = parse_intent(&svc.annotations().clone(), ctx.cfg.defaults)?;
     if addresses.is_empty() {
         return Ok(None);
     }
@@ -84,7 +94,7 @@ pub fn desired_rules(svc: &Service, ctx: &Context) -> Result<Option<Plan>, Probl
         &service_view(svc),
         &nodes,
         &endpoints,
-        &addresses,
+        addresses,
         &intent,
     )?))
 }
@@ -145,48 +155,44 @@ async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<Outcome, Reco
     ensure_finalizer(svc, ctx).await?;
 
     // Address first: a Service with a bad annotation still keeps (and shows) its address.
-    let (address, newly) = match ensure_address(svc, ctx).await? {
+    let (addresses, newly) = match ensure_addresses(svc, ctx).await? {
         Ok(x) => x,
-        Err(e) => {
-            if matches!(e, AllocError::Exhausted { .. })
+        Err(problem) => {
+            if matches!(problem, Problem::Address(AllocError::Exhausted { .. }))
                 && let Ok(mut w) = ctx.waiting_for_address.lock()
             {
                 w.insert(ObjectRef::from_obj(svc));
             }
-            let cond = Cond::new(COND_ADDRESS, false, e.reason(), e.to_string());
-            let programmed = Cond::new(COND_PROGRAMMED, false, e.reason(), "no address");
-            report_problem(
-                svc,
-                ctx,
-                &Problem::Address(e),
-                vec![],
-                vec![cond, programmed],
-            )
-            .await?;
+            let cond = Cond::new(COND_ADDRESS, false, problem.reason(), problem.to_string());
+            let programmed = Cond::new(COND_PROGRAMMED, false, problem.reason(), "no address");
+            report_problem(svc, ctx, &problem, vec![], vec![cond, programmed]).await?;
             return Ok(Outcome::Problem);
         }
     };
-    if newly {
+    let described: Vec<String> = addresses
+        .iter()
+        .map(|ip| format!("{ip}{}", pool_suffix(ctx, ip)))
+        .collect();
+    if !newly.is_empty() {
+        let text: Vec<String> = newly
+            .iter()
+            .map(|ip| format!("{ip}{}", pool_suffix(ctx, ip)))
+            .collect();
         publish(
             ctx,
             svc,
             EventType::Normal,
             "AddressAllocated",
             "Allocate",
-            format!("allocated {address}{}", pool_suffix(ctx, &address)),
+            format!("allocated {}", text.join(", ")),
         )
         .await;
     }
-    let address_cond = Cond::new(
-        COND_ADDRESS,
-        true,
-        "Allocated",
-        format!("{address}{}", pool_suffix(ctx, &address)),
-    );
+    let address_cond = Cond::new(COND_ADDRESS, true, "Allocated", described.join(", "));
 
-    let plan = match desired_rules(svc, ctx) {
+    let plan = match desired_rules_for(svc, ctx, &addresses) {
         Ok(Some(plan)) => plan,
-        Ok(None) => return Ok(Outcome::Done), // address vanished concurrently; re-queued
+        Ok(None) => return Ok(Outcome::Done),
         Err(problem) => {
             // Existing rules stay as they were: only the owner can fix this.
             let cond = Cond::new(
@@ -195,14 +201,19 @@ async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<Outcome, Reco
                 problem.reason(),
                 problem.to_string(),
             );
-            report_problem(svc, ctx, &problem, vec![address], vec![address_cond, cond]).await?;
+            report_problem(svc, ctx, &problem, addresses, vec![address_cond, cond]).await?;
             return Ok(Outcome::Problem);
         }
     };
 
     let (programmed, retry) = apply_everywhere(svc, ctx, &plan.rules).await;
+    if retry.is_none() {
+        // Addresses no longer wanted (an edited annotation, a lost race) go back only now
+        // that their rules are gone.
+        release_addresses_except(svc, ctx, &addresses).await?;
+    }
     let want = DesiredStatus {
-        addresses: vec![address],
+        addresses: addresses.clone(),
         conditions: vec![address_cond, programmed],
     };
     if !status::is_current(svc, &want) {
@@ -351,9 +362,51 @@ enum Source {
 /// else the lowest free address. A claim created by someone else first (another replica,
 /// another process) is never stolen: a fresh address is then taken from the pool, while an
 /// adopted or requested one is reported as in use.
+/// Every address the Service asks for (one per IP family), each backed by its claim.
+/// Returns them in status order, plus those newly allocated.
+async fn ensure_addresses(
+    svc: &Service,
+    ctx: &Context,
+) -> Result<Result<(Vec<IpAddr>, Vec<IpAddr>), Problem>, ReconcileError> {
+    let spec = svc.spec.as_ref();
+    let families = spec.and_then(|s| s.ip_families.clone()).unwrap_or_default();
+    let input = AddressInput {
+        annotations: svc.metadata.annotations.as_ref(),
+        ip_families: &families,
+        ip_family_policy: spec.and_then(|s| s.ip_family_policy.as_deref()),
+        load_balancer_ip: spec.and_then(|s| s.load_balancer_ip.as_deref()),
+    };
+    let slots = match address_slots(&input, |f| ctx.cfg.pools.iter().any(|p| p.size(f) > 0)) {
+        Ok(s) => s,
+        Err(e) => return Ok(Err(Problem::Annotation(e))),
+    };
+    let mut addresses = Vec::new();
+    let mut newly = Vec::new();
+    for slot in &slots {
+        match ensure_address(svc, ctx, slot).await? {
+            Ok((ip, new)) => {
+                addresses.push(ip);
+                if new {
+                    newly.push(ip);
+                }
+            }
+            Err(AllocError::UnknownPool(name)) if slot.pool.as_deref() == Some(name.as_str()) => {
+                return Ok(Err(Problem::Annotation(AnnotationError {
+                    annotation: loxi_domain::addressing::ANN_POOL_SELECT,
+                    value: name,
+                    reason: "no pool with this name".into(),
+                })));
+            }
+            Err(e) => return Ok(Err(Problem::Address(e))),
+        }
+    }
+    Ok(Ok((addresses, newly)))
+}
+
 async fn ensure_address(
     svc: &Service,
     ctx: &Context,
+    slot: &AddressSlot,
 ) -> Result<Result<(IpAddr, bool), AllocError>, ReconcileError> {
     let key = owner_key(svc);
     let ns = svc.namespace().unwrap_or_default();
@@ -361,7 +414,10 @@ async fn ensure_address(
     let uid = svc.uid().unwrap_or_default();
     // The address the Service shows wins when it holds its claim: any other address indexed
     // for it (a replica that raced and lost the status write) is given back.
-    if let Some(shown) = published_addresses(svc).into_iter().next()
+    if let Some(shown) = published_addresses(svc)
+        .into_iter()
+        .find(|ip| Family::of(ip) == slot.family)
+        && slot.requested.is_none_or(|r| r == shown)
         && let Some(c) = ctx.claims.get(&ObjectRef::new(&claims::claim_name(&shown)))
         && c.owner_key() == key
         && c.spec.service.uid == uid
@@ -396,7 +452,7 @@ async fn ensure_address(
     for _ in 0..32 {
         let picked = {
             let mut ipam = ctx.ipam.lock().expect("ipam lock poisoned");
-            pick_address(svc, &key, &mut ipam)
+            pick_address(svc, &key, slot, &mut ipam)
         };
         let (ip, source) = match picked {
             Ok(x) => x,
@@ -436,49 +492,56 @@ async fn ensure_address(
         }
     }
     Ok(Err(AllocError::Exhausted {
-        pool: ctx.cfg.pool.name.clone(),
-        family: Family::V4,
+        pool: slot.pool.clone().unwrap_or_default(),
+        family: slot.family,
     }))
 }
 
 fn pick_address(
     svc: &Service,
     key: &str,
+    slot: &AddressSlot,
     ipam: &mut loxi_domain::Allocator,
 ) -> Result<(IpAddr, Source), AllocError> {
-    if let Some(ip) = ipam.addresses_of(key).first() {
-        return Ok((*ip, Source::Indexed));
+    let mine = |ip: &IpAddr| Family::of(ip) == slot.family;
+    if let Some(wanted) = slot.requested {
+        let already = ipam.addresses_of(key).contains(&wanted);
+        ipam.assign(wanted, key)?;
+        let source = if already {
+            Source::Indexed
+        } else {
+            Source::Requested
+        };
+        return Ok((wanted, source));
     }
-    if let Some(ip) = published_addresses(svc).into_iter().next() {
+    if let Some(ip) = ipam.addresses_of(key).iter().find(|ip| mine(ip)) {
+        // Indexed, but possibly from another pool than the one now selected: keep it unless
+        // the selection names a pool that does not contain it.
+        let in_selected = slot
+            .pool
+            .as_deref()
+            .is_none_or(|p| ipam.pool_containing(ip) == p || ipam.pool_containing(ip).is_empty());
+        if in_selected {
+            return Ok((*ip, Source::Indexed));
+        }
+    }
+    if let Some(ip) = published_addresses(svc).into_iter().find(|ip| mine(ip))
+        && ipam.owner_of(&ip).is_none_or(|o| o == key)
+    {
         ipam.assign(ip, key)?;
         return Ok((ip, Source::Published));
     }
-    let requested = svc
-        .spec
-        .as_ref()
-        .and_then(|s| s.load_balancer_ip.as_deref())
-        .filter(|s| !s.is_empty());
-    match requested {
-        Some(text) => {
-            let ip: IpAddr = text.parse().map_err(|_| {
-                AllocError::UnknownPool(format!(
-                    "spec.loadBalancerIP {text:?} is not an IP address"
-                ))
-            })?;
-            ipam.assign(ip, key)?;
-            Ok((ip, Source::Requested))
-        }
-        None => Ok((ipam.allocate(key, None, Family::V4)?, Source::Allocated)),
-    }
+    let ip = ipam.allocate_new(key, slot.pool.as_deref(), slot.family)?;
+    Ok((ip, Source::Allocated))
 }
 
 pub fn update_pool_metrics(ctx: &Context) {
     if let Ok(ipam) = ctx.ipam.lock() {
-        ctx.metrics.set_pool(
-            &ctx.cfg.pool.name,
-            ctx.cfg.pool.size(Family::V4),
-            ipam.used(),
-        );
+        for pool in ipam.pools() {
+            let total = pool.size(Family::V4).saturating_add(pool.size(Family::V6));
+            ctx.metrics
+                .set_pool(&pool.name, total, ipam.used_in(&pool.name));
+        }
     }
 }
 
@@ -572,6 +635,43 @@ async fn cleanup(svc: &Service, ctx: &Context) -> Result<(), ReconcileError> {
             .collect();
         patch_finalizers(ctx, svc, json!(remaining)).await?;
     }
+    Ok(())
+}
+
+/// Gives back every address of the Service not in `keep` (claims deleted, index freed).
+async fn release_addresses_except(
+    svc: &Service,
+    ctx: &Context,
+    keep: &[IpAddr],
+) -> Result<(), ReconcileError> {
+    let key = owner_key(svc);
+    let extra: Vec<IpAddr> = ctx
+        .ipam
+        .lock()
+        .map(|i| {
+            i.addresses_of(&key)
+                .iter()
+                .copied()
+                .filter(|ip| !keep.contains(ip))
+                .collect()
+        })
+        .unwrap_or_default();
+    if extra.is_empty() {
+        return Ok(());
+    }
+    for ip in &extra {
+        if let Some(c) = ctx.claims.get(&ObjectRef::new(&claims::claim_name(ip)))
+            && c.owner_key() == key
+        {
+            claims::release(&ctx.claims_api, &c).await?;
+        }
+        if let Ok(mut i) = ctx.ipam.lock() {
+            i.release(ip);
+        }
+    }
+    info!(released = ?extra, "addresses no longer wanted released");
+    update_pool_metrics(ctx);
+    ctx.wake_address_waiters();
     Ok(())
 }
 

@@ -252,3 +252,84 @@ async fn reservation_static_conflict_and_adoption() {
     assert_eq!(w.wait_for_ip("legacy").await, "192.0.2.77");
     w.finish().await;
 }
+
+#[tokio::test]
+async fn pools_dual_stack_and_pool_selection() {
+    let w = World::with(
+        "pools",
+        Options {
+            extra_args: vec![
+                "--external-cidr6=2001:db8:1::/120".into(),
+                "--cidr-pools=blue=198.18.0.0/28".into(),
+            ],
+            ..Options::default()
+        },
+    )
+    .await;
+    w.add_node("node-a", "10.1.4.1").await;
+
+    // RequireDualStack: one address per family, IPv4 and IPv6 rules to the same nodes.
+    let mut dual = World::lb_service("dual", Some(CLASS), &[(80, "TCP")]);
+    {
+        let spec = dual.spec.as_mut().unwrap();
+        spec.ip_family_policy = Some("RequireDualStack".into());
+        spec.ip_families = Some(vec!["IPv4".into(), "IPv6".into()]);
+    }
+    w.create(&dual).await;
+    let ips = wait_for("two addresses", WAIT, || async {
+        let s = w.get("dual").await?;
+        let ingress = s.status?.load_balancer?.ingress?;
+        let ips: Vec<String> = ingress.into_iter().filter_map(|i| i.ip).collect();
+        (ips.len() == 2).then_some(ips)
+    })
+    .await;
+    assert!(ips[0].starts_with("192.0.2."), "{ips:?}");
+    assert!(ips[1].starts_with("2001:db8:1::"), "{ips:?}");
+    wait_for("rules on both VIPs", WAIT, || async {
+        (w.rules_for(&ips[0]).len() == 1 && w.rules_for(&ips[1]).len() == 1).then_some(())
+    })
+    .await;
+
+    // loxilb.io/poolSelect picks the pool; an unknown pool is reported naming the annotation.
+    let mut blue = World::lb_service("blue", Some(CLASS), &[(80, "TCP")]);
+    blue.metadata.annotations = Some(BTreeMap::from([(
+        "loxilb.io/poolSelect".to_string(),
+        "blue".to_string(),
+    )]));
+    w.create(&blue).await;
+    assert!(w.wait_for_ip("blue").await.starts_with("198.18.0."));
+    let mut nowhere = World::lb_service("nowhere", Some(CLASS), &[(80, "TCP")]);
+    nowhere.metadata.annotations = Some(BTreeMap::from([(
+        "loxilb.io/poolSelect".to_string(),
+        "green".to_string(),
+    )]));
+    w.create(&nowhere).await;
+    let (_, reason, message) = wait_for("unknown pool reported", WAIT, || async {
+        let s = w.get("nowhere").await?;
+        World::condition(&s, "loxilb.io/AddressAllocated")
+    })
+    .await;
+    assert_eq!(reason, "InvalidAnnotation");
+    assert!(
+        message.contains("loxilb.io/poolSelect") && message.contains("green"),
+        "{message}"
+    );
+
+    // loxilb.io/staticIP outside every pool is still claimed.
+    let mut fixed = World::lb_service("fixed", Some(CLASS), &[(80, "TCP")]);
+    fixed.metadata.annotations = Some(BTreeMap::from([(
+        "loxilb.io/staticIP".to_string(),
+        "203.0.113.9".to_string(),
+    )]));
+    w.create(&fixed).await;
+    assert_eq!(w.wait_for_ip("fixed").await, "203.0.113.9");
+    wait_for("claim for the static address", WAIT, || async {
+        w.claims()
+            .await
+            .iter()
+            .any(|c| c.spec.address == "203.0.113.9" && c.spec.service.name == "fixed")
+            .then_some(())
+    })
+    .await;
+    w.finish().await;
+}

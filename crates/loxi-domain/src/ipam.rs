@@ -300,6 +300,8 @@ pub struct Allocator {
     pools: Vec<PoolState>,
     owner_by_ip: HashMap<IpAddr, String>,
     ips_by_owner: HashMap<String, Vec<IpAddr>>,
+    /// Owned addresses per pool name (for metrics and pool status, without a scan).
+    used_by_pool: HashMap<String, usize>,
 }
 
 impl Allocator {
@@ -332,6 +334,11 @@ impl Allocator {
             .find(|p| p.pool.contains(ip))
             .map(|p| p.pool.name.as_str())
             .unwrap_or_default()
+    }
+
+    /// Owned addresses inside the pool named `pool`.
+    pub fn used_in(&self, pool: &str) -> usize {
+        self.used_by_pool.get(pool).copied().unwrap_or(0)
     }
 
     /// Number of addresses owned (inside pools or not).
@@ -377,6 +384,17 @@ impl Allocator {
         {
             return Ok(*ip);
         }
+        self.allocate_new(owner, pool, family)
+    }
+
+    /// Allocates the lowest free address of `family` from `pool` (or the first pool with
+    /// room) for `owner`, even when it already holds one of that family.
+    pub fn allocate_new(
+        &mut self,
+        owner: &str,
+        pool: Option<&str>,
+        family: Family,
+    ) -> Result<IpAddr, AllocError> {
         let candidates: Vec<usize> = match pool {
             Some(name) => {
                 let i = self
@@ -432,8 +450,13 @@ impl Allocator {
         let v = to_u128(*ip);
         for state in &mut self.pools {
             let inside = state.pool.contains(ip);
-            if inside && let Some(space) = state.space(family) {
-                space.give_back(v);
+            if inside {
+                if let Some(n) = self.used_by_pool.get_mut(&state.pool.name) {
+                    *n = n.saturating_sub(1);
+                }
+                if let Some(space) = state.space(family) {
+                    space.give_back(v);
+                }
             }
         }
     }
@@ -448,6 +471,14 @@ impl Allocator {
     }
 
     fn record(&mut self, ip: IpAddr, owner: &str) {
+        for state in &self.pools {
+            if state.pool.contains(&ip) {
+                *self
+                    .used_by_pool
+                    .entry(state.pool.name.clone())
+                    .or_default() += 1;
+            }
+        }
         self.owner_by_ip.insert(ip, owner.to_string());
         self.ips_by_owner
             .entry(owner.to_string())

@@ -183,7 +183,8 @@ impl ControlPlane {
                 "--tls-private-key-file={}",
                 d.join("apiserver.key").display()
             ),
-            "--service-cluster-ip-range=10.96.0.0/16".into(),
+            // Dual-stack, so RequireDualStack Services can be created.
+            "--service-cluster-ip-range=10.96.0.0/16,fd00:10:96::/112".into(),
             "--service-account-issuer=https://kubernetes.default.svc".into(),
             format!("--service-account-key-file={}", d.join("sa.pub").display()),
             format!(

@@ -97,6 +97,7 @@ pub struct Options {
     pub ccm_mode: bool,
     pub drift: &'static str,
     pub leader_elect: bool,
+    pub extra_args: Vec<String>,
 }
 
 impl Default for Options {
@@ -106,6 +107,7 @@ impl Default for Options {
             ccm_mode: false,
             drift: "30s",
             leader_elect: true,
+            extra_args: Vec::new(),
         }
     }
 }
@@ -182,6 +184,7 @@ impl World {
         if !opts.leader_elect {
             args.push("--leader-elect=false".into());
         }
+        args.extend(opts.extra_args.iter().cloned());
         let cli = <loxi_ccm::cli::Cli as clap::Parser>::try_parse_from(args).unwrap();
         let loxi_ccm::cli::Command::Run(run) = cli.command;
         Config::from_args(&run).unwrap()

@@ -1,0 +1,270 @@
+//! What addresses a Service asks for: how many (one per IP family), from which pool, and
+//! whether a specific address is requested. kube-loxilb's annotations plus the standard
+//! `spec.ipFamilies` / `spec.ipFamilyPolicy` and `spec.loadBalancerIP`.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use crate::intent::AnnotationError;
+use crate::ipam::Family;
+
+pub const ANN_POOL_SELECT: &str = "loxilb.io/poolSelect";
+pub const ANN_IPAM: &str = "loxilb.io/ipam";
+pub const ANN_STATIC_IP: &str = "loxilb.io/staticIP";
+
+/// One address the Service needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AddressSlot {
+    pub family: Family,
+    /// `loxilb.io/poolSelect`; `None`: the first pool (by priority) with room.
+    pub pool: Option<String>,
+    /// `loxilb.io/staticIP` or `spec.loadBalancerIP` of this family (may lie outside every
+    /// pool: it is still claimed, so nobody else gets it).
+    pub requested: Option<IpAddr>,
+}
+
+/// The address-related parts of a Service.
+#[derive(Debug, Clone, Default)]
+pub struct AddressInput<'a> {
+    pub annotations: Option<&'a BTreeMap<String, String>>,
+    /// `spec.ipFamilies` (`IPv4`, `IPv6`), in order.
+    pub ip_families: &'a [String],
+    /// `spec.ipFamilyPolicy`: `SingleStack`, `PreferDualStack`, `RequireDualStack`.
+    pub ip_family_policy: Option<&'a str>,
+    /// `spec.loadBalancerIP` (deprecated upstream, still honoured).
+    pub load_balancer_ip: Option<&'a str>,
+}
+
+fn bad(annotation: &'static str, value: &str, reason: &str) -> AnnotationError {
+    AnnotationError {
+        annotation,
+        value: value.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+fn family_named(s: &str) -> Option<Family> {
+    match s {
+        "IPv4" => Some(Family::V4),
+        "IPv6" => Some(Family::V6),
+        _ => None,
+    }
+}
+
+/// The addresses to hold, one per family, in the order they are shown in the status.
+/// `has_pool(family)` says whether any pool serves that family (PreferDualStack only asks for
+/// the second family when one does).
+pub fn address_slots(
+    input: &AddressInput<'_>,
+    has_pool: impl Fn(Family) -> bool,
+) -> Result<Vec<AddressSlot>, AnnotationError> {
+    let get = |k: &str| {
+        input
+            .annotations
+            .and_then(|a| a.get(k))
+            .map(|v| v.trim())
+            .filter(|v| !v.is_empty())
+    };
+    let spec_families: Vec<Family> = input
+        .ip_families
+        .iter()
+        .filter_map(|f| family_named(f))
+        .collect();
+    let families: Vec<Family> = match get(ANN_IPAM) {
+        Some("ipv4") => vec![Family::V4],
+        // ipv6to4: an IPv6 VIP in front of IPv4 endpoints (loxilb allows that direction).
+        Some("ipv6") | Some("ipv6to4") => vec![Family::V6],
+        Some(other) => return Err(bad(ANN_IPAM, other, "expected ipv4, ipv6 or ipv6to4")),
+        None => {
+            let mut both = spec_families.clone();
+            for f in [Family::V4, Family::V6] {
+                if !both.contains(&f) {
+                    both.push(f);
+                }
+            }
+            match input.ip_family_policy {
+                Some("RequireDualStack") => both,
+                Some("PreferDualStack") => {
+                    let mut fams: Vec<Family> =
+                        both.iter().copied().filter(|f| has_pool(*f)).collect();
+                    if fams.is_empty() {
+                        fams.push(both[0]);
+                    }
+                    fams
+                }
+                _ => vec![spec_families.first().copied().unwrap_or(Family::V4)],
+            }
+        }
+    };
+    let pool = get(ANN_POOL_SELECT).map(str::to_string);
+
+    let mut requested: Vec<(IpAddr, &'static str, String)> = Vec::new();
+    if let Some(list) = get(ANN_STATIC_IP) {
+        for part in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let ip: IpAddr = part.parse().map_err(|_| {
+                bad(
+                    ANN_STATIC_IP,
+                    list,
+                    &format!("{part:?} is not an IP address"),
+                )
+            })?;
+            requested.push((ip, ANN_STATIC_IP, list.to_string()));
+        }
+    } else if let Some(lb_ip) = input
+        .load_balancer_ip
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+    {
+        let ip: IpAddr = lb_ip
+            .parse()
+            .map_err(|_| bad("spec.loadBalancerIP", lb_ip, "not an IP address"))?;
+        requested.push((ip, "spec.loadBalancerIP", lb_ip.to_string()));
+    }
+    let mut slots: Vec<AddressSlot> = families
+        .iter()
+        .map(|f| AddressSlot {
+            family: *f,
+            pool: pool.clone(),
+            requested: None,
+        })
+        .collect();
+    for (ip, source, text) in requested {
+        let family = Family::of(&ip);
+        match slots.iter_mut().find(|s| s.family == family) {
+            Some(slot) if slot.requested.is_none() => slot.requested = Some(ip),
+            Some(_) => return Err(bad(source, &text, "two addresses of one family")),
+            None => {
+                return Err(bad(
+                    source,
+                    &text,
+                    &format!("{family} address, but the Service asks for {families:?}"),
+                ));
+            }
+        }
+    }
+    Ok(slots)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ann(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn fams(slots: &[AddressSlot]) -> Vec<Family> {
+        slots.iter().map(|s| s.family).collect()
+    }
+
+    #[test]
+    fn single_stack_by_default() {
+        let s = address_slots(&AddressInput::default(), |_| true).unwrap();
+        assert_eq!(fams(&s), [Family::V4]);
+        let v6 = ["IPv6".to_string()];
+        let s = address_slots(
+            &AddressInput {
+                ip_families: &v6,
+                ..Default::default()
+            },
+            |_| true,
+        )
+        .unwrap();
+        assert_eq!(fams(&s), [Family::V6]);
+    }
+
+    #[test]
+    fn dual_stack_policies() {
+        let fam = ["IPv6".to_string(), "IPv4".to_string()];
+        let input = |p| AddressInput {
+            ip_families: &fam,
+            ip_family_policy: Some(p),
+            ..Default::default()
+        };
+        assert_eq!(
+            fams(&address_slots(&input("RequireDualStack"), |_| false).unwrap()),
+            [Family::V6, Family::V4]
+        );
+        assert_eq!(
+            fams(&address_slots(&input("PreferDualStack"), |f| f == Family::V4).unwrap()),
+            [Family::V4]
+        );
+        assert_eq!(
+            fams(&address_slots(&input("PreferDualStack"), |_| true).unwrap()),
+            [Family::V6, Family::V4]
+        );
+    }
+
+    #[test]
+    fn ipam_annotation_pool_and_static() {
+        let a = ann(&[
+            (ANN_IPAM, "ipv6"),
+            (ANN_POOL_SELECT, "blue"),
+            (ANN_STATIC_IP, "2001:db8::7"),
+        ]);
+        let s = address_slots(
+            &AddressInput {
+                annotations: Some(&a),
+                ..Default::default()
+            },
+            |_| true,
+        )
+        .unwrap();
+        assert_eq!(
+            s,
+            [AddressSlot {
+                family: Family::V6,
+                pool: Some("blue".into()),
+                requested: Some("2001:db8::7".parse().unwrap())
+            }]
+        );
+    }
+
+    #[test]
+    fn bad_values_name_the_annotation() {
+        let a = ann(&[(ANN_IPAM, "ipv5")]);
+        let e = address_slots(
+            &AddressInput {
+                annotations: Some(&a),
+                ..Default::default()
+            },
+            |_| true,
+        )
+        .unwrap_err();
+        assert_eq!(e.annotation, ANN_IPAM);
+        let a = ann(&[(ANN_STATIC_IP, "10.0.0.1,nope")]);
+        let e = address_slots(
+            &AddressInput {
+                annotations: Some(&a),
+                ..Default::default()
+            },
+            |_| true,
+        )
+        .unwrap_err();
+        assert_eq!(e.annotation, ANN_STATIC_IP);
+        assert!(e.reason.contains("nope"));
+        // An IPv6 static address on a single-stack IPv4 Service.
+        let a = ann(&[(ANN_STATIC_IP, "2001:db8::1")]);
+        let e = address_slots(
+            &AddressInput {
+                annotations: Some(&a),
+                ..Default::default()
+            },
+            |_| true,
+        )
+        .unwrap_err();
+        assert_eq!(e.annotation, ANN_STATIC_IP);
+        let e = address_slots(
+            &AddressInput {
+                load_balancer_ip: Some("x"),
+                ..Default::default()
+            },
+            |_| true,
+        )
+        .unwrap_err();
+        assert_eq!(e.annotation, "spec.loadBalancerIP");
+    }
+}
