@@ -45,16 +45,21 @@ async fn healthz(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
     }
 }
 
-/// Ready once the stores are synced and the address index is rebuilt; reports loxilb
-/// instances that are down as degraded (still ready: other instances and the Kubernetes
-/// side keep working, and restarting this pod would not bring loxilb back).
+/// Ready once the stores are synced, on the leader and on standbys alike (a standby with warm
+/// caches is exactly what a disruption budget should count). loxilb instances that are down
+/// are reported as degraded, still ready: restarting this pod would not bring loxilb back.
 async fn readyz(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
-    if !ctx.ready.load(Ordering::Relaxed) {
+    if !ctx.synced.load(Ordering::Relaxed) {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             "stores not synced\n".to_string(),
         );
     }
+    let role = if *ctx.leader_rx.borrow() {
+        "leader"
+    } else {
+        "standby"
+    };
     let down: Vec<&str> = ctx
         .fleet
         .instances
@@ -62,12 +67,12 @@ async fn readyz(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
         .filter(|i| !i.is_healthy())
         .map(|i| i.url())
         .collect();
-    if down.is_empty() {
-        (StatusCode::OK, "ok\n".to_string())
+    if down.is_empty() || role == "standby" {
+        (StatusCode::OK, format!("ok ({role})\n"))
     } else {
         (
             StatusCode::OK,
-            format!("ok (degraded: loxilb down: {})\n", down.join(", ")),
+            format!("ok ({role}; degraded: loxilb down: {})\n", down.join(", ")),
         )
     }
 }

@@ -252,17 +252,212 @@ unsafe extern "C" {
 }
 
 async fn reqwest_get(url: &str) -> String {
-    // A raw HTTP/1.0 GET keeps this test free of another HTTP client dependency.
+    // A raw HTTP/1.0 GET keeps this test free of another HTTP client dependency. Empty when
+    // nothing listens yet.
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let addr = url.trim_start_matches("http://");
     let (host, path) = addr.split_once('/').unwrap();
-    let mut s = tokio::net::TcpStream::connect(host).await.unwrap();
-    s.write_all(format!("GET /{path} HTTP/1.0\r\nHost: {host}\r\n\r\n").as_bytes())
+    let Ok(mut s) = tokio::net::TcpStream::connect(host).await else {
+        return String::new();
+    };
+    if s.write_all(format!("GET /{path} HTTP/1.0\r\nHost: {host}\r\n\r\n").as_bytes())
         .await
-        .unwrap();
+        .is_err()
+    {
+        return String::new();
+    }
     let mut buf = String::new();
-    s.read_to_string(&mut buf).await.unwrap();
+    let _ = s.read_to_string(&mut buf).await;
     buf.split_once("\r\n\r\n")
         .map(|(_, b)| b.to_string())
         .unwrap_or_default()
+}
+
+/// Two replicas of the binary with leader election, as the Deployment runs them: the leader
+/// is stopped in the middle of a burst, the standby takes over; no duplicate address, no lost
+/// and no orphaned rule.
+#[tokio::test]
+async fn leader_failover_between_two_processes() {
+    let cp = testenv::ControlPlane::start().await.expect("control plane");
+    let kubectl = cp.k8s_bin_dir().join("kubectl");
+    let admin_kc = cp.kubeconfig_path();
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy");
+    for args in [
+        vec![
+            "apply".to_string(),
+            "-f".into(),
+            deploy.display().to_string(),
+        ],
+        vec![
+            "wait".into(),
+            "--for=condition=established".into(),
+            "--timeout=60s".into(),
+            "crd/addressclaims.ipam.loxilb.io".into(),
+        ],
+    ] {
+        let out = Command::new(&kubectl)
+            .arg("--kubeconfig")
+            .arg(&admin_kc)
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let out = Command::new(&kubectl)
+        .arg("--kubeconfig")
+        .arg(&admin_kc)
+        .args(["-n", "kube-system", "create", "token", "loxi-ccm"])
+        .output()
+        .unwrap();
+    let token = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let sa_kc = cp.dir().join("sa.kubeconfig");
+    cp.write_kubeconfig(&sa_kc, &token).unwrap();
+
+    let admin = cp.admin_client().await.unwrap();
+    let nodes: Api<Node> = Api::all(admin.clone());
+    nodes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "fo-a"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    nodes
+        .patch_status(
+            "fo-a",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"status": {"addresses": [{"type": "InternalIP", "address": "10.8.0.1"}]}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let sim = Simulator::start("127.0.0.1:0".parse().unwrap(), SimConfig::default())
+        .await
+        .unwrap();
+
+    let start = |name: &str| {
+        let port = testenv::free_port().unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_loxi-ccm"))
+            .env("POD_NAME", name)
+            .args(["run", "--kubeconfig"])
+            .arg(&sa_kc)
+            .args([
+                "--loxilb-url",
+                &sim.url(),
+                "--external-cidr",
+                "198.51.100.0/24",
+                "--admin-addr",
+                &format!("127.0.0.1:{port}"),
+                "--leader-elect-lease-duration",
+                "6s",
+            ])
+            .stdout(std::fs::File::create(cp.dir().join(format!("{name}.log"))).unwrap())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        (child, port)
+    };
+    let mut replicas = vec![start("replica-a"), start("replica-b")];
+    let leader = wait_for("a leader", || async {
+        for (i, (_, port)) in replicas.iter().enumerate() {
+            let body = reqwest_get(&format!("http://127.0.0.1:{port}/readyz")).await;
+            if body.contains("(leader") {
+                return Some(i);
+            }
+        }
+        None
+    })
+    .await;
+
+    let services: Api<Service> = Api::namespaced(admin.clone(), "default");
+    let svc = |i: usize| -> Service {
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("fo{i}")},
+            "spec": {"type": "LoadBalancer", "loadBalancerClass": "loxilb.io/loxilb",
+                     "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}
+        }))
+        .unwrap()
+    };
+    let published = || async {
+        services
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter_map(|s| {
+                Some((
+                    s.metadata.name?,
+                    s.status?.load_balancer?.ingress?.first()?.ip.clone()?,
+                ))
+            })
+            .collect::<std::collections::BTreeMap<String, String>>()
+    };
+    for i in 0..10 {
+        services
+            .create(&PostParams::default(), &svc(i))
+            .await
+            .unwrap();
+    }
+    wait_for("first addresses", || async {
+        (published().await.len() >= 3).then_some(())
+    })
+    .await;
+    // Stop the leader mid-burst (SIGTERM: it releases the Lease).
+    let (mut old, _) = replicas.remove(leader);
+    unsafe {
+        libc_kill(old.id() as i32, 15);
+    }
+    let stopped = Instant::now();
+    for i in 10..20 {
+        services
+            .create(&PostParams::default(), &svc(i))
+            .await
+            .unwrap();
+    }
+    let _ = old.wait();
+    let all = wait_for("20 addresses after failover", || async {
+        let p = published().await;
+        (p.len() == 20).then_some(p)
+    })
+    .await;
+    eprintln!(
+        "standby served all 20 Services {:?} after the leader's SIGTERM",
+        stopped.elapsed()
+    );
+    let unique: std::collections::BTreeSet<&String> = all.values().collect();
+    assert_eq!(unique.len(), 20, "duplicate addresses: {all:?}");
+    wait_for("exactly the 20 rules", || async {
+        let ips: std::collections::BTreeSet<String> =
+            sim.rules().into_iter().map(|r| r.external_ip).collect();
+        (ips.len() == 20 && ips.iter().all(|ip| unique.contains(ip))).then_some(())
+    })
+    .await;
+    // The new leader deletes as well: no orphan left.
+    for i in 0..5 {
+        services
+            .delete(&format!("fo{i}"), &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    wait_for("rules of deleted Services gone", || async {
+        (sim.rules().len() == 15).then_some(())
+    })
+    .await;
+    let claims: Api<loxi_ccm::claims::AddressClaim> = Api::all(admin.clone());
+    wait_for("15 claims", || async {
+        (claims.list(&Default::default()).await.ok()?.items.len() == 15).then_some(())
+    })
+    .await;
+    for (mut child, _) in replicas {
+        unsafe {
+            libc_kill(child.id() as i32, 15);
+        }
+        let _ = child.wait();
+    }
 }
