@@ -44,6 +44,8 @@ pub struct Context {
     pub running: AtomicBool,
     /// Consecutive failures per Service, for per-object exponential backoff reset on success.
     pub failures: Mutex<HashMap<ObjectRef<Service>, u32>>,
+    /// Candidate endpoints left out per Service (loxilb's 32-per-rule limit), for the metric.
+    pub endpoints_dropped: Mutex<HashMap<String, usize>>,
     /// Services waiting for an address to free up.
     pub waiting_for_address: Mutex<HashSet<ObjectRef<Service>>>,
     /// Asks the controller to reconcile a Service now.

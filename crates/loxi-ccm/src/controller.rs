@@ -174,6 +174,7 @@ pub async fn run(
         running: true.into(),
         failures: Mutex::default(),
         waiting_for_address: Mutex::default(),
+        endpoints_dropped: Mutex::default(),
         requeue: requeue_tx,
         cfg,
     });

@@ -24,7 +24,7 @@ use crate::context::Context;
 use crate::kube_view::{
     SERVICE_NAME_LABEL, endpoint_views, node_view, owner_key, published_addresses, service_view,
 };
-use crate::status::{self, COND_ADDRESS, COND_PROGRAMMED, Cond, DesiredStatus};
+use crate::status::{self, COND_ADDRESS, COND_ENDPOINTS, COND_PROGRAMMED, Cond, DesiredStatus};
 use loxi_domain::addressing::{AddressInput, AddressSlot, address_slots};
 
 #[derive(Debug, Error)]
@@ -206,6 +206,7 @@ async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<Outcome, Reco
         }
     };
 
+    let endpoints_cond = endpoint_limit_condition(svc, ctx, &plan);
     let (programmed, retry) = apply_everywhere(svc, ctx, &plan.rules).await;
     if retry.is_none() {
         // Addresses no longer wanted (an edited annotation, a lost race) go back only now
@@ -214,7 +215,7 @@ async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<Outcome, Reco
     }
     let want = DesiredStatus {
         addresses: addresses.clone(),
-        conditions: vec![address_cond, programmed],
+        conditions: vec![address_cond, programmed, endpoints_cond],
     };
     if !status::is_current(svc, &want) {
         status::write(&services_api(ctx, svc), svc, &want).await?;
@@ -222,6 +223,38 @@ async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<Outcome, Reco
     match retry {
         Some(e) => Err(ReconcileError::Loxilb(e)),
         None => Ok(Outcome::Done),
+    }
+}
+
+/// loxilb takes at most 32 endpoints per rule: say so on the Service and in the metric when
+/// candidates were left out (the subset is stable: rendezvous hashing on the Service).
+fn endpoint_limit_condition(svc: &Service, ctx: &Context, plan: &Plan) -> Cond {
+    let dropped = plan.endpoints_dropped;
+    if let Ok(mut map) = ctx.endpoints_dropped.lock() {
+        if dropped > 0 {
+            map.insert(owner_key(svc), dropped);
+        } else {
+            map.remove(&owner_key(svc));
+        }
+        ctx.metrics.set_endpoints_dropped(map.values().sum());
+    }
+    if dropped > 0 {
+        Cond::new(
+            COND_ENDPOINTS,
+            false,
+            "EndpointLimit",
+            format!(
+                "{dropped} candidate endpoint(s) left out: loxilb takes at most {} per rule; a stable subset is used",
+                loxi_domain::plan::MAX_ENDPOINTS
+            ),
+        )
+    } else {
+        Cond::new(
+            COND_ENDPOINTS,
+            true,
+            "AllEndpoints",
+            "every candidate endpoint is used",
+        )
     }
 }
 

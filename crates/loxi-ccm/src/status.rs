@@ -11,6 +11,8 @@ use serde_json::json;
 pub const FIELD_MANAGER: &str = "loxi-ccm";
 pub const COND_ADDRESS: &str = "loxilb.io/AddressAllocated";
 pub const COND_PROGRAMMED: &str = "loxilb.io/Programmed";
+/// False when loxilb's 32-endpoint limit left candidates out.
+pub const COND_ENDPOINTS: &str = "loxilb.io/EndpointsComplete";
 
 /// One condition as we want it (the transition time is filled in when written).
 #[derive(Debug, Clone, PartialEq, Eq)]

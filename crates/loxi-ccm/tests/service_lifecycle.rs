@@ -524,3 +524,56 @@ async fn endpoint_slices_drive_local_policy_and_pod_network_mode() {
     assert_eq!(rule.allowed_sources, vec!["203.0.113.0/24".to_string()]);
     w.finish().await;
 }
+
+#[tokio::test]
+async fn more_than_32_nodes_use_a_stable_subset_and_say_so() {
+    let w = World::new("many").await;
+    for i in 1..=40 {
+        w.add_node(&format!("n{i:02}"), &format!("10.2.0.{i}"))
+            .await;
+    }
+    w.create(&World::lb_service("web", Some(CLASS), &[(80, "TCP")]))
+        .await;
+    let ip = w.wait_for_ip("web").await;
+    let (status, reason, message) = wait_for("EndpointsComplete=False", WAIT, || async {
+        let s = w.get("web").await?;
+        World::condition(&s, "loxilb.io/EndpointsComplete").filter(|c| c.0 == "False")
+    })
+    .await;
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "EndpointLimit")
+    );
+    assert!(message.starts_with("8 candidate"), "{message}");
+    let first = wait_for("32 endpoints", WAIT, || async {
+        let r = w.rules_for(&ip);
+        (r.len() == 1 && r[0].2.len() == 32).then_some(r[0].2.clone())
+    })
+    .await;
+    // Stable: a node outside the subset leaving changes nothing.
+    let outside = (1..=40)
+        .map(|i| format!("10.2.0.{i}"))
+        .find(|ip| !first.iter().any(|e| e.starts_with(&format!("{ip}:"))))
+        .unwrap();
+    let name = format!(
+        "n{:02}",
+        outside.rsplit('.').next().unwrap().parse::<u32>().unwrap()
+    );
+    w.nodes
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("7 left out now", WAIT, || async {
+        let s = w.get("web").await?;
+        World::condition(&s, "loxilb.io/EndpointsComplete")
+            .filter(|c| c.2.starts_with("7 candidate"))
+            .map(|_| ())
+    })
+    .await;
+    assert_eq!(
+        w.rules_for(&ip)[0].2,
+        first,
+        "subset changed though a node outside it left"
+    );
+    w.finish().await;
+}
