@@ -205,6 +205,20 @@ pub struct RunArgs {
     )]
     pub use_pod_network: bool,
 
+    /// Watch Pod metadata to read Multus' k8s.v1.cni.cncf.io/network-status, so Services with
+    /// loxilb.io/multus-nets forward to the pods' secondary-network addresses. Off by default:
+    /// it keeps every Pod's metadata in memory.
+    #[arg(
+        long = "multus",
+        env = "LOXI_CCM_MULTUS",
+        default_value_t = false,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        action = ArgAction::Set
+    )]
+    pub multus: bool,
+
     /// Cluster identity written into every rule name so clusters can share a loxilb.
     /// Default: derived from the kube-system namespace UID.
     #[arg(long = "cluster-id", env = "LOXI_CCM_CLUSTER_ID")]

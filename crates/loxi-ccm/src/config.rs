@@ -93,6 +93,8 @@ pub struct Config {
     /// `None`: leader election off (this replica is always the leader).
     pub leader: Option<LeaseConfig>,
     pub node_init: NodeInitArgs,
+    /// Read Multus network-status from Pod metadata.
+    pub multus: bool,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -871,6 +873,7 @@ impl Config {
                 lease
             }),
             node_init: args.node_init.clone(),
+            multus: args.multus,
         })
     }
 }

@@ -1,6 +1,7 @@
 //! Reading Kubernetes objects into the domain's plain views, and the rules of which Services
 //! loxi-ccm serves.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::{Node, Service};
@@ -109,8 +110,36 @@ pub fn service_view(svc: &Service) -> ServiceView {
 /// The label EndpointSlices carry to name their Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
-/// One view per endpoint address of the Service's EndpointSlices.
-pub fn endpoint_views<'a>(slices: impl Iterator<Item = &'a EndpointSlice>) -> Vec<EndpointView> {
+/// Multus' per-pod annotation: one entry per attached network with its addresses.
+pub const NETWORK_STATUS_ANNOTATION: &str = "k8s.v1.cni.cncf.io/network-status";
+
+/// Reads Multus' network-status annotation into network name -> addresses. Malformed
+/// content yields nothing (the pod then has no secondary addresses for us).
+pub fn multus_networks(annotation: &str) -> BTreeMap<String, Vec<IpAddr>> {
+    #[derive(serde::Deserialize)]
+    struct Net {
+        name: String,
+        #[serde(default)]
+        ips: Vec<String>,
+    }
+    serde_json::from_str::<Vec<Net>>(annotation)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|n| {
+            (
+                n.name,
+                n.ips.iter().filter_map(|ip| ip.parse().ok()).collect(),
+            )
+        })
+        .collect()
+}
+
+/// One view per endpoint address of the Service's EndpointSlices. `pod_networks` gives the
+/// Multus addresses of the pod behind an endpoint (by its targetRef), when known.
+pub fn endpoint_views<'a>(
+    slices: impl Iterator<Item = &'a EndpointSlice>,
+    pod_networks: impl Fn(&str, &str) -> BTreeMap<String, Vec<IpAddr>>,
+) -> Vec<EndpointView> {
     let mut out = Vec::new();
     for slice in slices {
         let ports: Vec<EndpointPortView> = slice
@@ -129,6 +158,13 @@ pub fn endpoint_views<'a>(slices: impl Iterator<Item = &'a EndpointSlice>) -> Ve
         for ep in slice.endpoints.as_deref().unwrap_or_default() {
             // The API's rule: an unset ready condition means ready.
             let ready = ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
+            let networks = ep
+                .target_ref
+                .as_ref()
+                .filter(|r| r.kind.as_deref() == Some("Pod"))
+                .and_then(|r| Some((r.namespace.clone()?, r.name.clone()?)))
+                .map(|(ns, name)| pod_networks(&ns, &name))
+                .unwrap_or_default();
             for addr in &ep.addresses {
                 if let Ok(ip) = addr.parse::<IpAddr>() {
                     out.push(EndpointView {
@@ -136,7 +172,7 @@ pub fn endpoint_views<'a>(slices: impl Iterator<Item = &'a EndpointSlice>) -> Ve
                         node_name: ep.node_name.clone(),
                         ready,
                         ports: ports.clone(),
-                        networks: Default::default(),
+                        networks: networks.clone(),
                     });
                 }
             }
@@ -206,6 +242,18 @@ pub fn owner_key(svc: &Service) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn multus_network_status_is_read() {
+        let text = r#"[{"name":"kindnet","interface":"eth0","ips":["10.244.1.5"],"default":true},
+            {"name":"default/macvlan1","interface":"net1","ips":["192.168.50.7","bad"]}]"#;
+        let nets = multus_networks(text);
+        assert_eq!(
+            nets["default/macvlan1"],
+            vec!["192.168.50.7".parse::<IpAddr>().unwrap()]
+        );
+        assert!(multus_networks("not json").is_empty());
+    }
     use k8s_openapi::api::core::v1::{
         LoadBalancerIngress, LoadBalancerStatus, ServiceSpec, ServiceStatus,
     };

@@ -577,3 +577,82 @@ async fn more_than_32_nodes_use_a_stable_subset_and_say_so() {
     );
     w.finish().await;
 }
+
+#[tokio::test]
+async fn multus_networks_replace_pod_ips() {
+    use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    use kube::api::{Api, PostParams};
+
+    let w = World::with(
+        "multus",
+        Options {
+            extra_args: vec!["--multus".into()],
+            ..Options::default()
+        },
+    )
+    .await;
+    w.add_node("node-a", "10.0.10.1").await;
+    // No controller-manager runs here: the namespace's default ServiceAccount is made by hand.
+    let sas: Api<ServiceAccount> = Api::namespaced(w.client.clone(), &w.ns);
+    let _ = sas
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({"metadata": {"name": "default"}})).unwrap(),
+        )
+        .await;
+    let pods: Api<Pod> = Api::namespaced(w.client.clone(), &w.ns);
+    pods.create(
+        &PostParams::default(),
+        &serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "amf-0", "annotations": {
+                "k8s.v1.cni.cncf.io/network-status":
+                    r#"[{"name":"kindnet","ips":["10.244.1.9"],"default":true},{"name":"core/n2net","interface":"net1","ips":["192.168.50.7"]}]"#
+            }},
+            "spec": {"containers": [{"name": "c", "image": "example"}]}
+        }))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    let mut svc = World::lb_service("amf", Some(CLASS), &[(38412, "TCP")]);
+    svc.metadata.annotations = Some(
+        [
+            ("loxilb.io/usepodnetwork".to_string(), "yes".to_string()),
+            (
+                "loxilb.io/multus-nets".to_string(),
+                "core/n2net".to_string(),
+            ),
+        ]
+        .into(),
+    );
+    w.create(&svc).await;
+    let slices: Api<EndpointSlice> = Api::namespaced(w.client.clone(), &w.ns);
+    slices
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "amf-1", "labels": {"kubernetes.io/service-name": "amf"}},
+                "addressType": "IPv4",
+                "ports": [{"name": "tcp-38412", "port": 38412, "protocol": "TCP"}],
+                "endpoints": [{"addresses": ["10.244.1.9"], "nodeName": "node-a",
+                               "conditions": {"ready": true},
+                               "targetRef": {"kind": "Pod", "namespace": w.ns, "name": "amf-0"}}]
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let ip = w.wait_for_ip("amf").await;
+    wait_for("the pod's Multus address as endpoint", WAIT, || async {
+        (w.rules_for(&ip)
+            == vec![(
+                38412,
+                "tcp".to_string(),
+                vec!["192.168.50.7:38412".to_string()],
+            )])
+        .then_some(())
+    })
+    .await;
+    w.finish().await;
+}
