@@ -84,7 +84,8 @@ impl Ccm {
         Ok(())
     }
 
-    /// `/readyz` answers exactly `ok` (stores synced, index rebuilt, loxilb reachable).
+    /// `/readyz` answers `ok` or `ok (leader)`: synced, leading, loxilb reachable (not
+    /// `standby`, not `degraded`).
     pub async fn fully_ready(&mut self) -> Result<bool> {
         self.check_alive()?;
         let Ok(resp) = self
@@ -95,7 +96,12 @@ impl Ccm {
         else {
             return Ok(false);
         };
-        Ok(resp.status().is_success() && resp.text().await.unwrap_or_default().trim() == "ok")
+        if !resp.status().is_success() {
+            return Ok(false);
+        }
+        let body = resp.text().await.unwrap_or_default();
+        let body = body.trim();
+        Ok(body.starts_with("ok") && !body.contains("standby") && !body.contains("degraded"))
     }
 
     pub async fn metrics(&mut self) -> Result<String> {

@@ -239,7 +239,12 @@ pub async fn snapshot(api: &Api<Service>) -> Result<HashMap<String, Seen>> {
                         .and_then(|st| st.conditions.as_ref())
                         .into_iter()
                         .flatten()
-                        .map(|c| format!("{}={} {}: {}", c.type_, c.status, c.reason, c.message))
+                        .map(|c| {
+                            format!(
+                                "{}={} {}: {} (since {})",
+                                c.type_, c.status, c.reason, c.message, c.last_transition_time.0
+                            )
+                        })
                         .collect(),
                 },
             )
@@ -272,13 +277,19 @@ struct TrackState {
     with_ip: usize,
     deleted: usize,
     synced: bool,
+    /// Last add/modify/delete seen after the initial listing.
+    last_change: Option<Instant>,
+    /// Adds and modifications seen after the initial listing (each is one write).
+    changes: usize,
 }
 
 /// Watches the Services of one namespace and timestamps, per Service, when its create was
-/// sent, when an ingress IP was first observed and when the object disappeared.
+/// sent, when an ingress IP was first observed and when the object disappeared. Clones share
+/// the state; the watch stops when the first one is dropped.
+#[derive(Clone)]
 pub struct Tracker {
     state: Arc<Mutex<TrackState>>,
-    task: JoinHandle<()>,
+    task: Arc<JoinHandle<()>>,
 }
 
 impl Tracker {
@@ -293,6 +304,10 @@ impl Tracker {
                 let mut st = lock(&s);
                 match ev {
                     Ok(watcher::Event::Apply(svc) | watcher::Event::InitApply(svc)) => {
+                        if st.synced {
+                            st.last_change = Some(now);
+                            st.changes += 1;
+                        }
                         let name = svc.metadata.name.clone().unwrap_or_default();
                         if first_ingress_ip(&svc).is_some() {
                             let t = st.items.entry(name).or_default();
@@ -303,6 +318,7 @@ impl Tracker {
                         }
                     }
                     Ok(watcher::Event::Delete(svc)) => {
+                        st.last_change = Some(now);
                         let name = svc.metadata.name.clone().unwrap_or_default();
                         let t = st.items.entry(name).or_default();
                         if t.deleted.is_none() {
@@ -316,7 +332,10 @@ impl Tracker {
                 }
             }
         });
-        let t = Tracker { state, task };
+        let t = Tracker {
+            state,
+            task: Arc::new(task),
+        };
         let st = &t.state;
         crate::stats::wait_until(
             "the service watch to sync",
@@ -339,6 +358,16 @@ impl Tracker {
 
     pub fn deleted(&self) -> usize {
         lock(&self.state).deleted
+    }
+
+    /// Creates and modifications of the namespace's Services seen so far (writes by anyone).
+    pub fn changes(&self) -> usize {
+        lock(&self.state).changes
+    }
+
+    /// When a Service of the namespace last changed (after the initial listing).
+    pub fn last_change(&self) -> Option<Instant> {
+        lock(&self.state).last_change
     }
 
     /// Create sent -> IP observed, for every Service that has both.

@@ -89,6 +89,9 @@ pub struct Args {
     /// Do not write any markdown.
     #[arg(long)]
     no_markdown: bool,
+    /// Print a timeline (IPs seen, rules, controller reconciles) every 250 ms during bursts.
+    #[arg(long)]
+    trace: bool,
 }
 
 fn workspace_root() -> PathBuf {
@@ -390,7 +393,24 @@ fn install_crds(cp: &testenv::ControlPlane, root: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Waits until `/readyz` answers plain `ok`.
+/// Waits until no Service of the tracker's namespace changed for `quiet`; returns how long
+/// after the call the last change came.
+async fn settle(tracker: &Tracker, quiet: Duration, timeout: Duration) -> Result<Duration> {
+    let started = Instant::now();
+    loop {
+        let last = tracker.last_change().filter(|t| *t > started);
+        let since = last.map_or(started.elapsed(), |t| t.elapsed());
+        if since >= quiet {
+            return Ok(last.map_or(Duration::ZERO, |t| t - started));
+        }
+        if started.elapsed() > timeout {
+            bail!("Services still changing after {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until `/readyz` says ready, leading and not degraded.
 async fn wait_ready(ccm: &mut Ccm, timeout: Duration) -> Result<Duration> {
     let started = Instant::now();
     loop {
@@ -502,6 +522,13 @@ fn kib_to_mib(k: u64) -> f64 {
     v
 }
 
+/// `a / b` rounded to 0.1 (writes per Service, per flip).
+fn per(a: usize, b: usize) -> f64 {
+    #[allow(clippy::cast_precision_loss)]
+    let v = a as f64 / b.max(1) as f64;
+    stats::round(v)
+}
+
 fn summary_json(s: &stats::Summary) -> Value {
     serde_json::to_value(s).unwrap_or(Value::Null)
 }
@@ -530,9 +557,37 @@ async fn run_n(env: &Env, n: usize, flips: usize, run: &mut Value) -> Result<()>
     let srv0 = env.server_cpu();
     progress(&format!("burst: creating {n} Services"));
     let t0 = Instant::now();
+    let trace = args.trace.then(|| {
+        let (tracker, sim, admin) = (tracker.clone(), env.sim.clone(), ccm.admin.clone());
+        tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            loop {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                let text = match http.get(format!("http://{admin}/metrics")).send().await {
+                    Ok(r) => r.text().await.unwrap_or_default(),
+                    Err(_) => String::new(),
+                };
+                let r = |res: &str| {
+                    ccm::metric_sum(&text, "loxi_ccm_reconciles_total", &[("result", res)])
+                };
+                eprintln!(
+                    "trace {:>6.2}s  ips {:>5}  rules {:>5}  reconciles ok {:>6} err {:>4}",
+                    t0.elapsed().as_secs_f64(),
+                    tracker.with_ip(),
+                    sim.rule_count().await.unwrap_or(0),
+                    r("success"),
+                    r("error")
+                );
+            }
+        })
+    });
     let created =
         cluster::create_burst(&api, objects, args.create_concurrency, Some(&tracker)).await?;
     let (ips, converged) = wait_converged(env, &tracker, n, total_rules, t0).await?;
+    if let Some(t) = trace {
+        t.abort();
+    }
+    let writes = tracker.changes();
     let lat = summarize(&tracker.latencies());
     let before = cluster::snapshot(&api).await?;
     let distinct: HashSet<&String> = before.values().filter_map(|s| s.ip.as_ref()).collect();
@@ -543,6 +598,7 @@ async fn run_n(env: &Env, n: usize, flips: usize, run: &mut Value) -> Result<()>
         "converged_s": secs(converged),
         "latency": summary_json(&lat),
         "distinct_ips": distinct.len(),
+        "service_writes_per_service": per(writes, n),
         "ccm_cpu_s": stats::round((u.cpu_s - cpu0) * 1000.0) / 1000.0,
         "server_cpu_s": stats::round(env.server_cpu() - srv0),
     });
@@ -598,6 +654,7 @@ async fn run_n(env: &Env, n: usize, flips: usize, run: &mut Value) -> Result<()>
     let cpu0 = ccm.usage()?.cpu_s;
     let srv0 = env.server_cpu();
     let churn_started = Instant::now();
+    let writes0 = tracker.changes();
     if candidates.is_empty() {
         bail!("no node is an endpoint of any rule");
     }
@@ -642,6 +699,7 @@ async fn run_n(env: &Env, n: usize, flips: usize, run: &mut Value) -> Result<()>
         "all_rules": summary_json(&churn),
         "first_rule": summary_json(&summarize(&first_samples)),
         "mean_rules_changed_per_flip": stats::round(mean_changed),
+        "service_writes_per_flip": per(tracker.changes() - writes0, flips),
         "wall_s": secs(churn_started.elapsed()),
         "poll_ms": args.churn_poll_ms,
         "rules_snapshot_ms": stats::round(snapshot_ms),
@@ -654,16 +712,25 @@ async fn run_n(env: &Env, n: usize, flips: usize, run: &mut Value) -> Result<()>
         churn.p50_ms, churn.p99_ms, churn.max_ms
     ));
 
+    // Trailing writes of the churn (status updates after the rules) must not count as
+    // restart rewrites: wait for quiet first.
+    let quiet = settle(&tracker, Duration::from_secs(2), env.timeout).await?;
+    run["churn"]["writes_settled_after_last_flip_s"] = json!(secs(quiet));
+
     // 5. Controller restart.
     let first_counters = ccm.counters().await?;
     let before = cluster::snapshot(&api).await?;
     let first_usage = ccm.usage()?;
     let requests0 = env.sim.sim.request_count();
+    let writes0 = tracker.changes();
     let t0 = Instant::now();
     let shutdown = ccm.stop().await?;
     let mut ccm = Ccm::spawn(&env.spec, &format!("n{n}-second"))?;
     let ready = t0.elapsed() + wait_ready(&mut ccm, env.timeout).await?;
-    let steady;
+    // Steady: every Service reconciled once, every rule present, and then no Service write
+    // for QUIET; the steady time is the later of the first two and the last write seen.
+    const QUIET: Duration = Duration::from_secs(3);
+    let reconciled_at;
     #[allow(clippy::cast_precision_loss)]
     let n_f = n as f64;
     loop {
@@ -671,7 +738,7 @@ async fn run_n(env: &Env, n: usize, flips: usize, run: &mut Value) -> Result<()>
             .metric("loxi_ccm_reconciles_total", &[("result", "success")])
             .await?;
         if reconciled >= n_f && env.sim.rule_count().await? == total_rules {
-            steady = t0.elapsed();
+            reconciled_at = Instant::now();
             break;
         }
         if t0.elapsed() > env.timeout {
@@ -679,8 +746,16 @@ async fn run_n(env: &Env, n: usize, flips: usize, run: &mut Value) -> Result<()>
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    // Late writes would show up here.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    let steady = loop {
+        let last = tracker
+            .last_change()
+            .filter(|t| *t > t0)
+            .map_or(reconciled_at, |t| t.max(reconciled_at));
+        if last.elapsed() >= QUIET {
+            break last - t0;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     let after = cluster::snapshot(&api).await?;
     let address_changes = before
         .iter()
@@ -722,6 +797,7 @@ async fn run_n(env: &Env, n: usize, flips: usize, run: &mut Value) -> Result<()>
         "services_rewritten": rewritten,
         "loxilb_writes": writes,
         "loxilb_requests": env.sim.sim.request_count().saturating_sub(requests0),
+        "service_writes": tracker.changes() - writes0,
         "rewritten_examples": examples,
     });
     progress(&format!(
@@ -765,11 +841,13 @@ async fn run_n(env: &Env, n: usize, flips: usize, run: &mut Value) -> Result<()>
     let t0 = Instant::now();
     let created = cluster::create_at_rate(&api, objects, args.rate, &tracker).await?;
     let (_, converged) = wait_converged(env, &tracker, n, total_rules, t0).await?;
+    let writes = tracker.changes();
     let lat = summarize(&tracker.latencies());
     let u = ccm.usage()?;
     let (r, o) = teardown(env, &api, &names, &tracker).await?;
     run["steady"] = json!({
         "rate_per_s": args.rate,
+        "service_writes_per_service": per(writes, n),
         "create_s": secs(created),
         "converged_s": secs(converged),
         "latency": summary_json(&lat),
@@ -847,6 +925,7 @@ async fn run_baseline(env: &Env, n: usize) -> Result<Value> {
     let t0 = Instant::now();
     cluster::create_burst(&api, objects, args.create_concurrency, Some(&tracker)).await?;
     let (_, converged) = wait_converged(env, &tracker, n, total_rules, t0).await?;
+    let writes = tracker.changes();
     let lat = summarize(&tracker.latencies());
 
     let t0 = Instant::now();
@@ -866,6 +945,7 @@ async fn run_baseline(env: &Env, n: usize) -> Result<Value> {
     Ok(json!({
         "burst_s": secs(converged),
         "burst_latency": summary_json(&lat),
+        "service_writes_per_service": per(writes, n),
         "replay_s": secs(replay),
         "replayed_rules": replayed,
         "teardown_s": secs(r.max(o)),

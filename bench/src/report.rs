@@ -167,6 +167,129 @@ fn met_word(v: &Value) -> &'static str {
     }
 }
 
+/// Rows of the per-N table: scenario, metric, dotted path in a run's JSON.
+const ROWS: &[(&str, &str, &str)] = &[
+    ("start-up", "ready (s)", "startup_ready_s"),
+    ("1 burst", "create requests done (s)", "burst.create_s"),
+    ("1 burst", "all IPs + all rules (s)", "burst.converged_s"),
+    ("1 burst", "latency p50 (ms)", "burst.latency.p50_ms"),
+    ("1 burst", "latency p99 (ms)", "burst.latency.p99_ms"),
+    ("1 burst", "latency max (ms)", "burst.latency.max_ms"),
+    (
+        "1 burst",
+        "Service writes per Service (incl. create)",
+        "burst.service_writes_per_service",
+    ),
+    ("1 burst", "loxi-ccm CPU (s)", "burst.ccm_cpu_s"),
+    ("1 burst", "apiserver+etcd CPU (s)", "burst.server_cpu_s"),
+    ("2 steady", "latency p50 (ms)", "steady.latency.p50_ms"),
+    ("2 steady", "latency p99 (ms)", "steady.latency.p99_ms"),
+    ("2 steady", "latency max (ms)", "steady.latency.max_ms"),
+    (
+        "2 steady",
+        "Service writes per Service (incl. create)",
+        "steady.service_writes_per_service",
+    ),
+    (
+        "3 churn",
+        "all rules updated p50 (ms)",
+        "churn.all_rules.p50_ms",
+    ),
+    (
+        "3 churn",
+        "all rules updated p99 (ms)",
+        "churn.all_rules.p99_ms",
+    ),
+    (
+        "3 churn",
+        "all rules updated max (ms)",
+        "churn.all_rules.max_ms",
+    ),
+    (
+        "3 churn",
+        "first rule updated p50 (ms)",
+        "churn.first_rule.p50_ms",
+    ),
+    (
+        "3 churn",
+        "rules changed per flip (mean)",
+        "churn.mean_rules_changed_per_flip",
+    ),
+    (
+        "3 churn",
+        "Service writes per flip",
+        "churn.service_writes_per_flip",
+    ),
+    ("3 churn", "loxi-ccm CPU, all flips (s)", "churn.ccm_cpu_s"),
+    (
+        "3 churn",
+        "apiserver+etcd CPU, all flips (s)",
+        "churn.server_cpu_s",
+    ),
+    ("4 loxilb restart", "all rules back (s)", "replay.total_s"),
+    (
+        "4 loxilb restart",
+        "first rule back (s)",
+        "replay.first_rule_s",
+    ),
+    (
+        "4 loxilb restart",
+        "first → all (s)",
+        "replay.after_first_rule_s",
+    ),
+    ("5 ccm restart", "SIGTERM → exit (s)", "restart.shutdown_s"),
+    (
+        "5 ccm restart",
+        "SIGTERM → new ready (s)",
+        "restart.ready_s",
+    ),
+    ("5 ccm restart", "SIGTERM → steady (s)", "restart.steady_s"),
+    (
+        "5 ccm restart",
+        "address changes",
+        "restart.address_changes",
+    ),
+    (
+        "5 ccm restart",
+        "Services rewritten",
+        "restart.services_rewritten",
+    ),
+    ("5 ccm restart", "loxilb writes", "restart.loxilb_writes"),
+    ("6 teardown", "all rules gone (s)", "teardown.rules_gone_s"),
+    (
+        "6 teardown",
+        "all objects gone (s)",
+        "teardown.objects_gone_s",
+    ),
+    (
+        "7 resources",
+        "peak RSS, VmHWM (MiB)",
+        "resources.peak_rss_mib",
+    ),
+    ("7 resources", "CPU, whole run (s)", "resources.cpu_s"),
+    ("8 baseline", "burst (s)", "baseline.burst_s"),
+    (
+        "8 baseline",
+        "burst latency p99 (ms)",
+        "baseline.burst_latency.p99_ms",
+    ),
+    (
+        "8 baseline",
+        "Service writes per Service (incl. create)",
+        "baseline.service_writes_per_service",
+    ),
+    ("8 baseline", "replay (s)", "baseline.replay_s"),
+    ("8 baseline", "teardown (s)", "baseline.teardown_s"),
+    ("ratio", "burst", "ratio.burst"),
+    ("ratio", "replay (incl. detection)", "ratio.replay"),
+    (
+        "ratio",
+        "replay (first rule → all)",
+        "ratio.replay_after_first_rule",
+    ),
+    ("ratio", "teardown", "ratio.teardown"),
+];
+
 /// The generated markdown section.
 pub fn render(results: &Value) -> String {
     let mut s = String::new();
@@ -246,177 +369,12 @@ pub fn render(results: &Value) -> String {
         sep.push_str("---:|");
     }
     let _ = writeln!(s, "{header}\n{sep}");
-    let rows: Vec<(&str, &str, Vec<&str>)> = vec![
-        ("start-up", "ready (s)", vec!["startup_ready_s"]),
-        (
-            "1 burst",
-            "create requests done (s)",
-            vec!["burst", "create_s"],
-        ),
-        (
-            "1 burst",
-            "all IPs + all rules (s)",
-            vec!["burst", "converged_s"],
-        ),
-        (
-            "1 burst",
-            "latency p50 (ms)",
-            vec!["burst", "latency", "p50_ms"],
-        ),
-        (
-            "1 burst",
-            "latency p99 (ms)",
-            vec!["burst", "latency", "p99_ms"],
-        ),
-        (
-            "1 burst",
-            "latency max (ms)",
-            vec!["burst", "latency", "max_ms"],
-        ),
-        ("1 burst", "loxi-ccm CPU (s)", vec!["burst", "ccm_cpu_s"]),
-        (
-            "1 burst",
-            "apiserver+etcd CPU (s)",
-            vec!["burst", "server_cpu_s"],
-        ),
-        (
-            "2 steady",
-            "latency p50 (ms)",
-            vec!["steady", "latency", "p50_ms"],
-        ),
-        (
-            "2 steady",
-            "latency p99 (ms)",
-            vec!["steady", "latency", "p99_ms"],
-        ),
-        (
-            "2 steady",
-            "latency max (ms)",
-            vec!["steady", "latency", "max_ms"],
-        ),
-        (
-            "3 churn",
-            "all rules updated p50 (ms)",
-            vec!["churn", "all_rules", "p50_ms"],
-        ),
-        (
-            "3 churn",
-            "all rules updated p99 (ms)",
-            vec!["churn", "all_rules", "p99_ms"],
-        ),
-        (
-            "3 churn",
-            "all rules updated max (ms)",
-            vec!["churn", "all_rules", "max_ms"],
-        ),
-        (
-            "3 churn",
-            "first rule updated p50 (ms)",
-            vec!["churn", "first_rule", "p50_ms"],
-        ),
-        (
-            "3 churn",
-            "rules changed per flip (mean)",
-            vec!["churn", "mean_rules_changed_per_flip"],
-        ),
-        (
-            "3 churn",
-            "loxi-ccm CPU, all flips (s)",
-            vec!["churn", "ccm_cpu_s"],
-        ),
-        (
-            "3 churn",
-            "apiserver+etcd CPU, all flips (s)",
-            vec!["churn", "server_cpu_s"],
-        ),
-        (
-            "4 loxilb restart",
-            "all rules back (s)",
-            vec!["replay", "total_s"],
-        ),
-        (
-            "4 loxilb restart",
-            "first rule back (s)",
-            vec!["replay", "first_rule_s"],
-        ),
-        (
-            "4 loxilb restart",
-            "first → all (s)",
-            vec!["replay", "after_first_rule_s"],
-        ),
-        (
-            "5 ccm restart",
-            "SIGTERM → exit (s)",
-            vec!["restart", "shutdown_s"],
-        ),
-        (
-            "5 ccm restart",
-            "SIGTERM → new ready (s)",
-            vec!["restart", "ready_s"],
-        ),
-        (
-            "5 ccm restart",
-            "SIGTERM → steady (s)",
-            vec!["restart", "steady_s"],
-        ),
-        (
-            "5 ccm restart",
-            "address changes",
-            vec!["restart", "address_changes"],
-        ),
-        (
-            "5 ccm restart",
-            "Services rewritten",
-            vec!["restart", "services_rewritten"],
-        ),
-        (
-            "5 ccm restart",
-            "loxilb writes",
-            vec!["restart", "loxilb_writes"],
-        ),
-        (
-            "6 teardown",
-            "all rules gone (s)",
-            vec!["teardown", "rules_gone_s"],
-        ),
-        (
-            "6 teardown",
-            "all objects gone (s)",
-            vec!["teardown", "objects_gone_s"],
-        ),
-        (
-            "7 resources",
-            "peak RSS, VmHWM (MiB)",
-            vec!["resources", "peak_rss_mib"],
-        ),
-        (
-            "7 resources",
-            "CPU, whole run (s)",
-            vec!["resources", "cpu_s"],
-        ),
-        ("8 baseline", "burst (s)", vec!["baseline", "burst_s"]),
-        (
-            "8 baseline",
-            "burst latency p99 (ms)",
-            vec!["baseline", "burst_latency", "p99_ms"],
-        ),
-        ("8 baseline", "replay (s)", vec!["baseline", "replay_s"]),
-        ("8 baseline", "teardown (s)", vec!["baseline", "teardown_s"]),
-        ("ratio", "burst", vec!["ratio", "burst"]),
-        ("ratio", "replay (incl. detection)", vec!["ratio", "replay"]),
-        (
-            "ratio",
-            "replay (first rule → all)",
-            vec!["ratio", "replay_after_first_rule"],
-        ),
-        ("ratio", "teardown", vec!["ratio", "teardown"]),
-    ];
-    for (scenario, metric, path) in rows {
+    for (scenario, metric, path) in ROWS {
         let mut line = format!("| {scenario} | {metric} |");
         for r in &runs {
             let mut v = *r;
-            for p in &path {
-                v = &v[*p];
+            for p in path.split('.') {
+                v = &v[p];
             }
             let _ = write!(line, " {} |", fmt(v));
         }

@@ -162,14 +162,24 @@ async fn demo_async(exit_after: bool) -> Result<()> {
 
     let kubectl_bin = cp.k8s_bin_dir().join("kubectl");
     let crd = workspace_root().join("deploy/05-crd-addressclaims.yaml");
-    eprintln!("xtask: kubectl apply -f deploy/05-crd-addressclaims.yaml");
+    let pools_crd = workspace_root().join("deploy/06-crd-addresspools.yaml");
+    eprintln!(
+        "xtask: kubectl apply -f deploy/05-crd-addressclaims.yaml -f deploy/06-crd-addresspools.yaml"
+    );
     for args in [
-        vec!["apply", "-f", crd.to_str().unwrap_or_default()],
+        vec![
+            "apply",
+            "-f",
+            crd.to_str().unwrap_or_default(),
+            "-f",
+            pools_crd.to_str().unwrap_or_default(),
+        ],
         vec![
             "wait",
             "--for=condition=established",
             "--timeout=60s",
             "crd/addressclaims.ipam.loxilb.io",
+            "crd/addresspools.ipam.loxilb.io",
         ],
     ] {
         let out = Command::new(&kubectl_bin)

@@ -269,8 +269,20 @@ fn needs(cfg: &Config) -> Vec<Need> {
         Need::new("create", "events.k8s.io", "events").ns(ns),
     ];
     // Durable address claims (cluster-scoped, crate::claims).
-    for verb in ["list", "watch", "create", "patch", "delete"] {
+    for verb in ["list", "watch", "create", "patch", "update", "delete"] {
         needs.push(Need::new(verb, "ipam.loxilb.io", "addressclaims"));
+    }
+    // Address pools (crate::pools) and the namespace labels their selectors read.
+    for verb in ["list", "watch"] {
+        needs.push(Need::new(verb, "ipam.loxilb.io", "addresspools"));
+        needs.push(Need::new(verb, "", "namespaces"));
+        needs.push(Need::new(verb, "discovery.k8s.io", "endpointslices").ns(ns));
+    }
+    needs.push(Need::new("patch", "ipam.loxilb.io", "addresspools").sub("status"));
+    if cfg.multus {
+        for verb in ["list", "watch"] {
+            needs.push(Need::new(verb, "", "pods").ns(ns));
+        }
     }
     if cfg.cluster_id.is_none() {
         needs.push(Need::new("get", "", "namespaces").named("kube-system"));

@@ -4,8 +4,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::sync::atomic::AtomicBool;
 
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::core::PartialObjectMeta;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
 use loxi_domain::{Allocator, ClusterId};
@@ -25,11 +26,15 @@ pub struct Context {
     pub services: Store<Service>,
     pub nodes: Store<Node>,
     pub endpoint_slices: Store<EndpointSlice>,
+    /// Pod metadata (Multus network-status), only with `--multus`.
+    pub pods: Option<Store<PartialObjectMeta<Pod>>>,
     /// Durable address claims (the record the allocator index is rebuilt from).
     pub claims: Store<AddressClaim>,
     pub claims_api: kube::Api<AddressClaim>,
     /// In-memory index of address ownership, rebuilt from the cluster before any allocation.
     pub ipam: Mutex<Allocator>,
+    /// Address pools in effect (flags and AddressPool resources) and namespace labels.
+    pub pools: crate::pools::Pools,
     pub fleet: Fleet,
     pub recorder: Recorder,
     pub metrics: Metrics,

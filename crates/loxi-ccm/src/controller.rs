@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, Node, Service};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::Api;
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Controller;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, reflector};
@@ -125,6 +126,25 @@ pub async fn run(
     .default_backoff()
     .touched_objects();
 
+    // Pod metadata only (annotations), and only when Multus addresses are wanted.
+    let (pod_store, pod_events) = if cfg.multus {
+        // An Api over PartialObjectMeta makes metadata-only requests.
+        let pods: Api<PartialObjectMeta<Pod>> = match &cfg.namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        };
+        let (store, writer) = reflector::store::<PartialObjectMeta<Pod>>();
+        let events = reflector(
+            writer,
+            watcher(pods, watcher::Config::default().any_semantic()),
+        )
+        .default_backoff()
+        .touched_objects();
+        (Some(store), Some(events))
+    } else {
+        (None, None)
+    };
+
     let claims_api: Api<AddressClaim> = Api::all(client.clone());
     // Without the CRD nothing can be allocated safely: say so at once instead of waiting.
     if let Err(e) = claims_api
@@ -145,6 +165,37 @@ pub async fn run(
     )
     .default_backoff();
 
+    // AddressPool resources are optional: without their CRD (an upgrade that did not apply
+    // deploy/06-crd-addresspools.yaml) the pools from flags are used alone.
+    let pools_api: Api<crate::pools::AddressPool> = Api::all(client.clone());
+    let (pool_store, pool_events) = match pools_api
+        .list_metadata(&kube::api::ListParams::default().limit(1))
+        .await
+    {
+        Ok(_) => {
+            let (store, writer) = reflector::store::<crate::pools::AddressPool>();
+            let events = reflector(
+                writer,
+                watcher(pools_api.clone(), watcher::Config::default().any_semantic()),
+            )
+            .default_backoff();
+            (Some(store), Some(events))
+        }
+        Err(e) => {
+            warn!(error = %e, "AddressPool resources unavailable: using the pools from flags only (kubectl apply -f deploy/06-crd-addresspools.yaml and the RBAC in deploy/)");
+            (None, None)
+        }
+    };
+    // Namespace labels (metadata only) decide which Services a pool's namespaceSelector
+    // admits.
+    let namespaces_api: Api<PartialObjectMeta<Namespace>> = Api::all(client.clone());
+    let (namespace_store, namespace_writer) = reflector::store::<PartialObjectMeta<Namespace>>();
+    let namespace_events = reflector(
+        namespace_writer,
+        watcher(namespaces_api, watcher::Config::default().any_semantic()),
+    )
+    .default_backoff();
+
     let (requeue_tx, requeue_rx) = mpsc::unbounded_channel::<ObjectRef<Service>>();
     let (ready_tx, ready_rx) = watch::channel(false);
     let reporter = Reporter {
@@ -158,11 +209,13 @@ pub async fn run(
             ccm_mode: cfg.ccm_mode,
         },
         ipam: Mutex::new(Allocator::new(cfg.pools.clone())),
+        pools: crate::pools::Pools::new(pools_api, pool_store, namespace_store, &cfg.pools),
         client,
         cluster,
         services: service_store,
         nodes: node_store,
         endpoint_slices: slice_store,
+        pods: pod_store,
         claims: claim_store,
         claims_api,
         fleet,
@@ -189,7 +242,37 @@ pub async fn run(
     }
     tokio::spawn(watch_nodes(ctx.clone(), node_events));
     tokio::spawn(watch_claims(ctx.clone(), claim_events));
+    if let Some(events) = pool_events {
+        tokio::spawn(crate::pools::watch_pools(ctx.clone(), events));
+    }
+    tokio::spawn(crate::pools::watch_namespaces(
+        ctx.clone(),
+        namespace_events,
+    ));
+    tokio::spawn(crate::pools::status_loop(ctx.clone()));
     tokio::spawn(watch_endpoint_slices(ctx.clone(), slice_events));
+    if let Some(events) = pod_events {
+        // Keeps the pod store current; a pod's network-status arrives after its EndpointSlice
+        // entry, so re-plan Services when pods change (only served multus Services care).
+        let c = ctx.clone();
+        tokio::spawn(async move {
+            let mut events = std::pin::pin!(events);
+            while let Some(event) = events.next().await {
+                if event.is_ok() && c.ready.load(Ordering::Relaxed) {
+                    for svc in c.services.state() {
+                        let multus = svc
+                            .metadata
+                            .annotations
+                            .as_ref()
+                            .is_some_and(|a| a.contains_key("loxilb.io/multus-nets"));
+                        if multus && c.selection.serves(&svc) {
+                            let _ = c.requeue.send(ObjectRef::from_obj(&*svc));
+                        }
+                    }
+                }
+            }
+        });
+    }
     tokio::spawn(start_up(ctx.clone(), ready_tx, Stop(stop_rx.clone())));
     tokio::spawn(watch_leadership(
         ctx.clone(),
@@ -278,25 +361,54 @@ async fn start_up(ctx: Arc<Context>, ready_tx: watch::Sender<bool>, stop: Stop) 
         warn!("claim store writer dropped before sync");
         return;
     }
+    if wait_store(&ctx.pools.namespaces).await.is_err() {
+        warn!("namespace store writer dropped before sync");
+        return;
+    }
+    if let Some(pools) = &ctx.pools.store
+        && wait_store(pools).await.is_err()
+    {
+        warn!("address pool store writer dropped before sync");
+        return;
+    }
     {
         let mut ipam = ctx.ipam.lock().expect("ipam lock");
-        // The durable record first: every claim, whoever made it.
+        // The pools (flags and AddressPool resources), under the allocator lock so that a
+        // pool event cannot slip in between (crate::pools::refresh takes the same lock).
+        let set = ctx.pools.compute(&ctx.cfg.pools);
+        for (name, problems) in &set.invalid {
+            warn!(pool = %name, problems = ?problems, "address pool ignored: invalid");
+        }
+        *ipam = Allocator::new(set.pools());
+        ctx.pools.install(set);
+        // The durable record first: every claim and every owner it lists, whoever made it.
         for claim in ctx.claims.state() {
-            if let Some(ip) = claim.ip()
-                && let Err(e) = ipam.assign(ip, &claim.owner_key())
-            {
-                warn!(error = %e, "two claims for one address");
+            let Some(ip) = claim.ip() else { continue };
+            for owner in claim.owners() {
+                if let Err(e) = ipam.assign_shared(ip, &owner.key(), owner.sharing()) {
+                    warn!(error = %e, owner = %owner.key(), "two incompatible owners recorded for one address");
+                }
             }
         }
         // Then addresses Services show without a claim yet (first start after kube-loxilb,
-        // loxi-ccm or an older version): held here until their reconcile claims them.
+        // loxi-ccm or an older version): held here until their reconcile claims them. In
+        // shared mode Services showing one address on different ports (kube-loxilb's
+        // sharing) hold it together.
         for svc in ctx.services.state() {
             if !ctx.selection.serves(&svc) && ctx.selection.our_finalizers(&svc).is_empty() {
                 continue;
             }
+            let key = owner_key(&svc);
+            let sharing = match crate::reconcile::service_sharing(&svc) {
+                Ok(s) if !ctx.cfg.unique_ip => s,
+                _ => loxi_domain::ipam::Sharing::Exclusive,
+            };
             for ip in published_addresses(&svc) {
-                if let Err(e) = ipam.assign(ip, &owner_key(&svc)) {
-                    warn!(service = %owner_key(&svc), error = %e, "address shown by a Service is claimed by another");
+                if ipam.holds(&ip, &key) {
+                    continue;
+                }
+                if let Err(e) = ipam.assign_shared(ip, &key, sharing.clone()) {
+                    warn!(service = %key, error = %e, "address shown by a Service is claimed by another");
                 }
             }
         }
@@ -367,22 +479,25 @@ async fn watch_claims(
         let ready = ctx.ready.load(Ordering::Relaxed);
         match event {
             Ok(watcher::Event::Apply(c) | watcher::Event::InitApply(c)) if ready => {
-                if let (Some(ip), Ok(mut ipam)) = (c.ip(), ctx.ipam.lock())
-                    && ipam.owner_of(&ip).is_none()
-                {
-                    let _ = ipam.assign(ip, &c.owner_key());
+                // Owners recorded elsewhere enter the index (refused when they clash with a
+                // pick of this replica whose claim write is in flight: that write settles
+                // it). Owners the index has and the claim lacks are left alone for the same
+                // reason; an owner leaving is taken out of the index by whoever removed it.
+                if let (Some(ip), Ok(mut ipam)) = (c.ip(), ctx.ipam.lock()) {
+                    for owner in c.owners() {
+                        let _ = ipam.assign_shared(ip, &owner.key(), owner.sharing());
+                    }
                 }
             }
             Ok(watcher::Event::Delete(c)) if ready => {
-                let freed = match (c.ip(), ctx.ipam.lock()) {
-                    (Some(ip), Ok(mut ipam))
-                        if ipam.owner_of(&ip) == Some(c.owner_key().as_str()) =>
-                    {
-                        ipam.release(&ip);
-                        true
+                // Only the owners the deleted claim listed let go: a fresh pick of the same
+                // address by another Service stays.
+                let mut freed = false;
+                if let (Some(ip), Ok(mut ipam)) = (c.ip(), ctx.ipam.lock()) {
+                    for owner in c.owners() {
+                        freed |= ipam.release_from(&ip, &owner.key());
                     }
-                    _ => false,
-                };
+                }
                 if freed {
                     crate::reconcile::update_pool_metrics(&ctx);
                     ctx.wake_address_waiters();
@@ -394,30 +509,49 @@ async fn watch_claims(
     }
 }
 
-/// Deletes retained claims whose time is up, and claims of Services that no longer exist
-/// (only in the namespaces this replica watches, and only once their rules are gone: the
-/// drift check that precedes this removed them).
+/// Deletes retained claims whose time is up, and takes Services that no longer exist off
+/// their claims (deleting a claim whose owners are all gone). Only owners in the namespaces
+/// this replica watches, and only once their rules are gone: the drift check that precedes
+/// this removed them.
 async fn collect_claims(ctx: &Context) {
     let now = k8s_openapi::jiff::Timestamp::now();
-    for claim in ctx.claims.state() {
-        let in_scope = ctx
-            .cfg
+    let in_scope = |o: &crate::claims::ClaimedBy| {
+        ctx.cfg
             .namespace
             .as_deref()
-            .is_none_or(|ns| ns == claim.spec.service.namespace);
-        if !in_scope {
-            continue;
-        }
-        let by = &claim.spec.service;
-        let orphan = !by.uid.is_empty()
-            && ctx
-                .services
-                .get(&ObjectRef::new(&by.name).within(&by.namespace))
-                .is_none_or(|s| s.metadata.uid.as_deref() != Some(by.uid.as_str()));
-        if claim.expired(now) || orphan {
-            info!(address = %claim.spec.address, owner = %claim.owner_key(), expired = claim.expired(now), "releasing claim");
+            .is_none_or(|ns| ns == o.namespace)
+    };
+    for claim in ctx.claims.state() {
+        let owners = claim.owners();
+        let orphans: Vec<&crate::claims::ClaimedBy> = owners
+            .iter()
+            .copied()
+            .filter(|o| {
+                in_scope(o)
+                    && !o.uid.is_empty()
+                    && ctx
+                        .services
+                        .get(&ObjectRef::new(&o.name).within(&o.namespace))
+                        .is_none_or(|s| s.metadata.uid.as_deref() != Some(o.uid.as_str()))
+            })
+            .collect();
+        let expired = claim.expired(now) && in_scope(&claim.spec.service);
+        if expired || orphans.len() == owners.len() {
+            info!(address = %claim.spec.address, owner = %claim.owner_key(), expired, "releasing claim");
             if let Err(e) = crate::claims::release(&ctx.claims_api, &claim).await {
                 warn!(error = %e, "could not release claim");
+            }
+            continue;
+        }
+        for o in orphans {
+            info!(address = %claim.spec.address, owner = %o.key(), "taking a deleted Service off a shared address");
+            match crate::claims::leave(&ctx.claims_api, &claim, &o.namespace, &o.name).await {
+                Ok(()) => {
+                    if let (Some(ip), Ok(mut ipam)) = (claim.ip(), ctx.ipam.lock()) {
+                        ipam.release_from(&ip, &o.key());
+                    }
+                }
+                Err(e) => warn!(error = %e, "could not update claim"),
             }
         }
     }
@@ -472,36 +606,23 @@ async fn watch_nodes(
     }
 }
 
-/// Probes every loxilb; one that comes back, or that holds fewer of our rules than we
-/// believe (it restarted between two probes), gets a full replay at once.
+/// Probes every loxilb; one that comes back, or that no longer holds rules we know it had
+/// (it restarted between two probes), gets a full replay at once (`Instance::probe`).
 async fn health_loop(ctx: Arc<Context>) {
     ctx.wait_ready().await;
     let mut tick = tokio::time::interval(ctx.cfg.health_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        for (i, inst) in ctx.fleet.instances.iter().enumerate() {
-            let up = inst.client.version().await.is_ok();
-            ctx.metrics.set_up(inst.url(), up);
-            let came_back = inst.set_healthy(up);
-            if came_back {
-                info!(instance = inst.url(), "loxilb reachable: replaying rules");
+        let probes = ctx.fleet.probe_all(&ctx.cluster, &ctx.metrics).await;
+        for (i, probe) in probes.iter().enumerate() {
+            if probe.needs_replay() {
                 converge_instance(&ctx, i).await;
-                continue;
             }
-            if up && inst.rule_count().await > 0 {
-                let held = match inst.client.list_rules().await {
-                    Ok(rules) => rules.len(),
-                    Err(_) => continue,
-                };
-                if held < inst.rule_count().await {
-                    warn!(
-                        instance = inst.url(),
-                        held, "loxilb lost rules (restart?): replaying"
-                    );
-                    converge_instance(&ctx, i).await;
-                }
-            }
+        }
+        // Programmed conditions name the unreachable instances: re-evaluate them.
+        if probes.iter().any(|p| p.changes_status()) {
+            ctx.requeue_all_served();
         }
     }
 }
@@ -546,7 +667,13 @@ async fn converge_instance(ctx: &Context, index: usize) {
     }
     let inst = &ctx.fleet.instances[index];
     match inst
-        .converge_all(&ctx.cluster, &desired, &keep, &ctx.metrics)
+        .converge_all(
+            &ctx.cluster,
+            ctx.cfg.namespace.as_deref(),
+            &desired,
+            &keep,
+            &ctx.metrics,
+        )
         .await
     {
         Ok(report) if report.changes > 0 => {

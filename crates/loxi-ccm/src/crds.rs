@@ -4,15 +4,25 @@
 use kube::CustomResourceExt;
 
 use crate::claims::AddressClaim;
+use crate::pools::AddressPool;
 
 /// `(file name under deploy/, YAML)` for every CRD.
 pub fn rendered() -> Vec<(&'static str, String)> {
     let header = "# Generated from the Rust types by loxi-ccm (crates/loxi-ccm/src/crds.rs).\n# Do not edit: change the code and run `UPDATE_CRDS=1 cargo test -p loxi-ccm --test crds`.\n";
-    vec![(
-        "05-crd-addressclaims.yaml",
-        format!(
-            "{header}{}",
-            serde_saphyr::to_string(&AddressClaim::crd()).unwrap_or_default()
+    vec![
+        (
+            "05-crd-addressclaims.yaml",
+            format!(
+                "{header}{}",
+                serde_saphyr::to_string(&AddressClaim::crd()).unwrap_or_default()
+            ),
         ),
-    )]
+        (
+            "06-crd-addresspools.yaml",
+            format!(
+                "{header}{}",
+                serde_saphyr::to_string(&AddressPool::crd()).unwrap_or_default()
+            ),
+        ),
+    ]
 }

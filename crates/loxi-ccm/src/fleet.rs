@@ -1,20 +1,142 @@
-//! The loxilb instances: a cache of the rules each one holds, health, and applying a diff.
+//! The loxilb instances: a cache of the rules each one holds, health, loxilb's limits, and
+//! applying a diff.
 //!
 //! Per-Service reconciles read the cache instead of listing loxilb each time; a full listing
 //! refreshes it at start-up, after an instance comes back, and at every drift check. All
 //! writes to one instance go through its lock, so a drift check and a reconcile never race
 //! on the same rules (loxilb serializes its config calls anyway, CONTRACT.md §1.1).
+//!
+//! Rule state is not replicated between loxilb instances (CONTRACT.md §4): each instance is
+//! programmed, probed and repaired on its own.
+//!
+//! ## loxilb's limits (CONTRACT.md §5)
+//!
+//! loxilb refuses the rule after its table is full (403 `rule-hwm error`), and refuses
+//! `allowedSources` on a rule whose internal index is above 28 (400 `rule-allowed-src
+//! error`). Neither is worth retrying until something changes on that instance, so the cache
+//! is used to see them coming and a new rule is not POSTed when it would hit one:
+//!
+//! - **Capacity**: the instance holds `held` rules (every rule it listed, whoever owns it,
+//!   plus what we created since); a Service's new rules are created only if all of them fit
+//!   under the capacity (2048 by default, [`Fleet::set_capacity`]). A Service is never left
+//!   half-created by the limit: if loxilb still answers 403 (its table is smaller than
+//!   configured, or someone else filled it since our last listing), the rules of that Service
+//!   created in the same pass are deleted again, and the capacity learned from the refusal
+//!   (the number of rules loxilb then lists) is used until the instance restarts.
+//! - **Source ranges**: loxilb allocates indexes 1, 2, 3, ... and reuses freed ones last-in
+//!   first-out, and never shows them. The index a new rule gets is *estimated* as `held + 1`
+//!   (`held + k` for the k-th new rule of a Service, rules with source ranges first). That is
+//!   exact while the index space has no holes (nothing was deleted since loxilb started, or
+//!   every freed index was reused). With holes it can be wrong both ways: too pessimistic
+//!   when a low index is free (loxilb would have reused it), too optimistic when the latest
+//!   freed index is above 28. The second case is caught by loxilb's own 400, which is
+//!   reported the same way.
+//!
+//! A rule refused for a limit (predicted or answered) is remembered with the exact rule sent
+//! and not sent again unchanged until room frees on that instance (a rule deleted there, a
+//! listing showing fewer rules, a restart). Services waiting for room register a requeue
+//! sender and are woken then, so a full instance costs no calls and no retry storm.
 
 use std::collections::{HashMap, HashSet};
+use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Instant;
 
+use k8s_openapi::api::core::v1::Service;
+use kube::runtime::reflector::ObjectRef;
 use loxi_domain::{Action, ClusterId, Rule, RuleKey, RuleName, diff_rules};
 use loxilb_client::convert::{from_entry, to_entry};
 use loxilb_client::{ClientError, LoxilbClient};
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, mpsc};
+use tracing::{debug, info, warn};
 
 use crate::metrics::Metrics;
+
+/// loxilb's rule table: internal indexes 1..=2048, the next rule is refused with 403
+/// `rule-hwm error` (CONTRACT.md §5).
+pub const DEFAULT_CAPACITY: usize = 2048;
+
+/// loxilb installs `allowedSources` only on rules with an internal index up to this
+/// (CONTRACT.md §2.2, §5).
+pub const MAX_ALLOWED_SOURCES_INDEX: usize = 28;
+
+/// Condition reason / Event reason for [`Blocked::Capacity`]; the same as
+/// `ClientError::Capacity`'s category, so a raw 403 and a predicted one read alike.
+pub const REASON_CAPACITY: &str = "CapacityExceeded";
+/// Condition reason / Event reason for [`Blocked::SourceRanges`].
+pub const REASON_SOURCE_RANGES: &str = "SourceRangesUnsupported";
+
+/// Where Services waiting for room on an instance are sent when room frees.
+pub type Requeue = mpsc::UnboundedSender<ObjectRef<Service>>;
+
+/// Why some of a Service's rules are not on an instance: one of loxilb's limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Blocked {
+    /// The Service's new rules do not all fit in the instance's rule table.
+    Capacity {
+        /// Rules the instance holds (all owners).
+        held: usize,
+        /// Rules the Service still needs there.
+        new: usize,
+        capacity: usize,
+        /// loxilb answered 403 (else: predicted, nothing was sent).
+        refused: bool,
+    },
+    /// A rule with source ranges would not get one of the first 28 indexes.
+    SourceRanges {
+        key: RuleKey,
+        /// The estimated index (see the module documentation); `None` when loxilb refused.
+        index: Option<usize>,
+    },
+}
+
+impl Blocked {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Blocked::Capacity { .. } => REASON_CAPACITY,
+            Blocked::SourceRanges { .. } => REASON_SOURCE_RANGES,
+        }
+    }
+}
+
+impl fmt::Display for Blocked {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Blocked::Capacity {
+                held,
+                new,
+                capacity,
+                refused,
+            } => {
+                if *refused {
+                    write!(
+                        f,
+                        "loxilb refused a new rule: its rule table is full ({held} rules, rule-hwm)"
+                    )?;
+                } else {
+                    write!(
+                        f,
+                        "{new} new rule(s) do not fit: it holds {held} of {capacity} rules"
+                    )?;
+                }
+                f.write_str("; programmed when rules are deleted there")
+            }
+            Blocked::SourceRanges { key, index } => {
+                write!(
+                    f,
+                    "{key} has loadBalancerSourceRanges, which loxilb applies only to its first \
+                     {MAX_ALLOWED_SOURCES_INDEX} rules"
+                )?;
+                match index {
+                    Some(i) => write!(f, "; it would be about rule {i}")?,
+                    None => f.write_str("; loxilb refused it (rule-allowed-src)")?,
+                }
+                f.write_str("; retried when rules are deleted there")
+            }
+        }
+    }
+}
 
 /// What the controller knows an instance holds.
 #[derive(Debug, Default)]
@@ -22,21 +144,133 @@ struct Holdings {
     /// False until the first successful listing, and again after a transport failure.
     known: bool,
     rules: HashMap<RuleKey, Rule>,
+    /// Listed rules not in `rules` (host or port-range rules, several rules on one key): they
+    /// take room in loxilb's table too.
+    uncounted: usize,
+    /// The capacity loxilb showed by refusing a rule (403 `rule-hwm`), until it restarts.
+    learned_capacity: Option<usize>,
+    /// Rules refused for a limit, exactly as sent: not sent again unchanged until room frees.
+    refused: HashMap<RuleKey, (Rule, Blocked)>,
+    /// Services waiting for room here.
+    waiters: HashMap<ObjectRef<Service>, Requeue>,
+}
+
+impl Holdings {
+    fn held(&self) -> usize {
+        self.rules.len() + self.uncounted
+    }
+
+    /// Room freed (a rule deleted, a restart): limits hit before may pass now.
+    fn room_freed(&mut self) {
+        self.refused.clear();
+        for (svc, tx) in self.waiters.drain() {
+            let _ = tx.send(svc);
+        }
+    }
+}
+
+/// What one liveness probe found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Probe {
+    /// Up, as before, holding what we believe.
+    Up,
+    /// Down, as before.
+    Down,
+    /// Up before, down now.
+    WentDown,
+    /// Down before (or never probed), up now: it may have restarted empty.
+    CameBack,
+    /// Up, but rules of ours we know it held are gone (restarted between two probes, or
+    /// deleted behind our back).
+    LostRules { missing: usize },
+}
+
+impl Probe {
+    /// The instance needs every rule replayed.
+    pub fn needs_replay(self) -> bool {
+        matches!(self, Probe::CameBack | Probe::LostRules { .. })
+    }
+
+    /// Services' Programmed conditions (which name unreachable instances) are stale.
+    pub fn changes_status(self) -> bool {
+        matches!(
+            self,
+            Probe::WentDown | Probe::CameBack | Probe::LostRules { .. }
+        )
+    }
 }
 
 pub struct Instance {
     pub client: LoxilbClient,
     healthy: AtomicBool,
+    /// Whether its state is known (a probe ran, or a call failed): until then it is used as
+    /// if healthy, so that neither programming nor a finalizer skips it at start-up.
+    probed: AtomicBool,
+    /// A failed call (not the probe) marked the instance down: the next probe still reports
+    /// the transition, so Services get re-evaluated.
+    down_unannounced: AtomicBool,
+    capacity: AtomicUsize,
     holdings: Mutex<Holdings>,
 }
 
-/// The outcome of applying one Service's rules to one instance.
+/// The outcome of applying rules to one instance. Only transport failures (the instance is
+/// gone) abort an apply; everything else is reported here and the other rules still go in.
 #[derive(Debug, Default)]
 pub struct ApplyReport {
-    /// Calls made (0 when the instance already held exactly the desired rules).
+    /// Rules created, changed or deleted (0 when the instance already held exactly the
+    /// desired rules; a rule created and taken back in the same pass does not count).
     pub changes: usize,
     /// Keys held by rules this cluster does not own.
     pub conflicts: Vec<(RuleKey, String)>,
+    /// Rules held back by one of loxilb's limits (one entry per Service and limit).
+    pub blocked: Vec<Blocked>,
+    /// Calls loxilb refused or failed for any other reason.
+    pub failed: Vec<(RuleKey, ClientError)>,
+}
+
+impl ApplyReport {
+    /// The instance holds everything asked for.
+    pub fn complete(&self) -> bool {
+        self.conflicts.is_empty() && self.blocked.is_empty() && self.failed.is_empty()
+    }
+}
+
+fn is_transport(e: &ClientError) -> bool {
+    matches!(
+        e,
+        ClientError::Unreachable { .. } | ClientError::Timeout { .. }
+    )
+}
+
+/// Which limit a loxilb refusal is, if any (CONTRACT.md §1.4: the raw loxilb string).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Limit {
+    Capacity,
+    SourceRanges,
+}
+
+fn limit_of(e: &ClientError) -> Option<Limit> {
+    match e {
+        // 403 also means "BGP disabled" or "BGP only mode": only the rule table counts here.
+        ClientError::Capacity { message, .. } if message.to_ascii_lowercase().contains("hwm") => {
+            Some(Limit::Capacity)
+        }
+        // Our source ranges are always valid CIDRs (the planner parses them), so this is the
+        // index limit, not a malformed prefix.
+        ClientError::Rejected { message, .. }
+            if message.to_ascii_lowercase().contains("rule-allowed-src") =>
+        {
+            Some(Limit::SourceRanges)
+        }
+        _ => None,
+    }
+}
+
+/// How a single POST ended.
+enum Posted {
+    Done,
+    Blocked,
+    Failed,
 }
 
 impl Instance {
@@ -44,6 +278,9 @@ impl Instance {
         Instance {
             client,
             healthy: AtomicBool::new(false),
+            probed: AtomicBool::new(false),
+            down_unannounced: AtomicBool::new(false),
+            capacity: AtomicUsize::new(DEFAULT_CAPACITY),
             holdings: Mutex::new(Holdings::default()),
         }
     }
@@ -52,34 +289,130 @@ impl Instance {
         self.client.url()
     }
 
+    /// Not known to be down: reachable at the last probe, or not probed yet.
     pub fn is_healthy(&self) -> bool {
-        self.healthy.load(Ordering::Relaxed)
+        self.healthy.load(Ordering::SeqCst) || !self.probed.load(Ordering::SeqCst)
     }
 
     /// Records a liveness result; returns true on a down -> up transition.
     pub fn set_healthy(&self, up: bool) -> bool {
-        let was = self.healthy.swap(up, Ordering::Relaxed);
+        self.probed.store(true, Ordering::SeqCst);
+        let was = self.healthy.swap(up, Ordering::SeqCst);
         up && !was
     }
 
-    /// Number of rules the instance is known to hold.
-    pub async fn rule_count(&self) -> usize {
-        self.holdings.lock().await.rules.len()
+    /// The configured rule-table size.
+    pub fn capacity(&self) -> usize {
+        self.capacity.load(Ordering::Relaxed)
     }
 
-    async fn refresh(&self, h: &mut Holdings) -> Result<(), ClientError> {
-        let entries = self.client.list_rules().await?;
-        h.rules = entries
+    pub fn set_capacity(&self, capacity: usize) {
+        self.capacity.store(capacity.max(1), Ordering::Relaxed);
+    }
+
+    /// Number of rules the instance is known to hold (all owners).
+    pub async fn rule_count(&self) -> usize {
+        self.holdings.lock().await.held()
+    }
+
+    /// Liveness probe (`GET /version`, CONTRACT.md §3.4) and, while up, a check that the
+    /// instance still holds what we believe: a loxilb that restarted between two probes
+    /// answers as if nothing happened, but comes back empty (CONTRACT.md §4).
+    pub async fn probe(&self, cluster: &ClusterId, metrics: &Metrics) -> Probe {
+        let up = self.client.version().await.is_ok();
+        metrics.set_up(self.url(), up);
+        self.probed.store(true, Ordering::SeqCst);
+        let was = self.healthy.swap(up, Ordering::SeqCst);
+        let unannounced = self.down_unannounced.swap(false, Ordering::SeqCst);
+        if !up {
+            if was || unannounced {
+                warn!(
+                    instance = self.url(),
+                    "loxilb unreachable: Services are partially programmed until it is back"
+                );
+                return Probe::WentDown;
+            }
+            return Probe::Down;
+        }
+        let mut h = self.holdings.lock().await;
+        if !was {
+            // Whatever it held may be gone, and it may run with another configuration: list
+            // before trusting anything, and let waiting Services try again.
+            h.known = false;
+            h.learned_capacity = None;
+            h.room_freed();
+            info!(instance = self.url(), "loxilb reachable: replaying rules");
+            metrics.replayed(self.url(), "came_back");
+            return Probe::CameBack;
+        }
+        if !h.known || h.rules.is_empty() {
+            return Probe::Up;
+        }
+        let Ok((listed, uncounted)) = self.list(metrics).await else {
+            // The next probe (or the next apply) decides whether it is down.
+            return Probe::Up;
+        };
+        let before = h.held();
+        // Only our rules count: other owners delete theirs as they please.
+        let missing = h
+            .rules
+            .iter()
+            .filter(|(k, r)| !listed.contains_key(k) && RuleName::is_owned_by(&r.name, cluster))
+            .count();
+        h.rules = listed;
+        h.uncounted = uncounted;
+        metrics.set_rules(self.url(), h.held());
+        if missing == 0 {
+            if h.held() < before {
+                h.room_freed();
+            }
+            return Probe::Up;
+        }
+        warn!(
+            instance = self.url(),
+            missing, "loxilb lost rules (restart?): replaying"
+        );
+        h.learned_capacity = None;
+        h.room_freed();
+        metrics.replayed(self.url(), "lost_rules");
+        Probe::LostRules { missing }
+    }
+
+    async fn list(
+        &self,
+        metrics: &Metrics,
+    ) -> Result<(HashMap<RuleKey, Rule>, usize), ClientError> {
+        let started = Instant::now();
+        let result = self.client.list_rules().await;
+        metrics.loxilb_call(self.url(), "list", started.elapsed(), result.as_ref().err());
+        let entries = result?;
+        let rules: HashMap<RuleKey, Rule> = entries
             .iter()
             .filter_map(from_entry)
             .map(|r| (r.key, r))
             .collect();
+        let uncounted = entries.len().saturating_sub(rules.len());
+        Ok((rules, uncounted))
+    }
+
+    async fn refresh(&self, h: &mut Holdings, metrics: &Metrics) -> Result<(), ClientError> {
+        let before = h.known.then(|| h.held());
+        let (rules, uncounted) = self.list(metrics).await?;
+        h.rules = rules;
+        h.uncounted = uncounted;
         h.known = true;
+        if before.is_some_and(|b| h.held() < b) {
+            // Deleted by someone else, or a restart: room for those waiting.
+            h.room_freed();
+        }
+        metrics.set_rules(self.url(), h.held());
         Ok(())
     }
 
     /// Makes the instance hold exactly `desired` for the Service `namespace/name`: rules of
-    /// that Service not in `desired` are deleted, others are never touched.
+    /// that Service not in `desired` are deleted, others are never touched. When a limit
+    /// holds some rules back and `requeue` is given, the Service is sent there once room
+    /// frees on this instance.
     pub async fn apply_service(
         &self,
         cluster: &ClusterId,
@@ -87,6 +420,7 @@ impl Instance {
         name: &str,
         desired: &[Rule],
         metrics: &Metrics,
+        requeue: Option<&Requeue>,
     ) -> Result<ApplyReport, ClientError> {
         let mut h = self.holdings.lock().await;
         let result = self
@@ -96,27 +430,41 @@ impl Instance {
                 })
             })
             .await;
+        // Registered under the same lock that frees room, so a wake-up is never missed.
+        let svc = ObjectRef::<Service>::new(name).within(namespace);
+        match (&result, requeue) {
+            (Ok(report), Some(tx)) if !report.blocked.is_empty() => {
+                h.waiters.insert(svc, tx.clone());
+            }
+            _ => {
+                h.waiters.remove(&svc);
+            }
+        }
         self.note_failure(&mut h, &result);
         result
     }
 
     /// Drift check: lists what the instance holds and converges it to `desired` (all
-    /// Services). Owned rules of Services in `keep` are left alone even when not desired
+    /// Services). Only rules this cluster owns, of Services in `namespace` (all when `None`:
+    /// a replica watching one namespace must not take other namespaces' rules for orphans)
+    /// are deleted. Owned rules of Services in `keep` are left alone even when not desired
     /// (their Service has an error and keeps its existing rules until fixed).
     pub async fn converge_all(
         &self,
         cluster: &ClusterId,
+        namespace: Option<&str>,
         desired: &[Rule],
         keep: &HashSet<(String, String)>,
         metrics: &Metrics,
     ) -> Result<ApplyReport, ClientError> {
         let mut h = self.holdings.lock().await;
-        let refreshed = self.refresh(&mut h).await;
+        let refreshed = self.refresh(&mut h, metrics).await;
         let result = match refreshed {
             Ok(()) => {
                 self.apply_locked(&mut h, cluster, desired, metrics, |rule| {
                     RuleName::parse(&rule.name).is_some_and(|n| {
                         n.cluster == cluster.as_str()
+                            && namespace.is_none_or(|ns| n.namespace == ns)
                             && !keep.contains(&(n.namespace.clone(), n.service.clone()))
                     })
                 })
@@ -124,11 +472,21 @@ impl Instance {
             }
             Err(e) => Err(e),
         };
+        if let Ok(report) = &result {
+            for (key, e) in &report.failed {
+                warn!(instance = self.url(), %key, error = %e, "drift repair refused");
+            }
+            for b in &report.blocked {
+                // Reported on the Service by its own reconcile.
+                debug!(instance = self.url(), "drift repair held back: {b}");
+            }
+        }
         self.note_failure(&mut h, &result);
         result
     }
 
-    /// Deletes every rule this cluster owns for `namespace/name`.
+    /// Deletes every rule this cluster owns for `namespace/name`. Fails if any could not be
+    /// deleted (the caller keeps its finalizer and retries with backoff).
     pub async fn remove_service(
         &self,
         cluster: &ClusterId,
@@ -136,21 +494,32 @@ impl Instance {
         name: &str,
         metrics: &Metrics,
     ) -> Result<ApplyReport, ClientError> {
-        self.apply_service(cluster, namespace, name, &[], metrics)
-            .await
+        let mut report = self
+            .apply_service(cluster, namespace, name, &[], metrics, None)
+            .await?;
+        match report.failed.pop() {
+            Some((_, e)) => Err(e),
+            None => Ok(report),
+        }
     }
 
     fn note_failure<T>(&self, h: &mut Holdings, result: &Result<T, ClientError>) {
         if let Err(e) = result
-            && matches!(
-                e,
-                ClientError::Unreachable { .. } | ClientError::Timeout { .. }
-            )
+            && is_transport(e)
         {
             // We no longer know what it holds (it may come back empty): list before next use.
             h.known = false;
-            self.healthy.store(false, Ordering::Relaxed);
+            self.probed.store(true, Ordering::SeqCst);
+            if self.healthy.swap(false, Ordering::SeqCst) {
+                self.down_unannounced.store(true, Ordering::SeqCst);
+            }
         }
+    }
+
+    /// The capacity in force: configured, or lower when loxilb showed it.
+    fn effective_capacity(&self, h: &Holdings) -> usize {
+        h.learned_capacity
+            .map_or(self.capacity(), |l| l.min(self.capacity()))
     }
 
     async fn apply_locked(
@@ -162,7 +531,7 @@ impl Instance {
         in_scope: impl Fn(&Rule) -> bool,
     ) -> Result<ApplyReport, ClientError> {
         if !h.known {
-            self.refresh(h).await?;
+            self.refresh(h, metrics).await?;
         }
         let wanted: HashSet<RuleKey> = desired.iter().map(|r| r.key).collect();
         // The diff sees this scope's rules plus whatever sits on the keys we want.
@@ -177,37 +546,233 @@ impl Instance {
             owned(r) && (in_scope(r) || wanted.contains(&r.key))
         });
         let mut report = ApplyReport::default();
+        let mut deletes = Vec::new();
+        let mut changes = Vec::new();
+        let mut creates = Vec::new();
         for action in actions {
             match action {
-                Action::Create(rule) | Action::Update(rule) => {
-                    self.post(&rule, metrics).await?;
-                    h.rules.insert(rule.key, rule);
-                    report.changes += 1;
-                }
-                Action::Recreate(rule) => {
-                    self.delete(&rule.key, metrics).await?;
-                    h.rules.remove(&rule.key);
-                    self.post(&rule, metrics).await?;
-                    h.rules.insert(rule.key, rule);
-                    report.changes += 1;
-                }
-                Action::Delete(rule) => {
-                    self.delete(&rule.key, metrics).await?;
-                    h.rules.remove(&rule.key);
-                    report.changes += 1;
-                }
+                Action::Delete(rule) => deletes.push(rule),
+                Action::Create(rule) => creates.push(rule),
+                a @ (Action::Update(_) | Action::Recreate(_)) => changes.push(a),
                 Action::Conflict {
                     wanted,
                     foreign_name,
                 } => report.conflicts.push((wanted.key, foreign_name)),
             }
         }
-        metrics.set_rules(self.url(), h.rules.len());
-        Ok(report)
+        let result = self
+            .run_actions(h, deletes, changes, creates, metrics, &mut report)
+            .await;
+        metrics.set_rules(self.url(), h.held());
+        metrics.set_capacity(self.url(), self.effective_capacity(h));
+        result.map(|()| report)
+    }
+
+    async fn run_actions(
+        &self,
+        h: &mut Holdings,
+        deletes: Vec<Rule>,
+        changes: Vec<Action>,
+        creates: Vec<Rule>,
+        metrics: &Metrics,
+        report: &mut ApplyReport,
+    ) -> Result<(), ClientError> {
+        // Deletes first: they make room for what is created below.
+        let mut freed = false;
+        for rule in deletes {
+            match self.delete(&rule.key, metrics).await {
+                Ok(()) => {
+                    h.rules.remove(&rule.key);
+                    report.changes += 1;
+                    freed = true;
+                }
+                Err(e) if is_transport(&e) => {
+                    if freed {
+                        h.room_freed();
+                    }
+                    return Err(e);
+                }
+                Err(e) => report.failed.push((rule.key, e)),
+            }
+        }
+        if freed {
+            h.room_freed();
+        }
+        for action in changes {
+            match action {
+                Action::Update(rule) => {
+                    self.post_checked(h, rule, metrics, report).await?;
+                }
+                Action::Recreate(rule) => {
+                    // loxilb reuses the index just freed (LIFO), so this needs no new room.
+                    match self.delete(&rule.key, metrics).await {
+                        Ok(()) => {
+                            h.rules.remove(&rule.key);
+                        }
+                        Err(e) if is_transport(&e) => return Err(e),
+                        Err(e) => {
+                            report.failed.push((rule.key, e));
+                            continue;
+                        }
+                    }
+                    self.post_checked(h, rule, metrics, report).await?;
+                }
+                _ => {}
+            }
+        }
+        // New rules, one Service at a time: each Service gets all its new rules or none.
+        let mut groups: Vec<(String, Vec<Rule>)> = Vec::new();
+        for rule in creates {
+            let owner = RuleName::parse(&rule.name).map_or_else(
+                || rule.name.clone(),
+                |n| format!("{}/{}", n.namespace, n.service),
+            );
+            match groups.iter_mut().find(|(o, _)| *o == owner) {
+                Some((_, g)) => g.push(rule),
+                None => groups.push((owner, vec![rule])),
+            }
+        }
+        for (_, mut group) in groups {
+            // Rules with source ranges first: they need the low indexes.
+            group.sort_by_key(|r| r.allowed_sources.is_empty());
+            if let Some(b) = self.check_limits(h, &group) {
+                metrics.limit_hit(self.url(), b.reason());
+                report.blocked.push(b);
+                continue;
+            }
+            let mut created = Vec::new();
+            let mut blocked = false;
+            for rule in group {
+                let key = rule.key;
+                match self.post_checked(h, rule, metrics, report).await? {
+                    Posted::Done => created.push(key),
+                    Posted::Blocked => {
+                        blocked = true;
+                        break;
+                    }
+                    Posted::Failed => {}
+                }
+            }
+            if blocked {
+                self.roll_back(h, created, metrics, report).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether a Service's new rules would hit a limit; nothing is sent then.
+    fn check_limits(&self, h: &Holdings, group: &[Rule]) -> Option<Blocked> {
+        let held = h.held();
+        let capacity = self.effective_capacity(h);
+        if held + group.len() > capacity {
+            return Some(Blocked::Capacity {
+                held,
+                new: group.len(),
+                capacity,
+                refused: false,
+            });
+        }
+        for (i, rule) in group.iter().enumerate() {
+            if let Some((sent, why)) = h.refused.get(&rule.key)
+                && sent == rule
+            {
+                return Some(why.clone());
+            }
+            let index = held + i + 1;
+            if !rule.allowed_sources.is_empty() && index > MAX_ALLOWED_SOURCES_INDEX {
+                return Some(Blocked::SourceRanges {
+                    key: rule.key,
+                    index: Some(index),
+                });
+            }
+        }
+        None
+    }
+
+    /// POSTs one rule, unless loxilb refused exactly this rule for a limit and no room freed
+    /// since. A refusal for a limit is remembered and reported; only transport failures
+    /// abort.
+    async fn post_checked(
+        &self,
+        h: &mut Holdings,
+        rule: Rule,
+        metrics: &Metrics,
+        report: &mut ApplyReport,
+    ) -> Result<Posted, ClientError> {
+        if let Some((sent, why)) = h.refused.get(&rule.key)
+            && *sent == rule
+        {
+            report.blocked.push(why.clone());
+            return Ok(Posted::Blocked);
+        }
+        match self.post(&rule, metrics).await {
+            Ok(()) => {
+                h.rules.insert(rule.key, rule);
+                report.changes += 1;
+                Ok(Posted::Done)
+            }
+            Err(e) if is_transport(&e) => Err(e),
+            Err(e) => match limit_of(&e) {
+                Some(limit) => {
+                    let why = match limit {
+                        Limit::Capacity => {
+                            // Our count was off (a smaller table, or rules added by someone
+                            // else): learn the real size from what loxilb holds now.
+                            self.refresh(h, metrics).await?;
+                            h.learned_capacity = Some(h.held());
+                            Blocked::Capacity {
+                                held: h.held(),
+                                new: 1,
+                                capacity: h.held(),
+                                refused: true,
+                            }
+                        }
+                        Limit::SourceRanges => Blocked::SourceRanges {
+                            key: rule.key,
+                            index: None,
+                        },
+                    };
+                    warn!(instance = self.url(), key = %rule.key, "{why}");
+                    metrics.limit_hit(self.url(), why.reason());
+                    h.refused.insert(rule.key, (rule, why.clone()));
+                    report.blocked.push(why);
+                    Ok(Posted::Blocked)
+                }
+                None => {
+                    report.failed.push((rule.key, e));
+                    Ok(Posted::Failed)
+                }
+            },
+        }
+    }
+
+    /// Deletes rules created for a Service whose other new rules a limit held back, so that
+    /// a Service is never half-programmed by a limit and takes no room it cannot use.
+    async fn roll_back(
+        &self,
+        h: &mut Holdings,
+        created: Vec<RuleKey>,
+        metrics: &Metrics,
+        report: &mut ApplyReport,
+    ) -> Result<(), ClientError> {
+        for key in created {
+            match self.delete(&key, metrics).await {
+                Ok(()) => {
+                    h.rules.remove(&key);
+                    report.changes = report.changes.saturating_sub(1);
+                }
+                Err(e) if is_transport(&e) => return Err(e),
+                Err(e) => {
+                    warn!(instance = self.url(), %key, error = %e, "could not roll back a rule");
+                    report.failed.push((key, e));
+                }
+            }
+        }
+        Ok(())
     }
 
     async fn post(&self, rule: &Rule, metrics: &Metrics) -> Result<(), ClientError> {
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         let result = self.client.apply_rule(&to_entry(rule)).await;
         metrics.loxilb_call(
             self.url(),
@@ -219,7 +784,7 @@ impl Instance {
     }
 
     async fn delete(&self, key: &RuleKey, metrics: &Metrics) -> Result<(), ClientError> {
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         let result = self
             .client
             .delete_rule(
@@ -243,12 +808,320 @@ impl Instance {
 #[derive(Clone)]
 pub struct Fleet {
     pub instances: Arc<Vec<Instance>>,
+    /// The programming problem each Service was last warned about (see [`Fleet::first_warning`]).
+    warned: Arc<std::sync::Mutex<HashMap<ObjectRef<Service>, String>>>,
 }
 
 impl Fleet {
     pub fn new(clients: Vec<LoxilbClient>) -> Fleet {
-        Fleet {
+        Fleet::with_capacity(clients, DEFAULT_CAPACITY)
+    }
+
+    /// Instances whose rule tables hold `capacity` rules (loxilb's is 2048 unless built
+    /// otherwise).
+    pub fn with_capacity(clients: Vec<LoxilbClient>, capacity: usize) -> Fleet {
+        let fleet = Fleet {
             instances: Arc::new(clients.into_iter().map(Instance::new).collect()),
+            warned: Arc::default(),
+        };
+        fleet.set_capacity(capacity);
+        fleet
+    }
+
+    /// Sets every instance's rule-table size.
+    pub fn set_capacity(&self, capacity: usize) {
+        for inst in self.instances.iter() {
+            inst.set_capacity(capacity);
         }
+    }
+
+    /// Records the programming problem `svc` has now (`None`: none) and says whether it is
+    /// new, i.e. worth a Warning Event. Kept in memory because the Service a reconcile reads
+    /// may not show the condition written by the previous pass yet (a status write that lost
+    /// a race is retried), and one problem must make one Event, not one per pass.
+    /// `exists` prunes entries of deleted Services once the map grows.
+    pub fn first_warning(
+        &self,
+        svc: &ObjectRef<Service>,
+        problem: Option<&str>,
+        exists: impl Fn(&ObjectRef<Service>) -> bool,
+    ) -> bool {
+        let Ok(mut warned) = self.warned.lock() else {
+            return true;
+        };
+        let Some(reason) = problem else {
+            warned.remove(svc);
+            return false;
+        };
+        if warned.get(svc).is_some_and(|r| r == reason) {
+            return false;
+        }
+        if warned.len() >= 1024 {
+            warned.retain(|k, _| exists(k));
+        }
+        warned.insert(svc.clone(), reason.to_string());
+        true
+    }
+
+    /// Probes every instance at once: one that times out must not delay noticing that
+    /// another restarted. In instance order.
+    pub async fn probe_all(&self, cluster: &ClusterId, metrics: &Metrics) -> Vec<Probe> {
+        futures::future::join_all(self.instances.iter().map(|i| i.probe(cluster, metrics))).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use loxi_domain::model::Probe as RuleProbe;
+    use loxi_domain::{Endpoint, EndpointSelection, NatMode, Protocol};
+    use loxilb_client::ClientConfig;
+    use loxilb_sim::{SimConfig, Simulator};
+
+    fn cluster() -> ClusterId {
+        ClusterId::new("unit").unwrap()
+    }
+
+    fn rule(svc: &str, ip: &str, port: u16, sources: &[&str]) -> Rule {
+        Rule {
+            key: RuleKey {
+                ip: ip.parse().unwrap(),
+                port,
+                protocol: Protocol::Tcp,
+            },
+            name: RuleName::new(&cluster(), "ns", svc, port, Protocol::Tcp).to_string(),
+            mode: NatMode::Default,
+            selection: EndpointSelection::RoundRobin,
+            endpoints: vec![Endpoint {
+                ip: "10.0.0.1".parse().unwrap(),
+                target_port: 30000,
+                weight: 1,
+            }],
+            monitor: false,
+            managed: true,
+            probe: RuleProbe::default(),
+            inactive_timeout: 0,
+            proxy_protocol_v2: false,
+            allowed_sources: sources.iter().map(|s| s.parse().unwrap()).collect(),
+            secondary_ips: vec![],
+        }
+    }
+
+    async fn sim(max_rules: usize) -> (Simulator, Instance) {
+        let sim = Simulator::start(
+            "127.0.0.1:0".parse().unwrap(),
+            SimConfig {
+                max_rules,
+                ..SimConfig::default()
+            },
+        )
+        .await
+        .unwrap();
+        let client = LoxilbClient::new(ClientConfig::new(&sim.url())).unwrap();
+        let inst = Instance::new(client);
+        (sim, inst)
+    }
+
+    #[tokio::test]
+    async fn configured_capacity_holds_rules_back_without_calls() {
+        let (sim, inst) = sim(2048).await;
+        inst.set_capacity(3);
+        let m = Metrics::new();
+        let c = cluster();
+        let a = [
+            rule("a", "192.0.2.1", 80, &[]),
+            rule("a", "192.0.2.1", 81, &[]),
+        ];
+        let b = [
+            rule("b", "192.0.2.2", 80, &[]),
+            rule("b", "192.0.2.2", 81, &[]),
+        ];
+        let r = inst
+            .apply_service(&c, "ns", "a", &a, &m, None)
+            .await
+            .unwrap();
+        assert!(r.complete() && r.changes == 2, "{r:?}");
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let calls = sim.request_count();
+        let r = inst
+            .apply_service(&c, "ns", "b", &b, &m, Some(&tx))
+            .await
+            .unwrap();
+        assert_eq!(r.changes, 0);
+        assert!(
+            matches!(
+                r.blocked[..],
+                [Blocked::Capacity {
+                    held: 2,
+                    new: 2,
+                    capacity: 3,
+                    refused: false
+                }]
+            ),
+            "{r:?}"
+        );
+        assert_eq!(
+            sim.request_count(),
+            calls,
+            "nothing sent to a full instance"
+        );
+        assert_eq!(sim.rules().len(), 2);
+        assert!(rx.try_recv().is_err());
+        // Room frees: b is woken, and then fits.
+        inst.remove_service(&c, "ns", "a", &m).await.unwrap();
+        assert_eq!(rx.try_recv().unwrap().name, "b");
+        let r = inst
+            .apply_service(&c, "ns", "b", &b, &m, Some(&tx))
+            .await
+            .unwrap();
+        assert!(r.complete() && r.changes == 2, "{r:?}");
+    }
+
+    #[tokio::test]
+    async fn refused_capacity_rolls_back_and_is_learned() {
+        let (sim, inst) = sim(3).await;
+        let m = Metrics::new();
+        let c = cluster();
+        let a = [
+            rule("a", "192.0.2.1", 80, &[]),
+            rule("a", "192.0.2.1", 81, &[]),
+        ];
+        let b = [
+            rule("b", "192.0.2.2", 80, &[]),
+            rule("b", "192.0.2.2", 81, &[]),
+        ];
+        inst.apply_service(&c, "ns", "a", &a, &m, None)
+            .await
+            .unwrap();
+        let r = inst
+            .apply_service(&c, "ns", "b", &b, &m, None)
+            .await
+            .unwrap();
+        assert!(
+            matches!(r.blocked[..], [Blocked::Capacity { refused: true, .. }]),
+            "{r:?}"
+        );
+        // b's first rule went in and came out again: a half Service takes no room.
+        assert_eq!(sim.rules().len(), 2);
+        let calls = sim.request_count();
+        let r = inst
+            .apply_service(&c, "ns", "b", &b, &m, None)
+            .await
+            .unwrap();
+        assert!(
+            matches!(
+                r.blocked[..],
+                [Blocked::Capacity {
+                    capacity: 3,
+                    refused: false,
+                    ..
+                }]
+            ),
+            "{r:?}"
+        );
+        assert_eq!(sim.request_count(), calls, "the learned capacity is used");
+        // A one-rule Service still fits.
+        let d = [rule("d", "192.0.2.4", 80, &[])];
+        let r = inst
+            .apply_service(&c, "ns", "d", &d, &m, None)
+            .await
+            .unwrap();
+        assert!(r.complete(), "{r:?}");
+        assert_eq!(sim.rules().len(), 3);
+    }
+
+    #[tokio::test]
+    async fn source_ranges_past_index_28_are_predicted_and_refusals_remembered() {
+        let (sim, inst) = sim(2048).await;
+        let m = Metrics::new();
+        let c = cluster();
+        let big: Vec<Rule> = (0..28)
+            .map(|i| rule("big", "192.0.2.1", 1000 + i, &[]))
+            .collect();
+        inst.apply_service(&c, "ns", "big", &big, &m, None)
+            .await
+            .unwrap();
+        let calls = sim.request_count();
+        let src = [rule("src", "192.0.2.2", 80, &["198.51.100.0/24"])];
+        let r = inst
+            .apply_service(&c, "ns", "src", &src, &m, None)
+            .await
+            .unwrap();
+        assert!(
+            matches!(
+                r.blocked[..],
+                [Blocked::SourceRanges {
+                    index: Some(29),
+                    ..
+                }]
+            ),
+            "{r:?}"
+        );
+        assert_eq!(sim.request_count(), calls);
+        // A rule without source ranges is not affected.
+        let plain = [rule("plain", "192.0.2.3", 80, &[])];
+        let r = inst
+            .apply_service(&c, "ns", "plain", &plain, &m, None)
+            .await
+            .unwrap();
+        assert!(r.complete());
+
+        // Holes above 28 fool the estimate: loxilb's 400 is reported the same way, once.
+        inst.remove_service(&c, "ns", "big", &m).await.unwrap();
+        let filler: Vec<Rule> = (0..27)
+            .map(|i| rule("filler", "192.0.2.5", 2000 + i, &[]))
+            .collect();
+        // plain holds index 29 and 1..=28 are free: filler takes 27 of them, then plain's 29
+        // is the latest freed, so loxilb hands it out next although the count says 28.
+        inst.apply_service(&c, "ns", "filler", &filler, &m, None)
+            .await
+            .unwrap();
+        inst.remove_service(&c, "ns", "plain", &m).await.unwrap();
+        let r = inst
+            .apply_service(&c, "ns", "src", &src, &m, None)
+            .await
+            .unwrap();
+        assert!(
+            matches!(r.blocked[..], [Blocked::SourceRanges { index: None, .. }]),
+            "{r:?}"
+        );
+        let calls = sim.request_count();
+        let r = inst
+            .apply_service(&c, "ns", "src", &src, &m, None)
+            .await
+            .unwrap();
+        assert!(!r.blocked.is_empty());
+        assert_eq!(sim.request_count(), calls, "a refusal is not repeated");
+    }
+
+    #[tokio::test]
+    async fn probe_sees_a_restart_between_two_probes() {
+        let (sim, inst) = sim(2048).await;
+        let m = Metrics::new();
+        let c = cluster();
+        assert_eq!(inst.probe(&c, &m).await, Probe::CameBack);
+        inst.apply_service(&c, "ns", "a", &[rule("a", "192.0.2.1", 80, &[])], &m, None)
+            .await
+            .unwrap();
+        assert_eq!(inst.probe(&c, &m).await, Probe::Up);
+        // Another owner's rule comes and goes: counted, but no reason to replay.
+        let mut foreign = rule("x", "192.0.2.9", 80, &[]);
+        foreign.name = "default_x:llb-inst0".into();
+        inst.client.apply_rule(&to_entry(&foreign)).await.unwrap();
+        assert_eq!(inst.probe(&c, &m).await, Probe::Up);
+        assert_eq!(inst.rule_count().await, 2);
+        inst.client
+            .delete_rule("192.0.2.9", 80, "tcp", false)
+            .await
+            .unwrap();
+        assert_eq!(inst.probe(&c, &m).await, Probe::Up);
+        assert_eq!(inst.rule_count().await, 1);
+        sim.restart();
+        assert_eq!(inst.probe(&c, &m).await, Probe::LostRules { missing: 1 });
+        sim.go_down().await;
+        assert_eq!(inst.probe(&c, &m).await, Probe::WentDown);
+        assert_eq!(inst.probe(&c, &m).await, Probe::Down);
+        sim.come_up().await.unwrap();
+        assert_eq!(inst.probe(&c, &m).await, Probe::CameBack);
     }
 }

@@ -30,6 +30,12 @@ pub struct CallLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct InstanceReasonLabels {
+    pub instance: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolLabels {
     pub pool: String,
     pub state: String,
@@ -48,6 +54,9 @@ pub struct Metrics {
     loxilb_call_seconds: Family<InstanceLabels, Histogram, fn() -> Histogram>,
     loxilb_up: Family<InstanceLabels, Gauge>,
     loxilb_rules: Family<InstanceLabels, Gauge>,
+    loxilb_capacity: Family<InstanceLabels, Gauge>,
+    loxilb_limit_hits: Family<InstanceReasonLabels, Counter>,
+    loxilb_replays: Family<InstanceReasonLabels, Counter>,
     pool_addresses: Family<PoolLabels, Gauge<i64, AtomicI64>>,
     endpoints_dropped: Gauge,
     leader: Gauge,
@@ -99,6 +108,27 @@ impl Metrics {
             "Load-balancer rules the instance is known to hold",
             loxilb_rules.clone(),
         );
+        let loxilb_capacity = Family::<InstanceLabels, Gauge>::default();
+        registry.register(
+            "loxilb_rule_capacity",
+            "Rules the instance can hold: the configured size, or less when loxilb refused \
+             a rule earlier (rule-hwm)",
+            loxilb_capacity.clone(),
+        );
+        let loxilb_limit_hits = Family::<InstanceReasonLabels, Counter>::default();
+        registry.register(
+            "loxilb_limit_hits",
+            "Services' new rules held back by a loxilb limit, predicted or refused by loxilb \
+             (reason CapacityExceeded or SourceRangesUnsupported)",
+            loxilb_limit_hits.clone(),
+        );
+        let loxilb_replays = Family::<InstanceReasonLabels, Counter>::default();
+        registry.register(
+            "loxilb_replays",
+            "Full replays of every rule to an instance, by cause (came_back: reachable again; \
+             lost_rules: it no longer held rules it had)",
+            loxilb_replays.clone(),
+        );
         let pool_addresses = Family::<PoolLabels, Gauge<i64, AtomicI64>>::default();
         registry.register(
             "pool_addresses",
@@ -126,6 +156,9 @@ impl Metrics {
             loxilb_call_seconds,
             loxilb_up,
             loxilb_rules,
+            loxilb_capacity,
+            loxilb_limit_hits,
+            loxilb_replays,
             pool_addresses,
             endpoints_dropped,
         }
@@ -169,6 +202,32 @@ impl Metrics {
                 instance: instance.to_string(),
             })
             .set(n as i64);
+    }
+
+    pub fn set_capacity(&self, instance: &str, n: usize) {
+        self.loxilb_capacity
+            .get_or_create(&InstanceLabels {
+                instance: instance.to_string(),
+            })
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    pub fn limit_hit(&self, instance: &str, reason: &str) {
+        self.loxilb_limit_hits
+            .get_or_create(&InstanceReasonLabels {
+                instance: instance.to_string(),
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn replayed(&self, instance: &str, reason: &str) {
+        self.loxilb_replays
+            .get_or_create(&InstanceReasonLabels {
+                instance: instance.to_string(),
+                reason: reason.to_string(),
+            })
+            .inc();
     }
 
     pub fn set_pool(&self, pool: &str, total: u128, used: usize) {

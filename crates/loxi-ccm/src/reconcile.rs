@@ -74,6 +74,7 @@ pub fn desired_rules_for(
     addresses: &[IpAddr],
 ) -> Result<Option<Plan>, Problem> {
     let intent = parse_intent(&svc.annotations().clone(), ctx.cfg.defaults)?;
+    status::IngressMode::from_annotation(svc)?;
     if addresses.is_empty() {
         return Ok(None);
     }
@@ -81,14 +82,27 @@ pub fn desired_rules_for(
     let ns = svc.namespace().unwrap_or_default();
     let name = svc.name_any();
     let slices = ctx.endpoint_slices.state();
-    let endpoints = endpoint_views(slices.iter().map(|s| s.as_ref()).filter(|s| {
+    let slices = slices.iter().map(|s| s.as_ref()).filter(|s| {
         s.metadata.namespace.as_deref() == Some(ns.as_str())
             && s.metadata
                 .labels
                 .as_ref()
                 .and_then(|l| l.get(SERVICE_NAME_LABEL))
                 .is_some_and(|n| *n == name)
-    }));
+    });
+    let endpoints = endpoint_views(slices, |pod_ns, pod_name| {
+        ctx.pods
+            .as_ref()
+            .and_then(|pods| pods.get(&ObjectRef::new(pod_name).within(pod_ns)))
+            .and_then(|p| {
+                p.metadata
+                    .annotations
+                    .as_ref()?
+                    .get(crate::kube_view::NETWORK_STATUS_ANNOTATION)
+                    .map(|a| crate::kube_view::multus_networks(a))
+            })
+            .unwrap_or_default()
+    });
     Ok(Some(plan_rules(
         &ctx.cluster,
         &service_view(svc),
@@ -216,6 +230,7 @@ async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<Outcome, Reco
     let want = DesiredStatus {
         addresses: addresses.clone(),
         conditions: vec![address_cond, programmed, endpoints_cond],
+        ingress: status::IngressMode::for_service(svc, ctx.cfg.defaults),
     };
     if !status::is_current(svc, &want) {
         status::write(&services_api(ctx, svc), svc, &want).await?;
@@ -258,64 +273,75 @@ fn endpoint_limit_condition(svc: &Service, ctx: &Context, plan: &Plan) -> Cond {
     }
 }
 
-/// Applies the plan to every healthy instance. Returns the Programmed condition and, when
+/// Applies the plan to every reachable instance. Returns the Programmed condition and, when
 /// some failure may pass by itself, its text for a retry.
+///
+/// Programmed is True when every reachable instance holds the rules: reason Programmed, or
+/// PartiallyProgrammed naming the unreachable ones (each gets every rule replayed when it is
+/// back, and Services are re-evaluated then). A loxilb limit (CapacityExceeded,
+/// SourceRangesUnsupported) is no error to retry: nothing is sent again until room frees on
+/// that instance, which re-queues the Service (`Fleet`). Rules of one Service that loxilb
+/// refuses never hold back other rules or other Services.
 async fn apply_everywhere(svc: &Service, ctx: &Context, rules: &[Rule]) -> (Cond, Option<String>) {
     let ns = svc.namespace().unwrap_or_default();
     let name = svc.name_any();
     let total = ctx.fleet.instances.len();
     let mut ok = 0;
     let mut changes = 0;
+    let mut down: Vec<String> = Vec::new();
     let mut failures: Vec<(String, ClientError)> = Vec::new();
-    let mut skipped: Vec<String> = Vec::new();
+    let mut blocked: Vec<(String, crate::fleet::Blocked)> = Vec::new();
     let mut conflicts = Vec::new();
     for inst in ctx.fleet.instances.iter() {
+        let url = inst.url().to_string();
         if !inst.is_healthy() {
-            skipped.push(inst.url().to_string());
+            down.push(url);
             continue;
         }
         match inst
-            .apply_service(&ctx.cluster, &ns, &name, rules, &ctx.metrics)
+            .apply_service(
+                &ctx.cluster,
+                &ns,
+                &name,
+                rules,
+                &ctx.metrics,
+                Some(&ctx.requeue),
+            )
             .await
         {
             Ok(report) => {
                 changes += report.changes;
-                if report.conflicts.is_empty() {
+                if report.complete() {
                     ok += 1;
                 }
                 conflicts.extend(
                     report
                         .conflicts
                         .into_iter()
-                        .map(|(k, n)| format!("{k} held by foreign rule {n:?} on {}", inst.url())),
+                        .map(|(k, n)| format!("{k} held by foreign rule {n:?} on {url}")),
+                );
+                blocked.extend(report.blocked.into_iter().map(|b| (url.clone(), b)));
+                failures.extend(
+                    report
+                        .failed
+                        .into_iter()
+                        .map(|(k, e)| (format!("{url} ({k})"), e)),
                 );
             }
-            Err(e) => failures.push((inst.url().to_string(), e)),
+            // It went away during the call: it is now marked down, and gets every rule
+            // replayed when it is back.
+            Err(ClientError::Unreachable { .. } | ClientError::Timeout { .. }) => down.push(url),
+            Err(e) => failures.push((url, e)),
         }
     }
-    for (url, e) in &failures {
-        publish(
-            ctx,
-            svc,
-            EventType::Warning,
-            e.category(),
-            "Program",
-            format!("{url}: {e}"),
-        )
-        .await;
-    }
-    if !conflicts.is_empty() {
-        publish(
-            ctx,
-            svc,
-            EventType::Warning,
-            "RuleConflict",
-            "Program",
-            conflicts.join("; "),
-        )
-        .await;
-    }
-    if changes > 0 {
+    // Also when another path made the calls: the drift check or a replay may program a new
+    // Service's rules first, as soon as its address is indexed.
+    let became_programmed = failures.is_empty()
+        && blocked.is_empty()
+        && conflicts.is_empty()
+        && ok > 0
+        && status::current_condition(svc, COND_PROGRAMMED).is_none_or(|c| c.status != "True");
+    if changes > 0 || became_programmed {
         info!(rules = rules.len(), changes, "rules programmed");
         publish(
             ctx,
@@ -331,7 +357,15 @@ async fn apply_everywhere(svc: &Service, ctx: &Context, rules: &[Rule]) -> (Cond
         .iter()
         .find(|(_, e)| e.is_retryable())
         .map(|(url, e)| format!("{url}: {e}"));
-    let cond = if let Some((url, e)) = failures.first() {
+    // Capacity first: it is the one a user fixes by freeing room, not by editing the Service.
+    blocked.sort_by_key(|(_, b)| b.reason() != crate::fleet::REASON_CAPACITY);
+    let cond = if let Some((_, first)) = blocked.first() {
+        let text: Vec<String> = blocked
+            .iter()
+            .map(|(url, b)| format!("{url}: {b}"))
+            .collect();
+        Cond::new(COND_PROGRAMMED, false, first.reason(), text.join("; "))
+    } else if let Some((url, e)) = failures.first() {
         Cond::new(COND_PROGRAMMED, false, e.category(), format!("{url}: {e}"))
     } else if !conflicts.is_empty() {
         Cond::new(COND_PROGRAMMED, false, "RuleConflict", conflicts.join("; "))
@@ -340,9 +374,9 @@ async fn apply_everywhere(svc: &Service, ctx: &Context, rules: &[Rule]) -> (Cond
             COND_PROGRAMMED,
             false,
             "LoxilbUnavailable",
-            format!("no loxilb instance is reachable ({})", skipped.join(", ")),
+            format!("no loxilb instance is reachable ({})", down.join(", ")),
         )
-    } else if !skipped.is_empty() {
+    } else if !down.is_empty() {
         Cond::new(
             COND_PROGRAMMED,
             true,
@@ -350,7 +384,7 @@ async fn apply_everywhere(svc: &Service, ctx: &Context, rules: &[Rule]) -> (Cond
             format!(
                 "{} rule(s) on {ok}/{total} instances; unreachable, replayed when back: {}",
                 rules.len(),
-                skipped.join(", ")
+                down.join(", ")
             ),
         )
     } else {
@@ -361,6 +395,27 @@ async fn apply_everywhere(svc: &Service, ctx: &Context, rules: &[Rule]) -> (Cond
             format!("{} rule(s) on {ok}/{total} loxilb instance(s)", rules.len()),
         )
     };
+    // One Warning per episode: a Service that stays blocked (or keeps failing and retrying)
+    // already shows why, and re-publishing on every pass would flood its Events.
+    let shown = status::current_condition(svc, COND_PROGRAMMED)
+        .is_some_and(|c| c.status == "False" && c.reason == cond.reason);
+    let new = ctx.fleet.first_warning(
+        &ObjectRef::from_obj(svc),
+        (!cond.ok).then_some(cond.reason.as_str()),
+        |r| ctx.services.get(r).is_some(),
+    );
+    if !cond.ok && !shown && new {
+        warn!(reason = %cond.reason, "{}", cond.message);
+        publish(
+            ctx,
+            svc,
+            EventType::Warning,
+            &cond.reason,
+            "Program",
+            cond.message.clone(),
+        )
+        .await;
+    }
     (cond, retry)
 }
 
@@ -384,20 +439,88 @@ enum Source {
     Indexed,
     /// Shown in the Service's status (adoption from kube-loxilb / loxi-ccm, or a restart).
     Published,
-    /// `spec.loadBalancerIP`.
+    /// `loxilb.io/staticIP` or `spec.loadBalancerIP`.
     Requested,
-    /// Fresh from the pool.
+    /// From a pool: a free address, or (shared mode) one the Service fits on next to others.
     Allocated,
 }
 
-/// The Service's address, backed by a durable claim that exists before this returns: the one
-/// already indexed, else the one it already shows (adoption), else `spec.loadBalancerIP`,
-/// else the lowest free address. A claim created by someone else first (another replica,
-/// another process) is never stolen: a fresh address is then taken from the pool, while an
-/// adopted or requested one is reported as in use.
+/// The (port, protocol) pairs a Service serves: what it occupies on a shared address.
+fn service_ports(svc: &Service) -> Vec<loxi_domain::ipam::PortProto> {
+    svc.spec
+        .as_ref()
+        .and_then(|s| s.ports.as_ref())
+        .map(|ports| {
+            ports
+                .iter()
+                .filter_map(|p| {
+                    let port = u16::try_from(p.port).ok()?;
+                    let protocol =
+                        loxi_domain::Protocol::parse(p.protocol.as_deref().unwrap_or("TCP"))?;
+                    Some(loxi_domain::ipam::PortProto::new(port, protocol))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// What the Service occupies on its addresses: its ports and `loxilb.io/sharing-key`
+/// (`loxi_domain::sharing`; recorded in both modes, the mode only decides joining).
+pub fn service_sharing(svc: &Service) -> Result<loxi_domain::ipam::Sharing, AnnotationError> {
+    loxi_domain::sharing::service_sharing(svc.metadata.annotations.as_ref(), &service_ports(svc))
+}
+
+/// Makes the index's owners of the claim's address exactly the claim's (the durable record
+/// wins over whatever the index guessed).
+pub fn index_from_claim(ctx: &Context, claim: &claims::AddressClaim) {
+    if let (Some(ip), Ok(mut ipam)) = (claim.ip(), ctx.ipam.lock()) {
+        ipam.set_owners(
+            ip,
+            claim
+                .owners()
+                .iter()
+                .map(|o| (o.key(), o.sharing()))
+                .collect(),
+        );
+    }
+}
+
+/// Records the Service in the index as an owner of the address of `claim`, a claim from the
+/// store listing it. The store may lag behind claim writes this replica just made, so the
+/// claim's other owners replace the index's only when the index has an owner there the
+/// Service cannot share with (the claim, listing the Service, says that owner is stale).
+fn index_self(
+    ctx: &Context,
+    claim: &claims::AddressClaim,
+    key: &str,
+    sharing: &loxi_domain::ipam::Sharing,
+) {
+    let recorded = match (claim.ip(), ctx.ipam.lock()) {
+        (Some(ip), Ok(mut ipam)) => ipam.assign_shared(ip, key, sharing.clone()).is_ok(),
+        _ => true,
+    };
+    if !recorded {
+        index_from_claim(ctx, claim);
+    }
+}
+
 /// Every address the Service asks for (one per IP family), each backed by its claim.
-/// Returns them in status order, plus those newly allocated.
+/// Returns them in status order, plus those newly allocated. A Service that cannot have its
+/// addresses now waits: it is retried when an address is released or the pools change.
 async fn ensure_addresses(
+    svc: &Service,
+    ctx: &Context,
+) -> Result<Result<(Vec<IpAddr>, Vec<IpAddr>), Problem>, ReconcileError> {
+    let result = ensure_addresses_now(svc, ctx).await?;
+    if result.is_err()
+        && let Ok(mut w) = ctx.waiting_for_address.lock()
+    {
+        w.insert(ObjectRef::from_obj(svc));
+    }
+    Ok(result)
+}
+
+async fn ensure_addresses_now(
     svc: &Service,
     ctx: &Context,
 ) -> Result<Result<(Vec<IpAddr>, Vec<IpAddr>), Problem>, ReconcileError> {
@@ -409,14 +532,31 @@ async fn ensure_addresses(
         ip_family_policy: spec.and_then(|s| s.ip_family_policy.as_deref()),
         load_balancer_ip: spec.and_then(|s| s.load_balancer_ip.as_deref()),
     };
-    let slots = match address_slots(&input, |f| ctx.cfg.pools.iter().any(|p| p.size(f) > 0)) {
+    let sharing = match service_sharing(svc) {
+        Ok(s) => s,
+        Err(e) => return Ok(Err(Problem::Annotation(e))),
+    };
+    let pools = ctx.pools.current();
+    let namespace_labels = ctx
+        .pools
+        .namespace_labels(&svc.namespace().unwrap_or_default());
+    let who = loxi_domain::pools::Requester {
+        namespace_labels: &namespace_labels,
+        service_labels: svc.labels(),
+    };
+    let selected = svc
+        .annotations()
+        .get(loxi_domain::addressing::ANN_POOL_SELECT)
+        .map(|v| v.trim())
+        .filter(|v| !v.is_empty());
+    let slots = match address_slots(&input, |f| pools.serves(selected, &who, f)) {
         Ok(s) => s,
         Err(e) => return Ok(Err(Problem::Annotation(e))),
     };
     let mut addresses = Vec::new();
     let mut newly = Vec::new();
     for slot in &slots {
-        match ensure_address(svc, ctx, slot).await? {
+        match ensure_address(svc, ctx, slot, &pools, &who, &sharing).await? {
             Ok((ip, new)) => {
                 addresses.push(ip);
                 if new {
@@ -436,67 +576,109 @@ async fn ensure_addresses(
     Ok(Ok((addresses, newly)))
 }
 
+/// The Service's address of one family, backed by a durable claim listing it that exists
+/// before this returns: the one it shows while its claim lists it, else the one already
+/// indexed, else the one it shows (adoption), else the requested one, else one from its
+/// pools. A claim made by someone else first (another replica, another process) is never
+/// stolen: a pool address is then picked again, while an adopted or requested one is
+/// reported as in use. In shared mode the Service joins a claim whose owners it is
+/// compatible with; when its own ports change onto a sharer's, it moves to another address
+/// (the sharer was there first), and the old one is let go once rules are on the new one.
 async fn ensure_address(
     svc: &Service,
     ctx: &Context,
     slot: &AddressSlot,
+    pools: &loxi_domain::pools::PoolSet,
+    who: &loxi_domain::pools::Requester<'_>,
+    sharing: &loxi_domain::ipam::Sharing,
 ) -> Result<Result<(IpAddr, bool), AllocError>, ReconcileError> {
     let key = owner_key(svc);
     let ns = svc.namespace().unwrap_or_default();
     let name = svc.name_any();
     let uid = svc.uid().unwrap_or_default();
-    // The address the Service shows wins when it holds its claim: any other address indexed
+    let me = claims::ClaimedBy::new(&ns, &name, &uid, sharing);
+    // The address the Service shows wins when its claim lists it: any other address indexed
     // for it (a replica that raced and lost the status write) is given back.
     if let Some(shown) = published_addresses(svc)
         .into_iter()
         .find(|ip| Family::of(ip) == slot.family)
         && slot.requested.is_none_or(|r| r == shown)
         && let Some(c) = ctx.claims.get(&ObjectRef::new(&claims::claim_name(&shown)))
-        && c.owner_key() == key
-        && c.spec.service.uid == uid
+        && c.owner(&ns, &name).is_some_and(|o| o.uid == uid)
         && c.spec.retain_until.is_none()
     {
-        let extra: Vec<IpAddr> = ctx
-            .ipam
-            .lock()
-            .map(|mut i| {
-                let _ = i.assign(shown, &key);
-                i.addresses_of(&key)
-                    .iter()
-                    .copied()
-                    .filter(|ip| *ip != shown && ip.is_ipv4() == shown.is_ipv4())
-                    .collect()
-            })
-            .unwrap_or_default();
-        for ip in extra {
-            if let Some(c) = ctx.claims.get(&ObjectRef::new(&claims::claim_name(&ip)))
-                && c.owner_key() == key
-            {
-                claims::release(&ctx.claims_api, &c).await?;
+        let current = if c.owner(&ns, &name) == Some(&me) {
+            index_self(ctx, &c, &key, sharing);
+            true
+        } else {
+            // Its ports or sharing key changed, or the claim predates sharing: record that,
+            // unless the new ports land on another owner's.
+            match claims::claim(&ctx.claims_api, &shown, &c.spec.pool, &me, false).await? {
+                ClaimResult::Ours(written) => {
+                    index_from_claim(ctx, &written);
+                    true
+                }
+                ClaimResult::Taken(other) => {
+                    index_from_claim(ctx, &other);
+                    warn!(ip = %shown, "the Service's ports now overlap another owner's: moving to another address");
+                    false
+                }
             }
-            if let Ok(mut i) = ctx.ipam.lock() {
-                i.release(&ip);
+        };
+        if current {
+            let extra: Vec<IpAddr> = ctx
+                .ipam
+                .lock()
+                .map(|i| {
+                    i.addresses_of(&key)
+                        .iter()
+                        .copied()
+                        .filter(|ip| *ip != shown && ip.is_ipv4() == shown.is_ipv4())
+                        .collect()
+                })
+                .unwrap_or_default();
+            let still_shown = if extra.is_empty() {
+                Vec::new()
+            } else {
+                shown_now(svc, ctx).await?
+            };
+            for ip in extra.into_iter().filter(|ip| !still_shown.contains(ip)) {
+                if let Some(c) = ctx.claims.get(&ObjectRef::new(&claims::claim_name(&ip)))
+                    && c.owner(&ns, &name).is_some()
+                {
+                    claims::leave(&ctx.claims_api, &c, &ns, &name).await?;
+                }
+                if let Ok(mut i) = ctx.ipam.lock() {
+                    i.release_from(&ip, &key);
+                }
+                warn!(%ip, kept = %shown, "released a second address claimed for this Service");
             }
-            warn!(%ip, kept = %shown, "released a second address claimed for this Service");
+            return Ok(Ok((shown, false)));
         }
-        return Ok(Ok((shown, false)));
     }
     // Bounded: each lost race marks one more address as taken.
     for _ in 0..32 {
         let picked = {
             let mut ipam = ctx.ipam.lock().expect("ipam lock poisoned");
-            pick_address(svc, &key, slot, &mut ipam)
+            let want = Want {
+                slot,
+                pools,
+                who,
+                sharing,
+                unique: ctx.cfg.unique_ip,
+            };
+            pick_address(svc, &key, &want, &mut ipam)
         };
         let (ip, source) = match picked {
             Ok(x) => x,
             Err(e) => return Ok(Err(e)),
         };
-        // Fast path: the claim is already in the store and is this Service's.
+        // Fast path: the claim is already in the store and lists this Service as it is.
         if let Some(c) = ctx.claims.get(&ObjectRef::new(&claims::claim_name(&ip)))
-            && c.owner_key() == key
-            && c.spec.service.uid == uid
+            && c.owner(&ns, &name) == Some(&me)
             && c.spec.retain_until.is_none()
         {
+            index_self(ctx, &c, &key, sharing);
             return Ok(Ok((ip, false)));
         }
         let pool = ctx
@@ -504,19 +686,27 @@ async fn ensure_address(
             .lock()
             .map(|i| i.pool_containing(&ip).to_string())
             .unwrap_or_default();
-        match claims::claim(&ctx.claims_api, &ip, &pool, &ns, &name, &uid).await? {
-            ClaimResult::Ours => {
+        // Never in unique mode; a specific address only by a shared key (sharing docs).
+        let requested = source == Source::Requested;
+        let may_join = loxi_domain::sharing::may_join(ctx.cfg.unique_ip, requested, sharing);
+        match claims::claim(&ctx.claims_api, &ip, &pool, &me, may_join).await? {
+            ClaimResult::Ours(written) => {
+                index_from_claim(ctx, &written);
+                if !written.spec.shared_with.is_empty() {
+                    let owners: Vec<String> = written.owners().iter().map(|o| o.key()).collect();
+                    info!(%ip, ?owners, "address shared");
+                }
                 update_pool_metrics(ctx);
                 return Ok(Ok((ip, source == Source::Allocated)));
             }
             ClaimResult::Taken(other) => {
-                let owner = other.owner_key();
-                if let Ok(mut ipam) = ctx.ipam.lock() {
-                    if ipam.owner_of(&ip) == Some(key.as_str()) {
-                        ipam.release(&ip);
-                    }
-                    let _ = ipam.assign(ip, &owner);
-                }
+                index_from_claim(ctx, &other);
+                let owner = other
+                    .owners()
+                    .iter()
+                    .find(|o| !o.is(&ns, &name))
+                    .map(|o| o.key())
+                    .unwrap_or_else(|| other.owner_key());
                 if matches!(source, Source::Published | Source::Requested) {
                     return Ok(Err(AllocError::Taken { ip, owner }));
                 }
@@ -530,52 +720,98 @@ async fn ensure_address(
     }))
 }
 
+/// One address slot of a Service and what may fill it.
+struct Want<'a, 'l> {
+    slot: &'a AddressSlot,
+    pools: &'a loxi_domain::pools::PoolSet,
+    who: &'a loxi_domain::pools::Requester<'l>,
+    /// What the Service occupies (its ports and key).
+    sharing: &'a loxi_domain::ipam::Sharing,
+    /// `--set-unique-ip`: join nobody.
+    unique: bool,
+}
+
+/// Picks the candidate address from the index (and records it there). Pools come in the
+/// order `loxi_domain::pools` gives for this Service; an address it already has is kept even
+/// when its pool was shrunk, disabled, or no longer admits it (no reshuffle), and even in
+/// unique mode when it shares it (switching modes moves nobody).
 fn pick_address(
     svc: &Service,
     key: &str,
-    slot: &AddressSlot,
+    want: &Want<'_, '_>,
     ipam: &mut loxi_domain::Allocator,
 ) -> Result<(IpAddr, Source), AllocError> {
+    let Want {
+        slot,
+        pools,
+        who,
+        sharing,
+        unique,
+    } = *want;
     let mine = |ip: &IpAddr| Family::of(ip) == slot.family;
     if let Some(wanted) = slot.requested {
-        let already = ipam.addresses_of(key).contains(&wanted);
-        ipam.assign(wanted, key)?;
-        let source = if already {
-            Source::Indexed
-        } else {
-            Source::Requested
-        };
-        return Ok((wanted, source));
+        if ipam.holds(&wanted, key) {
+            // Refreshed when the new sharing still fits; a clash is settled by the claim.
+            let _ = ipam.assign_shared(wanted, key, sharing.clone());
+            return Ok((wanted, Source::Indexed));
+        }
+        pools.admits_address(&wanted, who)?;
+        if let Some(owner) = ipam.owner_of(&wanted)
+            && !loxi_domain::sharing::may_join(unique, true, sharing)
+        {
+            return Err(AllocError::Taken {
+                ip: wanted,
+                owner: owner.to_string(),
+            });
+        }
+        ipam.assign_shared(wanted, key, sharing.clone())?;
+        return Ok((wanted, Source::Requested));
     }
-    if let Some(ip) = ipam.addresses_of(key).iter().find(|ip| mine(ip)) {
+    if let Some(ip) = ipam.addresses_of(key).iter().copied().find(|ip| mine(ip)) {
         // Indexed, but possibly from another pool than the one now selected: keep it unless
-        // the selection names a pool that does not contain it.
-        let in_selected = slot
-            .pool
-            .as_deref()
-            .is_none_or(|p| ipam.pool_containing(ip) == p || ipam.pool_containing(ip).is_empty());
-        if in_selected {
-            return Ok((*ip, Source::Indexed));
+        // the selection names a pool that does not contain it, or its ports now overlap
+        // another owner's.
+        let in_selected = slot.pool.as_deref().is_none_or(|p| {
+            pools.get(p).is_some_and(|d| d.pool.contains(&ip))
+                || ipam.pool_containing(&ip).is_empty()
+        });
+        if in_selected && ipam.conflict(&ip, key, sharing).is_none() {
+            ipam.assign_shared(ip, key, sharing.clone())?;
+            return Ok((ip, Source::Indexed));
         }
     }
+    // Adoption joins the address's other owners only in shared mode (kube-loxilb's shared
+    // mode shows several Services on one address).
     if let Some(ip) = published_addresses(svc).into_iter().find(|ip| mine(ip))
-        && ipam.owner_of(&ip).is_none_or(|o| o == key)
+        && ipam.conflict(&ip, key, sharing).is_none()
+        && (!unique || ipam.owners_of(&ip).iter().all(|o| *o == key))
     {
-        ipam.assign(ip, key)?;
+        ipam.assign_shared(ip, key, sharing.clone())?;
         return Ok((ip, Source::Published));
     }
-    let ip = ipam.allocate_new(key, slot.pool.as_deref(), slot.family)?;
-    Ok((ip, Source::Allocated))
+    let candidates = pools.candidates(slot.pool.as_deref(), who, slot.family)?;
+    // Unique mode takes free addresses only (the claim then records the real ports).
+    let take = if unique {
+        loxi_domain::ipam::Sharing::Exclusive
+    } else {
+        sharing.clone()
+    };
+    let grant = ipam.allocate_from(key, &candidates, slot.family, &take)?;
+    Ok((grant.ip, Source::Allocated))
 }
 
+/// Pool metrics from the index, and a nudge to the pool status writer.
 pub fn update_pool_metrics(ctx: &Context) {
     if let Ok(ipam) = ctx.ipam.lock() {
         for pool in ipam.pools() {
-            let total = pool.size(Family::V4).saturating_add(pool.size(Family::V6));
+            let total = ipam
+                .total_in(&pool.name, Family::V4)
+                .saturating_add(ipam.total_in(&pool.name, Family::V6));
             ctx.metrics
                 .set_pool(&pool.name, total, ipam.used_in(&pool.name));
         }
     }
+    ctx.pools.changed.notify_one();
 }
 
 async fn report_problem(
@@ -588,6 +824,7 @@ async fn report_problem(
     let want = DesiredStatus {
         addresses,
         conditions,
+        ingress: status::IngressMode::for_service(svc, ctx.cfg.defaults),
     };
     if !status::is_current(svc, &want) {
         warn!(reason = problem.reason(), "{problem}");
@@ -671,13 +908,29 @@ async fn cleanup(svc: &Service, ctx: &Context) -> Result<(), ReconcileError> {
     Ok(())
 }
 
-/// Gives back every address of the Service not in `keep` (claims deleted, index freed).
+/// Addresses the Service shows right now, read from the API server rather than the store:
+/// with two replicas racing, the other may have just published an address this replica's
+/// (stale) view says is unused, and letting it go would hand a published address to someone
+/// else. An address a Service shows is released only after its status moved on (the status
+/// write triggers another reconcile, which then releases it).
+async fn shown_now(svc: &Service, ctx: &Context) -> Result<Vec<IpAddr>, ReconcileError> {
+    let now = services_api(ctx, svc).get_opt(&svc.name_any()).await?;
+    Ok(now
+        .filter(|now| now.metadata.uid == svc.metadata.uid)
+        .map(|now| published_addresses(&now))
+        .unwrap_or_default())
+}
+
+/// Lets go of every address of the Service not in `keep` and not shown in its status (its
+/// claims updated or deleted, the index freed where nobody else holds the address).
 async fn release_addresses_except(
     svc: &Service,
     ctx: &Context,
     keep: &[IpAddr],
 ) -> Result<(), ReconcileError> {
     let key = owner_key(svc);
+    let ns = svc.namespace().unwrap_or_default();
+    let name = svc.name_any();
     let extra: Vec<IpAddr> = ctx
         .ipam
         .lock()
@@ -692,14 +945,19 @@ async fn release_addresses_except(
     if extra.is_empty() {
         return Ok(());
     }
+    let shown = shown_now(svc, ctx).await?;
+    let extra: Vec<IpAddr> = extra.into_iter().filter(|ip| !shown.contains(ip)).collect();
+    if extra.is_empty() {
+        return Ok(());
+    }
     for ip in &extra {
         if let Some(c) = ctx.claims.get(&ObjectRef::new(&claims::claim_name(ip)))
-            && c.owner_key() == key
+            && c.owner(&ns, &name).is_some()
         {
-            claims::release(&ctx.claims_api, &c).await?;
+            claims::leave(&ctx.claims_api, &c, &ns, &name).await?;
         }
         if let Ok(mut i) = ctx.ipam.lock() {
-            i.release(ip);
+            i.release_from(ip, &key);
         }
     }
     info!(released = ?extra, "addresses no longer wanted released");
@@ -712,10 +970,14 @@ async fn release_addresses_except(
 /// re-creating the Service gets the same address.
 pub const ANN_RETAIN: &str = "loxilb.io/retain-address";
 
-/// Gives the Service's addresses back (their rules are gone by now): deletes their claims,
-/// or keeps them as retained for this namespace/name when asked to.
+/// Gives the Service's addresses back (their rules are gone by now): takes it off their
+/// claims (deleted when it was the last owner), or keeps an address it held alone as
+/// retained for this namespace/name when asked to. A shared address is not retained: it
+/// stays with its other owners anyway.
 async fn release_addresses(svc: &Service, ctx: &Context) -> Result<(), ReconcileError> {
     let key = owner_key(svc);
+    let ns = svc.namespace().unwrap_or_default();
+    let name = svc.name_any();
     let uid = svc.uid().unwrap_or_default();
     let ips: Vec<IpAddr> = ctx
         .ipam
@@ -731,21 +993,23 @@ async fn release_addresses(svc: &Service, ctx: &Context) -> Result<(), Reconcile
     for ip in ips {
         let claim = ctx.claims.get(&ObjectRef::new(&claims::claim_name(&ip)));
         let ours = claim.as_ref().is_some_and(|c| {
-            c.owner_key() == key && (c.spec.service.uid.is_empty() || c.spec.service.uid == uid)
+            c.owner(&ns, &name)
+                .is_some_and(|o| o.uid.is_empty() || o.uid == uid)
         });
+        let alone = claim.as_ref().is_some_and(|c| c.owners().len() == 1);
         match (claim, ours, retain) {
-            (Some(c), true, Some(d)) => {
+            (Some(c), true, Some(d)) if alone => {
                 let until = k8s_openapi::jiff::Timestamp::now()
                     + k8s_openapi::jiff::SignedDuration::try_from(d).unwrap_or_default();
                 claims::retain(&ctx.claims_api, &c, until).await?;
                 info!(%ip, %until, "address retained");
                 continue; // still indexed for this namespace/name
             }
-            (Some(c), true, None) => claims::release(&ctx.claims_api, &c).await?,
+            (Some(c), true, _) => claims::leave(&ctx.claims_api, &c, &ns, &name).await?,
             _ => {}
         }
         if let Ok(mut ipam) = ctx.ipam.lock() {
-            ipam.release(&ip);
+            ipam.release_from(&ip, &key);
         }
         released.push(ip);
     }

@@ -1,18 +1,154 @@
 //! What the Service status should say, and writing it with server-side apply (one field
 //! manager, so what we stop saying is removed and other writers' fields are left alone).
+//!
+//! ## How addresses are published (`status.loadBalancer.ingress[]`)
+//!
+//! Each address is one ingress entry with the Service's ports (`ports[]`: port and protocol
+//! per Service port). Its form decides what kube-proxy does with in-cluster traffic to it:
+//!
+//! - `ipMode: VIP`: kube-proxy short-circuits the address, pods and nodes reach the
+//!   endpoints directly without going through loxilb.
+//! - `ipMode: Proxy` (Kubernetes >= 1.30): kube-proxy leaves the address alone, in-cluster
+//!   traffic goes to loxilb like external traffic does.
+//! - `hostname: llb-<ip>`: kube-loxilb's form, for the same purpose on clusters older than
+//!   1.30 (kube-proxy never programs a hostname). IPv6 addresses cannot be written so (a
+//!   hostname may not contain `:`), they are published as `ipMode: Proxy` instead.
+//!
+//! The default follows the Service's NAT mode ([`IngressMode::for_nat_mode`]); the annotation
+//! [`ANN_INGRESS_MODE`] (`vip`, `proxy` or `hostname`) overrides it. Either form is read back
+//! as the Service's address (`kube_view::published_addresses`).
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{LoadBalancerIngress, PortStatus, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, Patch, PatchParams};
+use loxi_domain::intent::ANN_LB_MODE;
+use loxi_domain::{AnnotationError, Defaults, NatMode, parse_intent};
 use serde_json::json;
+
+use crate::kube_view::{LLB_HOSTNAME_PREFIX, published_addresses};
 
 pub const FIELD_MANAGER: &str = "loxi-ccm";
 pub const COND_ADDRESS: &str = "loxilb.io/AddressAllocated";
 pub const COND_PROGRAMMED: &str = "loxilb.io/Programmed";
 /// False when loxilb's 32-endpoint limit left candidates out.
 pub const COND_ENDPOINTS: &str = "loxilb.io/EndpointsComplete";
+
+/// How the Service's addresses are published: `vip`, `proxy` or `hostname`.
+pub const ANN_INGRESS_MODE: &str = "loxilb.io/ingress-mode";
+
+/// The form of the Service's ingress entries (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IngressMode {
+    /// `ip` with `ipMode: VIP`: kube-proxy serves in-cluster clients itself.
+    #[default]
+    Vip,
+    /// `ip` with `ipMode: Proxy`: in-cluster clients go through loxilb too.
+    Proxy,
+    /// `hostname: llb-<ip>` (kube-loxilb's form): in-cluster clients go through loxilb, on
+    /// any Kubernetes version.
+    Hostname,
+}
+
+impl IngressMode {
+    /// The default for a NAT mode: `Proxy` wherever in-cluster clients would get something
+    /// else than external ones if kube-proxy answered for loxilb.
+    ///
+    /// - `default` (DNAT): loxilb only rewrites the destination to an endpoint and keeps the
+    ///   client's address, which is what kube-proxy does for the VIP too. `VIP` spares
+    ///   in-cluster traffic a detour through loxilb.
+    /// - `onearm`, `fullnat`: loxilb also rewrites the source to its own address and picks
+    ///   endpoints by its own selection and health probes; the endpoints see (and answer)
+    ///   loxilb. Short-circuited clients would get kube-proxy's behaviour instead: `Proxy`.
+    /// - `dsr`: loxilb forwards the packet unchanged (destination still the VIP) to the
+    ///   endpoint's node. If kube-proxy programmed the VIP, that node would load-balance the
+    ///   packet a second time, possibly to another node: `Proxy` is required.
+    /// - `fullproxy`: loxilb terminates connections (L7, TLS); a short-circuit would bypass
+    ///   the proxy entirely: `Proxy`.
+    /// - `hostonearm`: loxilb serves on the host's own addresses: `Proxy`.
+    ///
+    /// PROXY protocol v2 (`loxilb.io/useproxyprotov2`) forces `Proxy` in every mode: the
+    /// endpoints expect the header loxilb adds, which short-circuited connections lack.
+    pub fn for_nat_mode(mode: NatMode, proxy_protocol_v2: bool) -> IngressMode {
+        match mode {
+            NatMode::Default if !proxy_protocol_v2 => IngressMode::Vip,
+            _ => IngressMode::Proxy,
+        }
+    }
+
+    /// The annotation's value, if set. A bad value is an error to report on the Service.
+    pub fn from_annotation(svc: &Service) -> Result<Option<IngressMode>, AnnotationError> {
+        let Some(raw) = annotation(svc, ANN_INGRESS_MODE) else {
+            return Ok(None);
+        };
+        match raw.to_ascii_lowercase().as_str() {
+            "vip" => Ok(Some(IngressMode::Vip)),
+            "proxy" => Ok(Some(IngressMode::Proxy)),
+            "hostname" => Ok(Some(IngressMode::Hostname)),
+            _ => Err(AnnotationError {
+                annotation: ANN_INGRESS_MODE,
+                value: raw.to_string(),
+                reason: "expected one of vip, proxy, hostname".into(),
+            }),
+        }
+    }
+
+    /// The form for `svc`: its annotation, else its NAT mode's default. Never fails: with a
+    /// bad annotation the form shown stays as it is (as rules do, until the owner fixes it;
+    /// the error itself is reported by the reconcile as InvalidAnnotation).
+    pub fn for_service(svc: &Service, defaults: Defaults) -> IngressMode {
+        match IngressMode::from_annotation(svc) {
+            Ok(Some(mode)) => return mode,
+            Ok(None) => {}
+            Err(_) => {
+                if let Some(shown) = IngressMode::shown(svc) {
+                    return shown;
+                }
+            }
+        }
+        let empty = BTreeMap::new();
+        let annotations = svc.metadata.annotations.as_ref().unwrap_or(&empty);
+        match parse_intent(annotations, defaults) {
+            Ok(intent) => IngressMode::for_nat_mode(intent.mode, intent.proxy_protocol_v2),
+            // Another annotation is bad: go by the NAT mode alone.
+            Err(_) => {
+                let mode = annotation(svc, ANN_LB_MODE)
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(defaults.mode);
+                IngressMode::for_nat_mode(mode, false)
+            }
+        }
+    }
+}
+
+impl IngressMode {
+    /// The form the Service's first ingress entry has now, if any.
+    fn shown(svc: &Service) -> Option<IngressMode> {
+        let first = current_ingress(svc).first()?;
+        if first
+            .hostname
+            .as_deref()
+            .is_some_and(|h| h.starts_with(LLB_HOSTNAME_PREFIX))
+        {
+            return Some(IngressMode::Hostname);
+        }
+        match first.ip_mode.as_deref()? {
+            "Proxy" => Some(IngressMode::Proxy),
+            _ => Some(IngressMode::Vip),
+        }
+    }
+}
+
+fn annotation<'a>(svc: &'a Service, key: &str) -> Option<&'a str> {
+    svc.metadata
+        .annotations
+        .as_ref()?
+        .get(key)
+        .map(|v| v.trim())
+        .filter(|v| !v.is_empty())
+}
 
 /// One condition as we want it (the transition time is filled in when written).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,18 +175,65 @@ impl Cond {
 pub struct DesiredStatus {
     pub addresses: Vec<IpAddr>,
     pub conditions: Vec<Cond>,
+    /// How `addresses` are published.
+    pub ingress: IngressMode,
 }
 
-fn current_ingress(svc: &Service) -> Vec<String> {
+/// The ingress entries `want` means for `svc`, in address order.
+pub fn ingress_entries(svc: &Service, want: &DesiredStatus) -> Vec<LoadBalancerIngress> {
+    let ports: Vec<PortStatus> = svc
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.as_ref())
+        .map(|ports| {
+            ports
+                .iter()
+                .map(|p| PortStatus {
+                    port: p.port,
+                    protocol: p.protocol.clone().unwrap_or_else(|| "TCP".into()),
+                    error: None,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let ports = (!ports.is_empty()).then_some(ports);
+    want.addresses
+        .iter()
+        .map(|ip| {
+            let hostname = want.ingress == IngressMode::Hostname && ip.is_ipv4();
+            if hostname {
+                // The API server refuses ipMode without ip.
+                LoadBalancerIngress {
+                    hostname: Some(format!("{LLB_HOSTNAME_PREFIX}{ip}")),
+                    ports: ports.clone(),
+                    ..Default::default()
+                }
+            } else {
+                let mode = match want.ingress {
+                    IngressMode::Vip => "VIP",
+                    IngressMode::Proxy | IngressMode::Hostname => "Proxy",
+                };
+                LoadBalancerIngress {
+                    ip: Some(ip.to_string()),
+                    ip_mode: Some(mode.into()),
+                    ports: ports.clone(),
+                    ..Default::default()
+                }
+            }
+        })
+        .collect()
+}
+
+fn current_ingress(svc: &Service) -> &[LoadBalancerIngress] {
     svc.status
         .as_ref()
         .and_then(|s| s.load_balancer.as_ref())
-        .and_then(|lb| lb.ingress.as_ref())
-        .map(|i| i.iter().filter_map(|x| x.ip.clone()).collect())
+        .and_then(|lb| lb.ingress.as_deref())
         .unwrap_or_default()
 }
 
-fn current_condition<'a>(svc: &'a Service, type_: &str) -> Option<&'a Condition> {
+/// The condition of this type the Service shows now.
+pub fn current_condition<'a>(svc: &'a Service, type_: &str) -> Option<&'a Condition> {
     svc.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
@@ -63,8 +246,7 @@ fn status_word(ok: bool) -> &'static str {
 
 /// True when the Service already shows exactly `want` (no write needed).
 pub fn is_current(svc: &Service, want: &DesiredStatus) -> bool {
-    let ips: Vec<String> = want.addresses.iter().map(ToString::to_string).collect();
-    if current_ingress(svc) != ips {
+    if current_ingress(svc) != ingress_entries(svc, want) {
         return false;
     }
     let generation = svc.metadata.generation;
@@ -102,11 +284,7 @@ pub async fn write(api: &Api<Service>, svc: &Service, want: &DesiredStatus) -> k
             }
         })
         .collect();
-    let ingress: Vec<serde_json::Value> = want
-        .addresses
-        .iter()
-        .map(|ip| json!({ "ip": ip.to_string() }))
-        .collect();
+    let ingress = ingress_entries(svc, want);
     let mut status = json!({ "conditions": conditions });
     if !ingress.is_empty() {
         status["loadBalancer"] = json!({ "ingress": ingress });
@@ -119,8 +297,8 @@ pub async fn write(api: &Api<Service>, svc: &Service, want: &DesiredStatus) -> k
     });
     // Publishing a different address is conditional on the Service being unchanged since we
     // read it: of two writers that raced for one Service, only one address is ever shown.
-    let ips: Vec<String> = want.addresses.iter().map(ToString::to_string).collect();
-    if current_ingress(svc) != ips {
+    // Another form of the same addresses (ipMode, hostname, ports) is not a new address.
+    if published_addresses(svc) != want.addresses {
         patch["metadata"]["resourceVersion"] = json!(svc.metadata.resource_version);
     }
     // Forced: on adoption the ingress field may belong to kube-loxilb's or loxi-ccm's
@@ -147,4 +325,120 @@ pub async fn clear(api: &Api<Service>, svc: &Service) -> kube::Result<()> {
     )
     .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{ServicePort, ServiceSpec};
+
+    fn svc(annotations: &[(&str, &str)]) -> Service {
+        Service {
+            metadata: kube::api::ObjectMeta {
+                annotations: Some(
+                    annotations
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                ),
+                ..Default::default()
+            },
+            spec: Some(ServiceSpec {
+                ports: Some(vec![
+                    ServicePort {
+                        port: 80,
+                        protocol: Some("TCP".into()),
+                        ..Default::default()
+                    },
+                    ServicePort {
+                        port: 53,
+                        protocol: Some("UDP".into()),
+                        ..Default::default()
+                    },
+                ]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn ingress_mode_follows_the_nat_mode() {
+        let d = Defaults::default();
+        assert_eq!(IngressMode::for_service(&svc(&[]), d), IngressMode::Vip);
+        for mode in ["onearm", "fullnat", "fullproxy"] {
+            let s = svc(&[("loxilb.io/lbmode", mode)]);
+            assert_eq!(
+                IngressMode::for_service(&s, d),
+                IngressMode::Proxy,
+                "{mode}"
+            );
+        }
+        let dsr = svc(&[("loxilb.io/lbmode", "dsr"), ("loxilb.io/epselect", "hash")]);
+        assert_eq!(IngressMode::for_service(&dsr, d), IngressMode::Proxy);
+        let ppv2 = svc(&[("loxilb.io/useproxyprotov2", "yes")]);
+        assert_eq!(IngressMode::for_service(&ppv2, d), IngressMode::Proxy);
+        // The operator's default mode counts too.
+        let fullnat = Defaults {
+            mode: NatMode::FullNat,
+            ..d
+        };
+        assert_eq!(
+            IngressMode::for_service(&svc(&[]), fullnat),
+            IngressMode::Proxy
+        );
+        // The annotation wins; a bad one is an error, and publishing falls back.
+        let s = svc(&[
+            (ANN_INGRESS_MODE, "Hostname"),
+            ("loxilb.io/lbmode", "fullnat"),
+        ]);
+        assert_eq!(IngressMode::for_service(&s, d), IngressMode::Hostname);
+        let mut bad = svc(&[(ANN_INGRESS_MODE, "magic"), ("loxilb.io/lbmode", "fullnat")]);
+        assert!(IngressMode::from_annotation(&bad).is_err());
+        assert_eq!(IngressMode::for_service(&bad, d), IngressMode::Proxy);
+        // ... unless a form is shown already: it stays.
+        bad.status = Some(k8s_openapi::api::core::v1::ServiceStatus {
+            load_balancer: Some(k8s_openapi::api::core::v1::LoadBalancerStatus {
+                ingress: Some(vec![LoadBalancerIngress {
+                    hostname: Some("llb-192.0.2.5".into()),
+                    ..Default::default()
+                }]),
+            }),
+            ..Default::default()
+        });
+        assert_eq!(IngressMode::for_service(&bad, d), IngressMode::Hostname);
+        // Another bad annotation: the NAT mode alone still decides.
+        let other = svc(&[("loxilb.io/lbmode", "fullnat"), ("loxilb.io/timeout", "x")]);
+        assert_eq!(IngressMode::for_service(&other, d), IngressMode::Proxy);
+    }
+
+    #[test]
+    fn ingress_entries_by_mode() {
+        let s = svc(&[]);
+        let mut want = DesiredStatus {
+            addresses: vec!["192.0.2.5".parse().unwrap(), "2001:db8::5".parse().unwrap()],
+            ..Default::default()
+        };
+        let entries = ingress_entries(&s, &want);
+        assert_eq!(entries[0].ip.as_deref(), Some("192.0.2.5"));
+        assert_eq!(entries[0].ip_mode.as_deref(), Some("VIP"));
+        let ports: Vec<(i32, &str)> = entries[0]
+            .ports
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|p| (p.port, p.protocol.as_str()))
+            .collect();
+        assert_eq!(ports, [(80, "TCP"), (53, "UDP")]);
+        want.ingress = IngressMode::Hostname;
+        let entries = ingress_entries(&s, &want);
+        assert_eq!(entries[0].hostname.as_deref(), Some("llb-192.0.2.5"));
+        assert_eq!(
+            (entries[0].ip.as_ref(), entries[0].ip_mode.as_ref()),
+            (None, None)
+        );
+        // No hostname can hold an IPv6 address: published as Proxy instead.
+        assert_eq!(entries[1].ip.as_deref(), Some("2001:db8::5"));
+        assert_eq!(entries[1].ip_mode.as_deref(), Some("Proxy"));
+    }
 }

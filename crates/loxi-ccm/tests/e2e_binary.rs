@@ -54,6 +54,7 @@ async fn shipped_manifests_and_rbac_run_the_binary_end_to_end() {
             "--for=condition=established",
             "--timeout=60s",
             "crd/addressclaims.ipam.loxilb.io",
+            "crd/addresspools.ipam.loxilb.io",
         ])
         .output()
         .unwrap();
@@ -293,6 +294,7 @@ async fn leader_failover_between_two_processes() {
             "--for=condition=established".into(),
             "--timeout=60s".into(),
             "crd/addressclaims.ipam.loxilb.io".into(),
+            "crd/addresspools.ipam.loxilb.io".into(),
         ],
     ] {
         let out = Command::new(&kubectl)

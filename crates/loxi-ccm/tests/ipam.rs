@@ -1,5 +1,7 @@
 //! Address management against the real API server: durable claims, races between two
-//! controllers, restart mid-burst, retain, reservations, adoption, static addresses.
+//! controllers, restart mid-burst, retain, reservations, adoption, static addresses,
+//! AddressPool resources (selectors, priority, autoAssign, disabled, edits, status) and
+//! Services sharing one address by port.
 
 mod common;
 
@@ -8,8 +10,14 @@ use std::time::Duration;
 
 use common::{CLASS, Options, WAIT, World, wait_for};
 use futures::future::join_all;
+use k8s_openapi::api::core::v1::{Namespace, Service};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use loxi_ccm::claims::{AddressClaim, AddressClaimSpec, ClaimedBy};
+use loxi_ccm::pools::{
+    AddressPool, AddressPoolSpec, AddressPoolStatus, FamilyUsage, LabelSelector,
+    LabelSelectorRequirement,
+};
+use serde_json::json;
 
 const LONG: Duration = Duration::from_secs(120);
 
@@ -200,8 +208,9 @@ async fn reservation_static_conflict_and_adoption() {
                     service: ClaimedBy {
                         namespace: w.ns.clone(),
                         name: "vip".into(),
-                        uid: String::new(),
+                        ..ClaimedBy::default()
                     },
+                    shared_with: Vec::new(),
                     retain_until: None,
                 },
             ),
@@ -329,6 +338,679 @@ async fn pools_dual_stack_and_pool_selection() {
             .iter()
             .any(|c| c.spec.address == "203.0.113.9" && c.spec.service.name == "fixed")
             .then_some(())
+    })
+    .await;
+    w.finish().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// AddressPool resources. Pools are cluster-scoped and outlive a test: each is named after
+// the test's namespace and admits that namespace only, so a pool left behind by a failed
+// test cannot capture another test's Services.
+
+/// Admits the namespace `ns` only (the API server labels every namespace with its name).
+fn only_ns(ns: &str) -> LabelSelector {
+    LabelSelector {
+        match_labels: BTreeMap::new(),
+        match_expressions: vec![LabelSelectorRequirement {
+            key: "kubernetes.io/metadata.name".into(),
+            operator: "In".into(),
+            values: vec![ns.to_string()],
+        }],
+    }
+}
+
+fn pool_spec(ns: &str, addresses: &[&str]) -> AddressPoolSpec {
+    AddressPoolSpec {
+        addresses: addresses.iter().map(|a| a.to_string()).collect(),
+        auto_assign: true,
+        avoid_buggy_ips: true,
+        priority: 0,
+        disabled: false,
+        namespace_selector: Some(only_ns(ns)),
+        service_selector: None,
+    }
+}
+
+fn pools_api(w: &World) -> Api<AddressPool> {
+    Api::all(w.client.clone())
+}
+
+/// Creates the pool `<namespace>-<suffix>` and returns its name.
+async fn create_pool(w: &World, suffix: &str, spec: AddressPoolSpec) -> String {
+    let name = format!("{}-{suffix}", w.ns);
+    let _ = pools_api(w).delete(&name, &DeleteParams::default()).await;
+    wait_for("stale pool gone", WAIT, || async {
+        pools_api(w)
+            .get_opt(&name)
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    pools_api(w)
+        .create(&PostParams::default(), &AddressPool::new(&name, spec))
+        .await
+        .unwrap();
+    name
+}
+
+async fn patch_pool(w: &World, name: &str, spec: serde_json::Value) {
+    pools_api(w)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": spec })),
+        )
+        .await
+        .unwrap();
+}
+
+async fn delete_pools(w: &World, names: &[&String]) {
+    for name in names {
+        let _ = pools_api(w).delete(name, &DeleteParams::default()).await;
+    }
+}
+
+/// Waits until the pool's status satisfies `check`, and returns it.
+async fn wait_pool_status(
+    w: &World,
+    name: &str,
+    what: &str,
+    check: impl Fn(&AddressPoolStatus) -> bool,
+) -> AddressPoolStatus {
+    wait_for(&format!("{what} on pool {name}"), WAIT, || async {
+        let status = pools_api(w).get(name).await.ok()?.status?;
+        check(&status).then_some(status)
+    })
+    .await
+}
+
+fn pool_condition<'a>(s: &'a AddressPoolStatus, type_: &str) -> (&'a str, &'a str, &'a str) {
+    s.conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.as_str(), c.reason.as_str(), c.message.as_str()))
+        .unwrap_or_default()
+}
+
+fn v4(total: i64, used: i64) -> FamilyUsage {
+    FamilyUsage {
+        total,
+        used,
+        free: total - used,
+    }
+}
+
+fn annotated(mut svc: Service, pairs: &[(&str, &str)]) -> Service {
+    svc.metadata.annotations = Some(
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    );
+    svc
+}
+
+/// The condition reason loxi-ccm shows for a Service's address.
+async fn address_reason(w: &World, name: &str) -> String {
+    wait_for(&format!("an address condition on {name}"), WAIT, || async {
+        let s = w.get(name).await?;
+        World::condition(&s, "loxilb.io/AddressAllocated").map(|c| c.1)
+    })
+    .await
+}
+
+/// Stops the controller once it is serving (a controller stopped before its stores synced
+/// cannot shut down cleanly and keeps its Lease), so that the test can set pools up before
+/// the next start: start-up waits for the pool and namespace stores, so the first
+/// allocation after it already sees them.
+async fn stop_when_serving(w: &mut World) {
+    w.create(&World::lb_service("probe", Some(CLASS), &[(1, "TCP")]))
+        .await;
+    w.wait_for_ip("probe").await;
+    w.services
+        .delete("probe", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("probe gone", WAIT, || async {
+        w.get("probe").await.is_none().then_some(())
+    })
+    .await;
+    w.stop_controller().await;
+}
+
+#[tokio::test]
+async fn address_pools_follow_namespace_and_service_labels_priority_and_auto_assign() {
+    let mut w = World::new("apools").await;
+    w.add_node("node-a", "10.1.5.1").await;
+    // Pools and labels in place before the controller starts again.
+    stop_when_serving(&mut w).await;
+    Api::<Namespace>::all(w.client.clone())
+        .patch(
+            &w.ns,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"loxi-test/team": "blue"}}})),
+        )
+        .await
+        .unwrap();
+    let blue_only = |ns: &str, team: &str| {
+        let mut s = only_ns(ns);
+        s.match_labels.insert("loxi-test/team".into(), team.into());
+        s
+    };
+    let team = create_pool(&w, "team", {
+        let mut s = pool_spec(&w.ns, &["198.51.100.0/29"]);
+        s.namespace_selector = Some(blue_only(&w.ns, "blue"));
+        s
+    })
+    .await;
+    let edge = create_pool(&w, "edge", {
+        let mut s = pool_spec(&w.ns, &["198.51.100.64/29"]);
+        s.priority = 5;
+        s.service_selector = Some(LabelSelector {
+            match_labels: BTreeMap::new(),
+            match_expressions: vec![LabelSelectorRequirement {
+                key: "tier".into(),
+                operator: "In".into(),
+                values: vec!["edge".into()],
+            }],
+        });
+        s
+    })
+    .await;
+    let manual = create_pool(&w, "manual", {
+        let mut s = pool_spec(&w.ns, &["198.51.100.128-198.51.100.130"]);
+        s.auto_assign = false;
+        s
+    })
+    .await;
+    // Highest priority, but for another team.
+    let red = create_pool(&w, "red", {
+        let mut s = pool_spec(&w.ns, &["198.51.100.192/29"]);
+        s.priority = 10;
+        s.namespace_selector = Some(blue_only(&w.ns, "red"));
+        s
+    })
+    .await;
+    w.start_controller(&Options::default()).await;
+
+    // A pool dedicated to the namespace comes before the flag pool of equal priority.
+    w.create(&World::lb_service("plain", Some(CLASS), &[(80, "TCP")]))
+        .await;
+    assert_eq!(w.wait_for_ip("plain").await, "198.51.100.1");
+    // Higher priority, admitted by the Service's labels.
+    let mut front = World::lb_service("front", Some(CLASS), &[(80, "TCP")]);
+    front.metadata.labels = Some(BTreeMap::from([("tier".into(), "edge".into())]));
+    w.create(&front).await;
+    assert_eq!(w.wait_for_ip("front").await, "198.51.100.65");
+    // autoAssign: false: only when named.
+    w.create(&annotated(
+        World::lb_service("pinned", Some(CLASS), &[(80, "TCP")]),
+        &[("loxilb.io/poolSelect", manual.as_str())],
+    ))
+    .await;
+    assert_eq!(w.wait_for_ip("pinned").await, "198.51.100.128");
+    // A pool whose namespaceSelector does not admit the Service, even when named.
+    w.create(&annotated(
+        World::lb_service("wrong", Some(CLASS), &[(80, "TCP")]),
+        &[("loxilb.io/poolSelect", red.as_str())],
+    ))
+    .await;
+    assert_eq!(address_reason(&w, "wrong").await, "PoolNotAllowed");
+
+    // Claims name the pool; pool status counts what is used.
+    wait_for("claim naming the pool", WAIT, || async {
+        w.claims()
+            .await
+            .iter()
+            .any(|c| c.spec.service.name == "plain" && c.spec.pool == team)
+            .then_some(())
+    })
+    .await;
+    let s = wait_pool_status(&w, &team, "1 used", |s| s.ipv4 == v4(6, 1)).await;
+    assert_eq!(pool_condition(&s, "Ready").0, "True");
+    assert_eq!(pool_condition(&s, "Exhausted").0, "False");
+    assert_eq!(s.ipv6, FamilyUsage::default());
+    wait_pool_status(&w, &manual, "1 used", |s| s.ipv4 == v4(3, 1)).await;
+    wait_pool_status(&w, &red, "0 used", |s| s.ipv4 == v4(6, 0)).await;
+    // Counts follow releases.
+    w.services
+        .delete("pinned", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_pool_status(&w, &manual, "0 used", |s| s.ipv4 == v4(3, 0)).await;
+    delete_pools(&w, &[&team, &edge, &manual, &red]).await;
+    w.finish().await;
+}
+
+#[tokio::test]
+async fn pool_edits_shrink_and_disable_change_no_address() {
+    let mut w = World::new("apooledit").await;
+    w.add_node("node-a", "10.1.6.1").await;
+    stop_when_serving(&mut w).await;
+    let pool = create_pool(&w, "p", pool_spec(&w.ns, &["10.250.0.1-10.250.0.4"])).await;
+    w.start_controller(&Options::default()).await;
+    for name in ["s1", "s2"] {
+        w.create(&World::lb_service(name, Some(CLASS), &[(80, "TCP")]))
+            .await;
+    }
+    let (s1, s2) = (w.wait_for_ip("s1").await, w.wait_for_ip("s2").await);
+    let mut first: Vec<String> = vec![s1.clone(), s2.clone()];
+    first.sort();
+    assert_eq!(first, ["10.250.0.1", "10.250.0.2"]);
+    wait_pool_status(&w, &pool, "2 used", |s| s.ipv4 == v4(4, 2)).await;
+
+    // Shrink below both addresses: nobody moves; they stay claimed outside every pool.
+    patch_pool(&w, &pool, json!({"addresses": ["10.250.0.3-10.250.0.4"]})).await;
+    wait_pool_status(&w, &pool, "the shrunk pool", |s| s.ipv4 == v4(2, 0)).await;
+    w.create(&World::lb_service("s3", Some(CLASS), &[(80, "TCP")]))
+        .await;
+    assert_eq!(w.wait_for_ip("s3").await, "10.250.0.3");
+    assert_eq!(w.wait_for_ip("s1").await, s1);
+    assert_eq!(w.wait_for_ip("s2").await, s2);
+    assert_eq!(w.rules_for(&s1).len(), 1);
+    let claimed: BTreeSet<String> = w
+        .claims()
+        .await
+        .into_iter()
+        .map(|c| c.spec.address)
+        .collect();
+    assert!(
+        claimed.contains(&s1) && claimed.contains(&s2),
+        "{claimed:?}"
+    );
+
+    // Disabled: what it handed out stays, nothing new comes from it.
+    patch_pool(&w, &pool, json!({"disabled": true})).await;
+    let s = wait_pool_status(&w, &pool, "Ready=False Disabled", |s| {
+        pool_condition(s, "Ready").1 == "Disabled"
+    })
+    .await;
+    assert_eq!(s.ipv4, v4(2, 1));
+    w.create(&World::lb_service("s4", Some(CLASS), &[(80, "TCP")]))
+        .await;
+    assert!(w.wait_for_ip("s4").await.starts_with("192.0.2."));
+    w.create(&annotated(
+        World::lb_service("s5", Some(CLASS), &[(80, "TCP")]),
+        &[("loxilb.io/poolSelect", pool.as_str())],
+    ))
+    .await;
+    assert_eq!(address_reason(&w, "s5").await, "PoolDisabled");
+    assert_eq!(w.wait_for_ip("s3").await, "10.250.0.3");
+
+    // A restart rebuilds the index over the edited pool: still nobody moves, and the
+    // addresses outside it are not handed out again.
+    w.stop_controller().await;
+    w.start_controller(&Options::default()).await;
+    w.create(&World::lb_service("s6", Some(CLASS), &[(80, "TCP")]))
+        .await;
+    let s6 = w.wait_for_ip("s6").await;
+    assert!(s6.starts_with("192.0.2.") && s6 != w.wait_for_ip("s4").await);
+    for (name, ip) in [("s1", &s1), ("s2", &s2), ("s3", &"10.250.0.3".to_string())] {
+        assert_eq!(&w.wait_for_ip(name).await, ip, "{name} moved");
+    }
+    delete_pools(&w, &[&pool]).await;
+    w.finish().await;
+}
+
+#[tokio::test]
+async fn overlapping_and_invalid_pools_are_reported() {
+    let w = World::new("apoolbad").await;
+    w.add_node("node-a", "10.1.7.1").await;
+    let a = create_pool(&w, "a", {
+        let mut s = pool_spec(&w.ns, &["10.251.0.0/30"]);
+        s.auto_assign = false;
+        s
+    })
+    .await;
+    let b = create_pool(&w, "b", {
+        let mut s = pool_spec(&w.ns, &["10.251.0.2-10.251.0.5"]);
+        s.auto_assign = false;
+        s
+    })
+    .await;
+    let bad = create_pool(&w, "bad", pool_spec(&w.ns, &["10.251.1.0/33", "nope"])).await;
+    let s = wait_pool_status(&w, &a, "Overlapping=True", |s| {
+        pool_condition(s, "Overlapping").0 == "True"
+    })
+    .await;
+    assert!(
+        pool_condition(&s, "Overlapping").2.contains(&b),
+        "{:?}",
+        s.conditions
+    );
+    wait_pool_status(&w, &b, "Overlapping=True", |s| {
+        pool_condition(s, "Overlapping").2.contains(&a)
+    })
+    .await;
+    let s = wait_pool_status(&w, &bad, "Ready=False InvalidSpec", |s| {
+        pool_condition(s, "Ready").1 == "InvalidSpec"
+    })
+    .await;
+    let message = pool_condition(&s, "Ready").2;
+    assert!(
+        message.contains("10.251.1.0/33") && message.contains("nope"),
+        "{message}"
+    );
+    // Warning Events on the pools (cluster-scoped: in the default namespace).
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(w.client.clone(), "default");
+    wait_for("pool Warning events", WAIT, || async {
+        let list = events.list(&Default::default()).await.ok()?.items;
+        let has = |pool: &str, reason: &str| {
+            list.iter().any(|e| {
+                e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(pool)
+                    && e.reason.as_deref() == Some(reason)
+            })
+        };
+        (has(&bad, "InvalidPool") && has(&a, "PoolOverlap")).then_some(())
+    })
+    .await;
+
+    // Overlapping pools still work: an address in both counts in both.
+    for name in ["x", "y"] {
+        w.create(&annotated(
+            World::lb_service(name, Some(CLASS), &[(80, "TCP")]),
+            &[("loxilb.io/poolSelect", a.as_str())],
+        ))
+        .await;
+        w.wait_for_ip(name).await;
+    }
+    wait_pool_status(&w, &a, "2 used", |s| s.ipv4 == v4(2, 2)).await;
+    let s = wait_pool_status(&w, &b, "1 used", |s| s.ipv4 == v4(4, 1)).await;
+    assert_eq!(pool_condition(&s, "Exhausted").0, "False");
+    let s = wait_pool_status(&w, &a, "Exhausted", |s| {
+        pool_condition(s, "Exhausted").0 == "True"
+    })
+    .await;
+    assert_eq!(pool_condition(&s, "Exhausted").2, "no free IPv4 address");
+
+    // Fixing the spec makes the pool usable.
+    patch_pool(&w, &bad, json!({"addresses": ["10.251.1.0/30"]})).await;
+    wait_pool_status(&w, &bad, "Ready=True", |s| {
+        pool_condition(s, "Ready").0 == "True" && s.ipv4 == v4(2, 0)
+    })
+    .await;
+    delete_pools(&w, &[&a, &b, &bad]).await;
+    w.finish().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Sharing one address between Services (kube-loxilb's shared mode, the default).
+
+/// Owners (Service names) listed by the claim of `ip`.
+async fn claim_owners(w: &World, ip: &str) -> Option<BTreeSet<String>> {
+    let api: Api<AddressClaim> = Api::all(w.client.clone());
+    let name = ip.replace(':', "-");
+    let c = api.get_opt(&name).await.unwrap()?;
+    Some(c.owners().iter().map(|o| o.name.clone()).collect())
+}
+
+fn names(list: &[&str]) -> BTreeSet<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+#[tokio::test]
+async fn shared_mode_shares_an_address_by_port_and_sharing_key() {
+    let w = World::new("share").await;
+    w.add_node("node-a", "10.1.8.1").await;
+    // Services on different ports share the first address; the same port takes another.
+    w.create(&World::lb_service("http", Some(CLASS), &[(80, "TCP")]))
+        .await;
+    let x = w.wait_for_ip("http").await;
+    w.create(&World::lb_service("https", Some(CLASS), &[(443, "TCP")]))
+        .await;
+    assert_eq!(w.wait_for_ip("https").await, x);
+    w.create(&World::lb_service(
+        "dns",
+        Some(CLASS),
+        &[(53, "UDP"), (53, "TCP")],
+    ))
+    .await;
+    assert_eq!(w.wait_for_ip("dns").await, x);
+    w.create(&World::lb_service("http2", Some(CLASS), &[(80, "TCP")]))
+        .await;
+    let y = w.wait_for_ip("http2").await;
+    assert_ne!(y, x, "same port: another address");
+    // One claim lists every owner; each Service has its own rules on the address.
+    wait_for("claim with three owners", WAIT, || async {
+        (claim_owners(&w, &x).await? == names(&["http", "https", "dns"])).then_some(())
+    })
+    .await;
+    wait_for("rules of every sharer", WAIT, || async {
+        let ports: Vec<(u16, String)> = w
+            .rules_for(&x)
+            .into_iter()
+            .map(|(p, proto, _)| (p, proto))
+            .collect();
+        (ports
+            == [
+                (53, "tcp".to_string()),
+                (53, "udp".to_string()),
+                (80, "tcp".to_string()),
+                (443, "tcp".to_string()),
+            ])
+        .then_some(())
+    })
+    .await;
+    assert_eq!(w.rules_for(&y).len(), 1);
+
+    // A sharing key: only with the same key, never with key-less Services.
+    let keyed = |name: &str, port: i32, key: &str| {
+        annotated(
+            World::lb_service(name, Some(CLASS), &[(port, "TCP")]),
+            &[("loxilb.io/sharing-key", key)],
+        )
+    };
+    w.create(&keyed("k1", 8080, "team-a")).await;
+    let z = w.wait_for_ip("k1").await;
+    assert!(z != x && z != y, "{z}");
+    w.create(&keyed("k2", 8081, "team-a")).await;
+    assert_eq!(w.wait_for_ip("k2").await, z);
+    w.create(&keyed("k3", 8082, "team-b")).await;
+    let k3 = w.wait_for_ip("k3").await;
+    assert!(![&x, &y, &z].contains(&&k3), "{k3}");
+    // A requested address: joined with the same key, in use without one.
+    let mut static_keyed = keyed("s1", 9090, "team-a");
+    static_keyed.spec.as_mut().unwrap().load_balancer_ip = Some(z.clone());
+    w.create(&static_keyed).await;
+    assert_eq!(w.wait_for_ip("s1").await, z);
+    let mut static_plain = World::lb_service("s2", Some(CLASS), &[(9091, "TCP")]);
+    static_plain.spec.as_mut().unwrap().load_balancer_ip = Some(x.clone());
+    w.create(&static_plain).await;
+    assert_eq!(address_reason(&w, "s2").await, "AddressInUse");
+
+    // One sharer leaves: the address and the others' rules stay, its rules go.
+    w.services
+        .delete("https", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("https off the claim", WAIT, || async {
+        (claim_owners(&w, &x).await? == names(&["http", "dns"])).then_some(())
+    })
+    .await;
+    wait_for("443 rule gone, others kept", WAIT, || async {
+        let ports: Vec<u16> = w.rules_for(&x).into_iter().map(|(p, _, _)| p).collect();
+        (ports == [53, 53, 80]).then_some(())
+    })
+    .await;
+    assert_eq!(w.wait_for_ip("http").await, x);
+    // The port it freed is free for a newcomer on that address.
+    w.create(&World::lb_service("tls", Some(CLASS), &[(443, "TCP")]))
+        .await;
+    assert_eq!(w.wait_for_ip("tls").await, x);
+    // The last owners leave: the address is free, and s2, which asked for it by name, gets
+    // it at last (a fresh claim, its rule alone on the address).
+    for name in ["http", "dns", "tls"] {
+        w.services
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    wait_for("the freed address claimed by s2 alone", WAIT, || async {
+        (claim_owners(&w, &x).await? == names(&["s2"])).then_some(())
+    })
+    .await;
+    assert_eq!(w.wait_for_ip("s2").await, x);
+    wait_for("only s2's rule on the address", WAIT, || async {
+        let ports: Vec<u16> = w.rules_for(&x).into_iter().map(|(p, _, _)| p).collect();
+        (ports == [9091]).then_some(())
+    })
+    .await;
+    w.finish().await;
+}
+
+#[tokio::test]
+async fn ports_edited_onto_a_sharer_move_the_service() {
+    let w = World::new("sharemove").await;
+    w.add_node("node-a", "10.1.9.1").await;
+    w.create(&World::lb_service("a", Some(CLASS), &[(80, "TCP")]))
+        .await;
+    let x = w.wait_for_ip("a").await;
+    w.create(&World::lb_service("b", Some(CLASS), &[(443, "TCP")]))
+        .await;
+    assert_eq!(w.wait_for_ip("b").await, x);
+    // b now also wants 80, which a holds on x: b moves, a stays.
+    w.services
+        .patch(
+            "b",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"ports": [
+                {"name": "tcp-443", "port": 443, "protocol": "TCP"},
+                {"name": "tcp-80", "port": 80, "protocol": "TCP"}
+            ]}})),
+        )
+        .await
+        .unwrap();
+    let moved = wait_for("b on another address", WAIT, || async {
+        let ip = w.wait_for_ip("b").await;
+        (ip != x).then_some(ip)
+    })
+    .await;
+    wait_for("b off x, rules in place", WAIT, || async {
+        (claim_owners(&w, &x).await? == names(&["a"])
+            && w.rules_for(&moved).len() == 2
+            && w.rules_for(&x).len() == 1)
+            .then_some(())
+    })
+    .await;
+    assert_eq!(w.wait_for_ip("a").await, x);
+    w.finish().await;
+}
+
+#[tokio::test]
+async fn unique_mode_never_shares() {
+    let w = World::with(
+        "unique",
+        Options {
+            extra_args: vec!["--set-unique-ip".into()],
+            ..Options::default()
+        },
+    )
+    .await;
+    w.add_node("node-a", "10.1.10.1").await;
+    w.create(&World::lb_service("http", Some(CLASS), &[(80, "TCP")]))
+        .await;
+    let x = w.wait_for_ip("http").await;
+    w.create(&annotated(
+        World::lb_service("https", Some(CLASS), &[(443, "TCP")]),
+        &[("loxilb.io/sharing-key", "k")],
+    ))
+    .await;
+    assert_ne!(w.wait_for_ip("https").await, x);
+    // Claims still record the ports (switching back to shared mode moves nobody), and list
+    // one owner each.
+    let claims = w.claims().await;
+    assert_eq!(claims.len(), 2);
+    assert!(
+        claims
+            .iter()
+            .all(|c| c.spec.service.ports.is_some() && c.spec.shared_with.is_empty()),
+        "{claims:?}"
+    );
+    // Asked for by name with a key: still in use in unique mode.
+    let mut wants_x = annotated(
+        World::lb_service("dns", Some(CLASS), &[(53, "UDP")]),
+        &[("loxilb.io/sharing-key", "k")],
+    );
+    wants_x.spec.as_mut().unwrap().load_balancer_ip = Some(x.clone());
+    w.create(&wants_x).await;
+    assert_eq!(address_reason(&w, "dns").await, "AddressInUse");
+    w.finish().await;
+}
+
+#[tokio::test]
+async fn switching_to_unique_mode_moves_nobody() {
+    let mut w = World::new("sharemode").await;
+    w.add_node("node-a", "10.1.11.1").await;
+    w.create(&World::lb_service("a", Some(CLASS), &[(80, "TCP")]))
+        .await;
+    let x = w.wait_for_ip("a").await;
+    w.create(&World::lb_service("b", Some(CLASS), &[(443, "TCP")]))
+        .await;
+    assert_eq!(w.wait_for_ip("b").await, x);
+    wait_for("both on the claim", WAIT, || async {
+        (claim_owners(&w, &x).await? == names(&["a", "b"])).then_some(())
+    })
+    .await;
+    w.stop_controller().await;
+    w.start_controller(&Options {
+        extra_args: vec!["--set-unique-ip".into()],
+        ..Options::default()
+    })
+    .await;
+    // A newcomer that would fit on x gets its own address; the sharers stay.
+    w.create(&World::lb_service("c", Some(CLASS), &[(8080, "TCP")]))
+        .await;
+    assert_ne!(w.wait_for_ip("c").await, x);
+    for name in ["a", "b"] {
+        assert_eq!(w.wait_for_ip(name).await, x, "{name} moved");
+    }
+    assert_eq!(claim_owners(&w, &x).await.unwrap(), names(&["a", "b"]));
+    assert_eq!(w.rules_for(&x).len(), 2);
+    w.finish().await;
+}
+
+#[tokio::test]
+async fn kube_loxilb_shared_addresses_are_adopted_together() {
+    let mut w = World::new("shareadopt").await;
+    w.add_node("node-a", "10.1.12.1").await;
+    stop_when_serving(&mut w).await;
+    // kube-loxilb in shared mode left two Services on one address (by port), and a third on
+    // the same port as one of them (it would not have: one of the two must move).
+    for (name, port) in [("web", 80), ("tls", 443), ("clash", 80)] {
+        w.create(&World::lb_service(name, Some(CLASS), &[(port, "TCP")]))
+            .await;
+        w.services
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"loadBalancer": {"ingress": [{"hostname": "llb-192.0.2.50"}]}}})),
+            )
+            .await
+            .unwrap();
+    }
+    w.start_controller(&Options::default()).await;
+    let shared = "192.0.2.50".to_string();
+    // tls shares with whichever port-80 Service the index met first; the other moves.
+    let (stayed, moved) = wait_for("sharers adopted, the clash moved", WAIT, || async {
+        let owners = claim_owners(&w, &shared).await?;
+        let stayed = ["web", "clash"].into_iter().find(|n| owners.contains(*n))?;
+        let other = if stayed == "web" { "clash" } else { "web" };
+        (owners == names(&[stayed, "tls"])).then_some((stayed, other))
+    })
+    .await;
+    assert_eq!(w.wait_for_ip("tls").await, shared);
+    assert_eq!(w.wait_for_ip(stayed).await, shared);
+    let moved_ip = wait_for("the clashing one on another address", WAIT, || async {
+        let ip = w.wait_for_ip(moved).await;
+        (ip != shared).then_some(ip)
+    })
+    .await;
+    wait_for("rules", WAIT, || async {
+        (w.rules_for(&shared).len() == 2 && w.rules_for(&moved_ip).len() == 1).then_some(())
     })
     .await;
     w.finish().await;

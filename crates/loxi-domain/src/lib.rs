@@ -12,7 +12,9 @@ pub mod ipam;
 pub mod model;
 pub mod naming;
 pub mod plan;
+pub mod pools;
 pub mod selection;
+pub mod sharing;
 
 pub use diff::{Action, diff_rules};
 pub use intent::{AnnotationError, Defaults, ServiceIntent, parse_intent};

@@ -44,18 +44,22 @@ pub async fn install_crds(client: &kube::Client) {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     use kube::CustomResourceExt;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd = loxi_ccm::claims::AddressClaim::crd();
-    let name = crd.metadata.name.clone().unwrap();
-    let _ = crds.create(&PostParams::default(), &crd).await;
-    wait_for("CRD established", WAIT, || async {
-        let c = crds.get(&name).await.ok()?;
-        c.status?
-            .conditions?
-            .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True")
-            .then_some(())
-    })
-    .await;
+    for crd in [
+        loxi_ccm::claims::AddressClaim::crd(),
+        loxi_ccm::pools::AddressPool::crd(),
+    ] {
+        let name = crd.metadata.name.clone().unwrap();
+        let _ = crds.create(&PostParams::default(), &crd).await;
+        wait_for("CRD established", WAIT, || async {
+            let c = crds.get(&name).await.ok()?;
+            c.status?
+                .conditions?
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+                .then_some(())
+        })
+        .await;
+    }
 }
 
 /// Polls `check` until it returns `Some`, or panics after `timeout` naming `what`.
@@ -118,6 +122,14 @@ impl World {
     }
 
     pub async fn with(name: &str, opts: Options) -> World {
+        Self::with_sim(name, opts, SimConfig::default()).await
+    }
+
+    /// As [`World::with`], with the world's simulator configured by `sim` (e.g. a small
+    /// `max_rules`). More loxilb instances: start simulators and pass their URLs in
+    /// `opts.extra_args` as `--loxilb-url=...` (repeated flags add up; instances are then
+    /// `[world.sim, extra...]`).
+    pub async fn with_sim(name: &str, opts: Options, sim: SimConfig) -> World {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(
                 tracing_subscriber::EnvFilter::try_from_default_env()
@@ -149,7 +161,7 @@ impl World {
                 .delete(&n.metadata.name.unwrap(), &DeleteParams::default())
                 .await;
         }
-        let sim = Simulator::start("127.0.0.1:0".parse().unwrap(), SimConfig::default())
+        let sim = Simulator::start("127.0.0.1:0".parse().unwrap(), sim)
             .await
             .unwrap();
         let mut world = World {

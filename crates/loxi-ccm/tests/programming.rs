@@ -1,0 +1,464 @@
+//! Programming several loxilb instances, loxilb's limits and the published status, against
+//! a real kube-apiserver and loxilb simulators.
+
+mod common;
+
+use common::{CLASS, Options, WAIT, World, wait_for};
+use k8s_openapi::api::core::v1::{LoadBalancerIngress, Service};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use loxi_domain::RuleName;
+use loxilb_client::{ClientConfig, LoadbalanceEntry, LoxilbClient};
+use loxilb_sim::{Fault, SimConfig, Simulator};
+use serde_json::json;
+
+const COND_ADDRESS: &str = "loxilb.io/AddressAllocated";
+const COND_PROGRAMMED: &str = "loxilb.io/Programmed";
+
+async fn start_sim() -> Simulator {
+    Simulator::start("127.0.0.1:0".parse().unwrap(), SimConfig::default())
+        .await
+        .unwrap()
+}
+
+/// Options for a controller that also programs `extra`.
+fn with_instances(extra: &[&Simulator], drift: &'static str) -> Options {
+    Options {
+        drift,
+        extra_args: extra
+            .iter()
+            .map(|s| format!("--loxilb-url={}", s.url()))
+            .collect(),
+        ..Options::default()
+    }
+}
+
+/// Rules a simulator holds for the Service `svc` of the test's namespace, as sorted
+/// "port/protocol" (by rule name: Services may share an address).
+fn rules_of(sim: &Simulator, w: &World, svc: &str) -> Vec<String> {
+    let mut v: Vec<String> = sim
+        .rules()
+        .into_iter()
+        .filter(|r| {
+            RuleName::parse(&r.name).is_some_and(|n| n.namespace == w.ns && n.service == svc)
+        })
+        .map(|r| format!("{}/{}", r.port, r.protocol))
+        .collect();
+    v.sort();
+    v
+}
+
+fn names_on(sim: &Simulator) -> Vec<String> {
+    sim.rules().into_iter().map(|r| r.name).collect()
+}
+
+/// Puts a rule on a simulator behind the controller's back, named `name`.
+async fn post_rule(sim: &Simulator, name: &str, ip: &str, port: u16) {
+    let entry: LoadbalanceEntry = serde_json::from_value(json!({
+        "serviceArguments": {"externalIP": ip, "port": port, "protocol": "tcp", "name": name},
+        "endpoints": [{"endpointIP": "10.9.9.9", "targetPort": 30080, "weight": 1}],
+    }))
+    .unwrap();
+    LoxilbClient::new(ClientConfig::new(&sim.url()))
+        .unwrap()
+        .apply_rule(&entry)
+        .await
+        .unwrap();
+}
+
+/// Waits for the Programmed condition with this status and reason; returns its message.
+async fn wait_programmed(w: &World, name: &str, status: &str, reason: &str) -> String {
+    wait_for(
+        &format!("{name}: Programmed={status} reason {reason}"),
+        WAIT,
+        || async {
+            let s = w.get(name).await?;
+            let (st, re, msg) = World::condition(&s, COND_PROGRAMMED)?;
+            (st == status && re == reason).then_some(msg)
+        },
+    )
+    .await
+}
+
+fn ingress(svc: &Service) -> Vec<LoadBalancerIngress> {
+    svc.status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.clone())
+        .unwrap_or_default()
+}
+
+/// How many times an Event with this reason was recorded for the Service (an Event object
+/// repeated by the recorder counts as its series count).
+async fn event_count(w: &World, name: &str, reason: &str) -> i32 {
+    let events: kube::Api<k8s_openapi::api::events::v1::Event> =
+        kube::Api::namespaced(w.client.clone(), &w.ns);
+    events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .map(|e| e.series.map_or(1, |s| s.count))
+        .sum()
+}
+
+async fn annotate(w: &World, name: &str, key: &str, value: &str) {
+    w.services
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {key: value}}})),
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn every_instance_is_programmed_and_an_outage_is_partial_then_replayed() {
+    let sim2 = start_sim().await;
+    let w = World::with("fleet", with_instances(&[&sim2], "30s")).await;
+    w.add_node("node-a", "10.2.0.1").await;
+    w.create(&World::lb_service(
+        "web",
+        Some(CLASS),
+        &[(80, "TCP"), (53, "UDP")],
+    ))
+    .await;
+    w.wait_for_ip("web").await;
+    let want = vec!["53/udp".to_string(), "80/tcp".to_string()];
+    wait_for("rules on both instances", WAIT, || async {
+        (rules_of(&w.sim, &w, "web") == want && rules_of(&sim2, &w, "web") == want).then_some(())
+    })
+    .await;
+    let msg = wait_programmed(&w, "web", "True", "Programmed").await;
+    assert!(msg.contains("2/2"), "{msg}");
+
+    // The second instance goes away: still programmed (on every reachable instance), and
+    // the condition says which one is missing.
+    sim2.go_down().await;
+    let msg = wait_programmed(&w, "web", "True", "PartiallyProgrammed").await;
+    assert!(msg.contains(&sim2.url()), "{msg}");
+    assert!(!msg.contains(&w.sim.url()), "{msg}");
+    // A Service created meanwhile goes to the reachable instance at once.
+    w.create(&World::lb_service("late", Some(CLASS), &[(8080, "TCP")]))
+        .await;
+    w.wait_for_ip("late").await;
+    wait_for("late on the reachable instance", WAIT, || async {
+        (rules_of(&w.sim, &w, "late") == ["8080/tcp"]).then_some(())
+    })
+    .await;
+    let msg = wait_programmed(&w, "late", "True", "PartiallyProgrammed").await;
+    assert!(msg.contains(&sim2.url()), "{msg}");
+
+    // It comes back empty (a restart while down): everything is replayed, and the
+    // Services say so.
+    sim2.restart();
+    sim2.come_up().await.unwrap();
+    wait_for(
+        "rules replayed on the instance that came back",
+        WAIT,
+        || async {
+            (rules_of(&sim2, &w, "web") == want && rules_of(&sim2, &w, "late") == ["8080/tcp"])
+                .then_some(())
+        },
+    )
+    .await;
+    wait_programmed(&w, "web", "True", "Programmed").await;
+    wait_programmed(&w, "late", "True", "Programmed").await;
+
+    // Restarted between two probes (never seen down): noticed by what it holds.
+    sim2.restart();
+    wait_for("rules replayed after a silent restart", WAIT, || async {
+        (rules_of(&sim2, &w, "web") == want && rules_of(&sim2, &w, "late") == ["8080/tcp"])
+            .then_some(())
+    })
+    .await;
+    w.finish().await;
+    sim2.shutdown().await;
+}
+
+#[tokio::test]
+async fn drift_deletes_owned_orphans_and_never_foreign_rules() {
+    let sim2 = start_sim().await;
+    let w = World::with("drift", with_instances(&[&sim2], "1s")).await;
+    w.add_node("node-a", "10.2.1.1").await;
+    w.create(&World::lb_service("web", Some(CLASS), &[(80, "TCP")]))
+        .await;
+    w.wait_for_ip("web").await;
+    wait_for("rules on both instances", WAIT, || async {
+        (rules_of(&w.sim, &w, "web").len() == 1 && rules_of(&sim2, &w, "web").len() == 1)
+            .then_some(())
+    })
+    .await;
+
+    let ghost = format!("ccm-test_{}_ghost_80_tcp:llb-inst0", w.ns);
+    let foreign = [
+        // kube-loxilb's naming, a hand-made rule, another cluster's, and this cluster's
+        // rule of a namespace this controller does not watch.
+        "default_other:llb-inst0".to_string(),
+        "made-by-hand".to_string(),
+        format!("ccm-othercluster_{}_ghost_81_tcp:llb-inst0", w.ns),
+        "ccm-test_elsewhere_svc_82_tcp:llb-inst0".to_string(),
+    ];
+    for (i, name) in foreign.iter().enumerate() {
+        post_rule(&sim2, name, "198.51.100.9", 1000 + i as u16).await;
+    }
+    post_rule(&sim2, &ghost, "198.51.100.10", 80).await;
+    post_rule(&w.sim, &ghost, "198.51.100.10", 80).await;
+    wait_for("the orphan deleted from both instances", WAIT, || async {
+        (!names_on(&sim2).contains(&ghost) && !names_on(&w.sim).contains(&ghost)).then_some(())
+    })
+    .await;
+    let left = names_on(&sim2);
+    for name in &foreign {
+        assert!(left.contains(name), "{name} was deleted: {left:?}");
+    }
+    assert_eq!(rules_of(&sim2, &w, "web"), ["80/tcp"]);
+    assert_eq!(rules_of(&w.sim, &w, "web"), ["80/tcp"]);
+    w.finish().await;
+    sim2.shutdown().await;
+}
+
+#[tokio::test]
+async fn capacity_is_reported_once_and_programmed_when_room_frees() {
+    // loxilb with room for 3 rules: the controller (configured for loxilb's 2048) learns
+    // the real size from the first refusal.
+    let w = World::with_sim(
+        "capacity",
+        Options::default(),
+        SimConfig {
+            max_rules: 3,
+            ..SimConfig::default()
+        },
+    )
+    .await;
+    w.add_node("node-a", "10.2.2.1").await;
+    w.create(&World::lb_service(
+        "first",
+        Some(CLASS),
+        &[(80, "TCP"), (81, "TCP")],
+    ))
+    .await;
+    wait_programmed(&w, "first", "True", "Programmed").await;
+    w.create(&World::lb_service(
+        "second",
+        Some(CLASS),
+        &[(80, "TCP"), (81, "TCP")],
+    ))
+    .await;
+    let msg = wait_programmed(&w, "second", "False", "CapacityExceeded").await;
+    assert!(msg.contains(&w.sim.url()), "{msg}");
+    w.wait_for_ip("second").await;
+    // Never half-programmed: the rule that fitted was taken back.
+    assert!(rules_of(&w.sim, &w, "second").is_empty());
+
+    // A Service that fits is not held up by the one that does not.
+    w.create(&World::lb_service("small", Some(CLASS), &[(90, "TCP")]))
+        .await;
+    wait_programmed(&w, "small", "True", "Programmed").await;
+    assert_eq!(w.sim.rules().len(), 3);
+
+    // Reconciling the blocked Service again (each flip of its ingress mode is one pass,
+    // seen in its status) sends nothing and publishes no new Warning.
+    for mode in ["proxy", "vip", "proxy", "vip"] {
+        annotate(&w, "second", "loxilb.io/ingress-mode", mode).await;
+        let want = if mode == "proxy" { "Proxy" } else { "VIP" };
+        wait_for(&format!("ipMode {want}"), WAIT, || async {
+            let s = w.get("second").await?;
+            (ingress(&s).first()?.ip_mode.as_deref() == Some(want)).then_some(())
+        })
+        .await;
+    }
+    wait_programmed(&w, "second", "False", "CapacityExceeded").await;
+    let warnings = event_count(&w, "second", "CapacityExceeded").await;
+    assert!(
+        (1..=2).contains(&warnings),
+        "{warnings} CapacityExceeded events"
+    );
+    assert_eq!(w.sim.rules().len(), 3);
+
+    // Room frees: the waiting Service is woken and programmed.
+    w.services
+        .delete("first", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_programmed(&w, "second", "True", "Programmed").await;
+    assert_eq!(rules_of(&w.sim, &w, "second"), ["80/tcp", "81/tcp"]);
+    w.finish().await;
+}
+
+#[tokio::test]
+async fn source_ranges_past_loxilbs_28th_rule_are_reported_not_retried() {
+    let w = World::new("srcranges").await;
+    w.add_node("node-a", "10.2.3.1").await;
+    let ports: Vec<(i32, &str)> = (0..28).map(|i| (1000 + i, "TCP")).collect();
+    w.create(&World::lb_service("big", Some(CLASS), &ports))
+        .await;
+    wait_programmed(&w, "big", "True", "Programmed").await;
+    assert_eq!(w.sim.rules().len(), 28);
+
+    let mut svc = World::lb_service("restricted", Some(CLASS), &[(80, "TCP")]);
+    svc.spec.as_mut().unwrap().load_balancer_source_ranges = Some(vec!["198.51.100.0/24".into()]);
+    w.create(&svc).await;
+    let msg = wait_programmed(&w, "restricted", "False", "SourceRangesUnsupported").await;
+    assert!(msg.contains("loadBalancerSourceRanges"), "{msg}");
+    // Not sent: no 400 from loxilb, nothing created.
+    assert_eq!(w.sim.rules().len(), 28);
+
+    // Others are not held up.
+    w.create(&World::lb_service("open", Some(CLASS), &[(80, "TCP")]))
+        .await;
+    wait_programmed(&w, "open", "True", "Programmed").await;
+
+    // Room among the first 28 rules: programmed, with its source ranges.
+    w.services
+        .delete("big", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_programmed(&w, "restricted", "True", "Programmed").await;
+    let ip = w.wait_for_ip("restricted").await;
+    let rule = w
+        .sim
+        .rules()
+        .into_iter()
+        .find(|r| r.external_ip == ip && r.port == 80)
+        .unwrap();
+    assert_eq!(rule.allowed_sources, ["198.51.100.0/24"]);
+    assert!(
+        event_count(&w, "restricted", "SourceRangesUnsupported").await >= 1,
+        "a Warning says why it waited"
+    );
+    w.finish().await;
+}
+
+#[tokio::test]
+async fn ingress_has_ip_mode_and_ports_and_the_hostname_form_survives_a_restart() {
+    let mut w = World::new("ingress").await;
+    w.add_node("node-a", "10.2.4.1").await;
+    w.create(&World::lb_service(
+        "web",
+        Some(CLASS),
+        &[(80, "TCP"), (53, "UDP")],
+    ))
+    .await;
+    let mut nat = World::lb_service("nat", Some(CLASS), &[(443, "TCP")]);
+    nat.metadata.annotations = Some([("loxilb.io/lbmode".into(), "fullnat".into())].into());
+    w.create(&nat).await;
+    let ip = w.wait_for_ip("web").await;
+    let web = w.get("web").await.unwrap();
+    let entry = &ingress(&web)[0];
+    assert_eq!(
+        entry.ip_mode.as_deref(),
+        Some("VIP"),
+        "DNAT: kube-proxy may serve it"
+    );
+    let ports: Vec<(i32, String)> = entry
+        .ports
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|p| (p.port, p.protocol.clone()))
+        .collect();
+    assert_eq!(ports, [(80, "TCP".into()), (53, "UDP".into())]);
+    wait_for("fullnat published as Proxy", WAIT, || async {
+        let s = w.get("nat").await?;
+        (ingress(&s).first()?.ip_mode.as_deref() == Some("Proxy")).then_some(())
+    })
+    .await;
+
+    // kube-loxilb's hostname form, on request.
+    annotate(&w, "web", "loxilb.io/ingress-mode", "hostname").await;
+    let host = format!("llb-{ip}");
+    wait_for("hostname form", WAIT, || async {
+        let s = w.get("web").await?;
+        let e = ingress(&s);
+        (e.len() == 1 && e[0].hostname.as_deref() == Some(host.as_str()) && e[0].ip.is_none())
+            .then_some(())
+    })
+    .await;
+    let rules_before = w.sim.rules();
+
+    // A new controller reads the hostname back as the Service's address.
+    w.stop_controller().await;
+    w.start_controller(&Options::default()).await;
+    w.create(&World::lb_service("late", Some(CLASS), &[(80, "TCP")]))
+        .await;
+    let late = w.wait_for_ip("late").await;
+    assert_ne!(late, ip, "the hostname's address was handed out again");
+    let web = wait_for("web still Programmed on its address", WAIT, || async {
+        let s = w.get("web").await?;
+        let (_, _, msg) = World::condition(&s, COND_ADDRESS)?;
+        (msg.contains(&ip) && World::condition(&s, COND_PROGRAMMED)?.0 == "True").then_some(s)
+    })
+    .await;
+    assert_eq!(ingress(&web)[0].hostname.as_deref(), Some(host.as_str()));
+    for r in &rules_before {
+        assert!(w.sim.rules().contains(r), "{r:?} changed");
+    }
+    let claims: Vec<String> = w
+        .claims()
+        .await
+        .iter()
+        .map(|c| c.spec.address.clone())
+        .collect();
+    assert!(claims.contains(&ip), "{claims:?}");
+
+    // A bad value is reported like any bad annotation; the address stays published.
+    annotate(&w, "web", "loxilb.io/ingress-mode", "magic").await;
+    let msg = wait_programmed(&w, "web", "False", "InvalidAnnotation").await;
+    assert!(msg.contains("loxilb.io/ingress-mode"), "{msg}");
+    let web = w.get("web").await.unwrap();
+    assert_eq!(ingress(&web)[0].hostname.as_deref(), Some(host.as_str()));
+    w.finish().await;
+}
+
+#[tokio::test]
+async fn deletion_waits_for_every_reachable_instance_only() {
+    let sim2 = start_sim().await;
+    let w = World::with("finalizer", with_instances(&[&sim2], "30s")).await;
+    w.add_node("node-a", "10.2.5.1").await;
+    w.create(&World::lb_service("web", Some(CLASS), &[(80, "TCP")]))
+        .await;
+    w.wait_for_ip("web").await;
+    wait_for("rules on both instances", WAIT, || async {
+        (rules_of(&w.sim, &w, "web").len() == 1 && rules_of(&sim2, &w, "web").len() == 1)
+            .then_some(())
+    })
+    .await;
+
+    // A reachable instance that fails the delete holds the finalizer.
+    w.sim.set_fault(Some(Fault {
+        status: 500,
+        rate: 1.0,
+        only_writes: true,
+    }));
+    w.services
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("the failed cleanup reported", WAIT, || async {
+        (event_count(&w, "web", "LoxilbServerError").await > 0).then_some(())
+    })
+    .await;
+    assert!(w.get("web").await.is_some(), "finalizer released too early");
+
+    // An unreachable instance does not: once the reachable one is clean, the Service goes,
+    // and the instance that was away loses the rule when it is back.
+    sim2.go_down().await;
+    w.sim.set_fault(None);
+    wait_for("Service gone", WAIT, || async {
+        w.get("web").await.is_none().then_some(())
+    })
+    .await;
+    assert!(rules_of(&w.sim, &w, "web").is_empty());
+    assert_eq!(rules_of(&sim2, &w, "web").len(), 1, "state kept while down");
+    sim2.come_up().await.unwrap();
+    wait_for("orphan removed when the instance is back", WAIT, || async {
+        rules_of(&sim2, &w, "web").is_empty().then_some(())
+    })
+    .await;
+    w.finish().await;
+    sim2.shutdown().await;
+}
