@@ -262,6 +262,16 @@ pub struct RunArgs {
     #[arg(long, env = "LOXI_CCM_CONCURRENCY", default_value_t = 16)]
     pub concurrency: u16,
 
+    /// Rules one loxilb instance holds at most (loxilb's own limit is 2048). A Service whose
+    /// rules would not fit gets the condition reason CapacityExceeded instead of a retry storm,
+    /// and is programmed as soon as room frees.
+    #[arg(
+        long = "loxilb-max-rules",
+        env = "LOXI_CCM_LOXILB_MAX_RULES",
+        default_value_t = 2048
+    )]
+    pub loxilb_max_rules: usize,
+
     /// Address of the admin HTTP server (/metrics, /healthz, /readyz).
     #[arg(
         long = "admin-addr",

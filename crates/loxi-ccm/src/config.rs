@@ -90,6 +90,8 @@ pub struct Config {
     pub health_interval: Duration,
     pub drift_interval: Duration,
     pub concurrency: u16,
+    /// Rules one loxilb instance holds at most.
+    pub loxilb_max_rules: usize,
     /// `None`: leader election off (this replica is always the leader).
     pub leader: Option<LeaseConfig>,
     pub node_init: NodeInitArgs,
@@ -860,6 +862,7 @@ impl Config {
             health_interval: args.health_interval,
             drift_interval: args.drift_interval,
             concurrency: args.concurrency,
+            loxilb_max_rules: args.loxilb_max_rules,
             leader: args.leader_elect.then(|| {
                 let mut lease = LeaseConfig::new(
                     &args.leader_elect_namespace,

@@ -68,7 +68,7 @@ pub async fn run(
     for c in &cfg.loxilb {
         clients.push(LoxilbClient::new(c.clone())?);
     }
-    let fleet = Fleet::new(clients);
+    let fleet = Fleet::with_capacity(clients, cfg.loxilb_max_rules);
 
     // One stop signal for the reconcile loop: the caller's shutdown or a lost leadership.
     let (stop_tx, stop_rx) = watch::channel(false);

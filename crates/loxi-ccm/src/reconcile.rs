@@ -549,6 +549,16 @@ async fn ensure_addresses_now(
         .get(loxi_domain::addressing::ANN_POOL_SELECT)
         .map(|v| v.trim())
         .filter(|v| !v.is_empty());
+    // A retain period that does not parse must not silently mean "do not retain".
+    if let Some(v) = svc.annotations().get(ANN_RETAIN)
+        && crate::cli::parse_duration(v).is_err()
+    {
+        return Ok(Err(Problem::Annotation(AnnotationError {
+            annotation: ANN_RETAIN,
+            value: v.clone(),
+            reason: "expected a duration such as 30m, 24h or 3600".into(),
+        })));
+    }
     let slots = match address_slots(&input, |f| pools.serves(selected, &who, f)) {
         Ok(s) => s,
         Err(e) => return Ok(Err(Problem::Annotation(e))),

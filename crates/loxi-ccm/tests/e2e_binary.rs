@@ -115,23 +115,25 @@ async fn shipped_manifests_and_rbac_run_the_binary_end_to_end() {
         .unwrap();
     let log_path = cp.dir().join("loxi-ccm.log");
     let admin_port = testenv::free_port().unwrap();
-    let mut ccm = Command::new(env!("CARGO_BIN_EXE_loxi-ccm"))
-        .args(["run", "--kubeconfig"])
-        .arg(&sa_kc)
-        .args([
-            "--loxiURL",
-            &sim.url(),
-            "--externalCIDR",
-            "198.51.100.0/24",
-            "--admin-addr",
-            &format!("127.0.0.1:{admin_port}"),
-            "--log-format",
-            "json",
-        ])
-        .stdout(std::fs::File::create(&log_path).unwrap())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
+    let mut ccm = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_loxi-ccm"))
+            .args(["run", "--kubeconfig"])
+            .arg(&sa_kc)
+            .args([
+                "--loxiURL",
+                &sim.url(),
+                "--externalCIDR",
+                "198.51.100.0/24",
+                "--admin-addr",
+                &format!("127.0.0.1:{admin_port}"),
+                "--log-format",
+                "json",
+            ])
+            .stdout(std::fs::File::create(&log_path).unwrap())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
 
     let services: Api<Service> = Api::namespaced(admin.clone(), ns);
     services
@@ -226,10 +228,10 @@ async fn shipped_manifests_and_rbac_run_the_binary_end_to_end() {
     // SIGTERM: the binary stops by itself.
     let started = Instant::now();
     unsafe {
-        libc_kill(ccm.id() as i32, 15);
+        libc_kill(ccm.0.id() as i32, 15);
     }
     let status = loop {
-        if let Some(s) = ccm.try_wait().unwrap() {
+        if let Some(s) = ccm.0.try_wait().unwrap() {
             break s;
         }
         assert!(
@@ -245,6 +247,16 @@ async fn shipped_manifests_and_rbac_run_the_binary_end_to_end() {
     let log = std::fs::read_to_string(&log_path).unwrap();
     assert!(status.success(), "exit status {status}; log:\n{log}");
     assert!(!log.contains("forbidden"), "RBAC denied something:\n{log}");
+}
+
+/// Kills the child when dropped, so a failing assertion leaves no controller running.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 unsafe extern "C" {
@@ -344,24 +356,26 @@ async fn leader_failover_between_two_processes() {
 
     let start = |name: &str| {
         let port = testenv::free_port().unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_loxi-ccm"))
-            .env("POD_NAME", name)
-            .args(["run", "--kubeconfig"])
-            .arg(&sa_kc)
-            .args([
-                "--loxilb-url",
-                &sim.url(),
-                "--external-cidr",
-                "198.51.100.0/24",
-                "--admin-addr",
-                &format!("127.0.0.1:{port}"),
-                "--leader-elect-lease-duration",
-                "6s",
-            ])
-            .stdout(std::fs::File::create(cp.dir().join(format!("{name}.log"))).unwrap())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let child = KillOnDrop(
+            Command::new(env!("CARGO_BIN_EXE_loxi-ccm"))
+                .env("POD_NAME", name)
+                .args(["run", "--kubeconfig"])
+                .arg(&sa_kc)
+                .args([
+                    "--loxilb-url",
+                    &sim.url(),
+                    "--external-cidr",
+                    "198.51.100.0/24",
+                    "--admin-addr",
+                    &format!("127.0.0.1:{port}"),
+                    "--leader-elect-lease-duration",
+                    "6s",
+                ])
+                .stdout(std::fs::File::create(cp.dir().join(format!("{name}.log"))).unwrap())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
         (child, port)
     };
     let mut replicas = vec![start("replica-a"), start("replica-b")];
@@ -413,7 +427,7 @@ async fn leader_failover_between_two_processes() {
     // Stop the leader mid-burst (SIGTERM: it releases the Lease).
     let (mut old, _) = replicas.remove(leader);
     unsafe {
-        libc_kill(old.id() as i32, 15);
+        libc_kill(old.0.id() as i32, 15);
     }
     let stopped = Instant::now();
     for i in 10..20 {
@@ -422,7 +436,7 @@ async fn leader_failover_between_two_processes() {
             .await
             .unwrap();
     }
-    let _ = old.wait();
+    let _ = old.0.wait();
     let all = wait_for("20 addresses after failover", || async {
         let p = published().await;
         (p.len() == 20).then_some(p)
@@ -458,8 +472,8 @@ async fn leader_failover_between_two_processes() {
     .await;
     for (mut child, _) in replicas {
         unsafe {
-            libc_kill(child.id() as i32, 15);
+            libc_kill(child.0.id() as i32, 15);
         }
-        let _ = child.wait();
+        let _ = child.0.wait();
     }
 }
