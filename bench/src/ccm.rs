@@ -19,6 +19,8 @@ pub struct CcmSpec {
     pub log_dir: PathBuf,
     /// Extra flags from the command line (`--ccm-arg`).
     pub extra: Vec<String>,
+    /// Extra environment (`--ccm-env`).
+    pub env: Vec<(String, String)>,
 }
 
 pub struct Ccm {
@@ -52,6 +54,7 @@ impl Ccm {
                 "json",
             ])
             .args(&spec.extra)
+            .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(out.try_clone()?)
             .stderr(out);
         let child =

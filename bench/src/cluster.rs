@@ -416,6 +416,23 @@ impl Sim {
         Ok(usize::try_from(v["rules"].as_u64().unwrap_or(0))?)
     }
 
+    /// Size of `GET /config/loadbalancer/all`, bytes.
+    pub async fn listing_bytes(&self) -> Result<usize> {
+        let body = self
+            .http
+            .get(format!(
+                "{}{}/config/loadbalancer/all",
+                self.sim.url(),
+                loxilb_sim::API_BASE
+            ))
+            .send()
+            .await?
+            .error_for_status()?
+            .bytes()
+            .await?;
+        Ok(body.len())
+    }
+
     /// How many stored rules forward to `ip`.
     pub fn rules_with_endpoint(&self, ip: &str) -> usize {
         self.sim

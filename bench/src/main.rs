@@ -79,6 +79,10 @@ pub struct Args {
     /// Extra flag for `loxi-ccm run` (repeatable), e.g. --ccm-arg=--concurrency=32.
     #[arg(long = "ccm-arg", allow_hyphen_values = true)]
     ccm_args: Vec<String>,
+    /// Extra environment variable for loxi-ccm, KEY=VALUE (repeatable), e.g.
+    /// --ccm-env MALLOC_ARENA_MAX=2.
+    #[arg(long = "ccm-env", value_parser = parse_env)]
+    ccm_env: Vec<(String, String)>,
     /// JSON results file. Default target/bench/results.json (quick: results-quick.json).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -92,6 +96,15 @@ pub struct Args {
     /// Print a timeline (IPs seen, rules, controller reconciles) every 250 ms during bursts.
     #[arg(long)]
     trace: bool,
+    /// Run nothing: re-render the markdown (and targets) from this results file.
+    #[arg(long)]
+    render_only: Option<PathBuf>,
+}
+
+fn parse_env(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("{s:?}: expected KEY=VALUE"))
 }
 
 fn workspace_root() -> PathBuf {
@@ -140,7 +153,7 @@ fn command_output(cmd: &str, args: &[&str]) -> String {
     std::process::Command::new(cmd)
         .args(args)
         .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim_end().to_string())
         .unwrap_or_default()
 }
 
@@ -182,6 +195,18 @@ async fn main() -> Result<()> {
         .min(bulk_total);
     loxilb_client::install_crypto_provider();
     let root = workspace_root();
+    if let Some(path) = &args.render_only {
+        let mut results: Value = serde_json::from_str(&std::fs::read_to_string(path)?)?;
+        results["targets"] = report::targets(&results);
+        std::fs::write(path, serde_json::to_string_pretty(&results)?)?;
+        let md = args
+            .markdown
+            .clone()
+            .unwrap_or_else(|| root.join("docs/BENCHMARKS.md"));
+        report::write_markdown(&md, &results)?;
+        println!("{}", report::summary_text(&results));
+        return Ok(());
+    }
     let bench_dir = root.join("target/bench");
     let log_dir = bench_dir.join("logs");
     std::fs::create_dir_all(&log_dir)?;
@@ -257,6 +282,7 @@ async fn main() -> Result<()> {
         lease_namespace: lease_ns.into(),
         log_dir: log_dir.clone(),
         extra: args.ccm_args.clone(),
+        env: args.ccm_env.clone(),
     };
     let env = Env {
         timeout: Duration::from_secs(args.timeout),
@@ -289,6 +315,7 @@ async fn main() -> Result<()> {
             "baseline_concurrency": args.baseline_concurrency,
             "ccm_bin": ccm_bin.display().to_string(),
             "ccm_extra_args": args.ccm_args,
+            "ccm_env": args.ccm_env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>(),
             "k8s_version": testenv::K8S_VERSION,
             "quick": args.quick,
         },
@@ -610,6 +637,13 @@ async fn run_n(env: &Env, n: usize, flips: usize, run: &mut Value) -> Result<()>
         lat.p99_ms
     ));
 
+    // What one full listing of loxilb costs (the controller lists to compare counts).
+    let list_t = Instant::now();
+    let listing = env.sim.listing_bytes().await?;
+    run["burst"]["loxilb_listing_bytes"] = json!(listing);
+    run["burst"]["loxilb_listing_ms"] =
+        json!(stats::round(list_t.elapsed().as_secs_f64() * 1000.0));
+
     // 4. loxilb restart: wipe and wait for the replay.
     let cpu0 = ccm.usage()?.cpu_s;
     let t0 = Instant::now();
@@ -922,9 +956,12 @@ async fn run_baseline(env: &Env, n: usize) -> Result<Value> {
         .map(|name| cluster::lb_service(name, args.ports))
         .collect::<Result<Vec<_>>>()?;
     progress(&format!("baseline: burst of {n}"));
+    let srv0 = env.server_cpu();
     let t0 = Instant::now();
-    cluster::create_burst(&api, objects, args.create_concurrency, Some(&tracker)).await?;
+    let created =
+        cluster::create_burst(&api, objects, args.create_concurrency, Some(&tracker)).await?;
     let (_, converged) = wait_converged(env, &tracker, n, total_rules, t0).await?;
+    let server_cpu = env.server_cpu() - srv0;
     let writes = tracker.changes();
     let lat = summarize(&tracker.latencies());
 
@@ -944,6 +981,8 @@ async fn run_baseline(env: &Env, n: usize) -> Result<Value> {
     ));
     Ok(json!({
         "burst_s": secs(converged),
+        "burst_create_s": secs(created),
+        "burst_server_cpu_s": stats::round(server_cpu),
         "burst_latency": summary_json(&lat),
         "service_writes_per_service": per(writes, n),
         "replay_s": secs(replay),

@@ -24,7 +24,11 @@ fn num(v: &Value) -> Option<f64> {
 fn fmt(v: &Value) -> String {
     match v {
         Value::Null => "–".into(),
-        Value::Number(n) => n.to_string(),
+        Value::Number(n) => match n.as_f64() {
+            // Counters come from Prometheus as floats: 3.0 -> 3.
+            Some(x) if x.fract() == 0.0 && x.abs() < 1e15 => format!("{x:.0}"),
+            _ => n.to_string(),
+        },
         other => other.to_string(),
     }
 }
@@ -267,7 +271,37 @@ const ROWS: &[(&str, &str, &str)] = &[
         "resources.peak_rss_mib",
     ),
     ("7 resources", "CPU, whole run (s)", "resources.cpu_s"),
+    (
+        "7 resources",
+        "reconciles ok, 1st process",
+        "counters.first_process.reconciles.success",
+    ),
+    (
+        "7 resources",
+        "reconciles failed, 1st process",
+        "counters.first_process.reconciles.error",
+    ),
+    (
+        "7 resources",
+        "loxilb full listings, 1st process",
+        "counters.first_process.loxilb_calls.list",
+    ),
+    (
+        "7 resources",
+        "loxilb full listing size (bytes)",
+        "burst.loxilb_listing_bytes",
+    ),
+    (
+        "8 baseline",
+        "create requests done (s)",
+        "baseline.burst_create_s",
+    ),
     ("8 baseline", "burst (s)", "baseline.burst_s"),
+    (
+        "8 baseline",
+        "apiserver+etcd CPU, burst (s)",
+        "baseline.burst_server_cpu_s",
+    ),
     (
         "8 baseline",
         "burst latency p99 (ms)",
@@ -329,15 +363,17 @@ pub fn render(results: &Value) -> String {
         c["k8s_version"].as_str().unwrap_or("?"),
         fmt(&c["nodes"]),
         fmt(&c["ports"]),
-        match c["ccm_extra_args"].as_array() {
-            Some(a) if !a.is_empty() => format!(
-                " plus `{}`",
-                a.iter()
-                    .filter_map(Value::as_str)
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            ),
-            _ => String::new(),
+        {
+            let extra: Vec<&str> = ["ccm_env", "ccm_extra_args"]
+                .iter()
+                .flat_map(|k| c[*k].as_array().into_iter().flatten())
+                .filter_map(Value::as_str)
+                .collect();
+            if extra.is_empty() {
+                String::new()
+            } else {
+                format!(" plus `{}`", extra.join(" "))
+            }
         }
     );
     let _ = writeln!(

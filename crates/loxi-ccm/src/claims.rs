@@ -48,7 +48,14 @@ pub struct ClaimedBy {
     /// The Service's `loxilb.io/sharing-key`: it shares only with owners of the same key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sharing_key: Option<String>,
+    /// `secondary` for an SCTP multi-homing address (never shared, not shown in the
+    /// Service's status); absent for a VIP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
 }
+
+/// [`ClaimedBy::role`] of a secondary address.
+pub const ROLE_SECONDARY: &str = "secondary";
 
 impl ClaimedBy {
     /// An owner entry for a Service occupying what `sharing` says (`Exclusive`: no ports).
@@ -66,12 +73,25 @@ impl ClaimedBy {
             uid: uid.to_string(),
             ports,
             sharing_key,
+            role: None,
         }
     }
 
-    /// `namespace/name`: the allocator's owner key.
+    /// The owner entry of a Service's secondary (SCTP multi-homing) address: exclusive.
+    pub fn secondary(namespace: &str, name: &str, uid: &str) -> ClaimedBy {
+        ClaimedBy {
+            role: Some(ROLE_SECONDARY.to_string()),
+            ..ClaimedBy::new(namespace, name, uid, &Sharing::Exclusive)
+        }
+    }
+
+    /// The allocator's owner key: `namespace/name` for a VIP, `namespace/name#secondary`
+    /// for a secondary address (`#` never appears in a Kubernetes name).
     pub fn key(&self) -> String {
-        format!("{}/{}", self.namespace, self.name)
+        match &self.role {
+            Some(role) => format!("{}/{}#{role}", self.namespace, self.name),
+            None => format!("{}/{}", self.namespace, self.name),
+        }
     }
 
     pub fn is(&self, namespace: &str, name: &str) -> bool {
@@ -115,6 +135,7 @@ impl ClaimedBy {
         json_path = ".spec.service.namespace"
     ),
     printcolumn(name = "Service", type_ = "string", json_path = ".spec.service.name"),
+    printcolumn(name = "Role", type_ = "string", json_path = ".spec.service.role"),
     printcolumn(
         name = "Shared-With",
         type_ = "string",
@@ -225,7 +246,7 @@ enum Decision {
 
 fn decide(existing: &AddressClaim, me: &ClaimedBy, may_join: bool) -> Decision {
     let owners = existing.owners();
-    let mine = |o: &&ClaimedBy| o.is(&me.namespace, &me.name);
+    let mine = |o: &&ClaimedBy| o.is(&me.namespace, &me.name) && o.role == me.role;
     let others: Vec<&ClaimedBy> = owners.iter().copied().filter(|o| !mine(o)).collect();
     let fits = others.iter().all(|o| o.sharing().compatible(&me.sharing()));
     match owners.iter().find(|o| mine(o)) {

@@ -323,28 +323,8 @@ pub struct RunArgs {
     pub node_init: crate::node_init::NodeInitArgs,
 }
 
-/// Parses durations such as `500ms`, `5s`, `2m`, `1h` (a bare number is seconds).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (num, unit) = match s.find(|c: char| !c.is_ascii_digit() && c != '.') {
-        Some(i) => s.split_at(i),
-        None => (s, "s"),
-    };
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration (examples: 500ms, 5s, 2m)"))?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "s" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ms, s, m or h)")),
-    };
-    if !(secs.is_finite() && secs >= 0.0) {
-        return Err(format!("{s:?} is not a valid duration"));
-    }
-    Ok(Duration::from_secs_f64(secs))
-}
+/// Durations such as `500ms`, `5s`, `2m`, `1h` (a bare number is seconds).
+pub use loxi_domain::duration::parse_duration;
 
 #[cfg(test)]
 mod tests {

@@ -42,7 +42,7 @@ pub const DEFAULT_POOL: &str = "default";
 /// The name of the pool built from `--external-cidr6`.
 pub const DEFAULT_POOL6: &str = "default6";
 /// Secondary pools are named `secondary0`, `secondary1`, ... in the order given.
-pub const SECONDARY_POOL_PREFIX: &str = "secondary";
+pub use loxi_domain::addressing::SECONDARY_POOL_PREFIX;
 
 /// Why the configuration cannot be used. The text always names where the bad value came from.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -1082,7 +1082,7 @@ fn build_pools(args: &RunArgs, origins: &Origins) -> Result<(Vec<Pool>, Vec<Pool
             "no option yet (IPv6 secondary pools are not supported)",
         )?;
         secondary.push(BlockEntry {
-            pool: format!("{SECONDARY_POOL_PREFIX}{i}"),
+            pool: loxi_domain::addressing::secondary_pool_name(i),
             block,
             origin: origins.describe("external_secondary_cidrs"),
         });

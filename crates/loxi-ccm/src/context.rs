@@ -53,6 +53,11 @@ pub struct Context {
     pub endpoints_dropped: Mutex<HashMap<String, usize>>,
     /// Services waiting for an address to free up.
     pub waiting_for_address: Mutex<HashSet<ObjectRef<Service>>>,
+    /// Per Service, the resourceVersion our last status write was based on: a reconcile that
+    /// gets exactly that version again runs on a store that has not seen our write yet, and
+    /// would only repeat it (with a 409 when it publishes an address). Skipped: the write's
+    /// own watch event brings the current version right after.
+    pub superseded: Mutex<HashMap<ObjectRef<Service>, String>>,
     /// Asks the controller to reconcile a Service now.
     pub requeue: mpsc::UnboundedSender<ObjectRef<Service>>,
 }

@@ -15,7 +15,7 @@ use kube::runtime::controller::Controller;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
-use loxi_domain::{Allocator, ClusterId, NodeView};
+use loxi_domain::{Allocator, ClusterId, NodeView, Rule};
 use loxilb_client::LoxilbClient;
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
@@ -98,9 +98,25 @@ pub async fn run(
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
-    let controller = Controller::new(services, watcher::Config::default().any_semantic())
+    // Our own reflector (rather than Controller::new's) so that the cache keeps trimmed
+    // objects (crate::trim).
+    let selection = Selection {
+        class: cfg.class.clone(),
+        ccm_mode: cfg.ccm_mode,
+    };
+    let (service_store, service_writer) = reflector::store::<Service>();
+    let service_events = {
+        let selection = selection.clone();
+        reflector(
+            service_writer,
+            watcher(services, watcher::Config::default().any_semantic())
+                .default_backoff()
+                .modify(move |svc| crate::trim::service(svc, &selection)),
+        )
+        .applied_objects()
+    };
+    let controller = Controller::for_stream(service_events, service_store.clone())
         .with_config(kube::runtime::controller::Config::default().concurrency(cfg.concurrency));
-    let service_store = controller.store();
 
     let (node_store, node_writer) = reflector::store::<Node>();
     let node_events = reflector(
@@ -108,7 +124,8 @@ pub async fn run(
         watcher(
             Api::<Node>::all(client.clone()),
             watcher::Config::default().any_semantic(),
-        ),
+        )
+        .modify(crate::trim::node),
     )
     .default_backoff()
     .touched_objects();
@@ -121,7 +138,8 @@ pub async fn run(
     let (slice_store, slice_writer) = reflector::store::<EndpointSlice>();
     let slice_events = reflector(
         slice_writer,
-        watcher(slices_api, watcher::Config::default().any_semantic()),
+        watcher(slices_api, watcher::Config::default().any_semantic())
+            .modify(crate::trim::endpoint_slice),
     )
     .default_backoff()
     .touched_objects();
@@ -161,7 +179,8 @@ pub async fn run(
         watcher(
             claims_api.clone(),
             watcher::Config::default().any_semantic(),
-        ),
+        )
+        .modify(crate::trim::meta::<AddressClaim>),
     )
     .default_backoff();
 
@@ -192,7 +211,8 @@ pub async fn run(
     let (namespace_store, namespace_writer) = reflector::store::<PartialObjectMeta<Namespace>>();
     let namespace_events = reflector(
         namespace_writer,
-        watcher(namespaces_api, watcher::Config::default().any_semantic()),
+        watcher(namespaces_api, watcher::Config::default().any_semantic())
+            .modify(crate::trim::meta::<PartialObjectMeta<Namespace>>),
     )
     .default_backoff();
 
@@ -204,12 +224,15 @@ pub async fn run(
     };
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
-        selection: Selection {
-            class: cfg.class.clone(),
-            ccm_mode: cfg.ccm_mode,
-        },
+        selection,
         ipam: Mutex::new(Allocator::new(cfg.pools.clone())),
-        pools: crate::pools::Pools::new(pools_api, pool_store, namespace_store, &cfg.pools),
+        pools: crate::pools::Pools::new(
+            pools_api,
+            pool_store,
+            namespace_store,
+            &cfg.pools,
+            &cfg.secondary_pools,
+        ),
         client,
         cluster,
         services: service_store,
@@ -227,35 +250,39 @@ pub async fn run(
         running: true.into(),
         failures: Mutex::default(),
         waiting_for_address: Mutex::default(),
+        superseded: Mutex::default(),
         endpoints_dropped: Mutex::default(),
         requeue: requeue_tx,
         cfg,
     });
 
+    // Everything below ends with this function (dropping the set aborts its tasks): a
+    // stopped controller must not keep probing, replaying or repairing from frozen stores.
+    let mut tasks = tokio::task::JoinSet::new();
     if let Some(addr) = admin_addr {
         let c = ctx.clone();
-        tokio::spawn(async move {
+        tasks.spawn(async move {
             if let Err(e) = crate::admin::serve(addr, c).await {
                 warn!(error = %e, "admin server stopped");
             }
         });
     }
-    tokio::spawn(watch_nodes(ctx.clone(), node_events));
-    tokio::spawn(watch_claims(ctx.clone(), claim_events));
+    tasks.spawn(watch_nodes(ctx.clone(), node_events));
+    tasks.spawn(watch_claims(ctx.clone(), claim_events));
     if let Some(events) = pool_events {
-        tokio::spawn(crate::pools::watch_pools(ctx.clone(), events));
+        tasks.spawn(crate::pools::watch_pools(ctx.clone(), events));
     }
-    tokio::spawn(crate::pools::watch_namespaces(
+    tasks.spawn(crate::pools::watch_namespaces(
         ctx.clone(),
         namespace_events,
     ));
-    tokio::spawn(crate::pools::status_loop(ctx.clone()));
-    tokio::spawn(watch_endpoint_slices(ctx.clone(), slice_events));
+    tasks.spawn(crate::pools::status_loop(ctx.clone()));
+    tasks.spawn(watch_endpoint_slices(ctx.clone(), slice_events));
     if let Some(events) = pod_events {
         // Keeps the pod store current; a pod's network-status arrives after its EndpointSlice
         // entry, so re-plan Services when pods change (only served multus Services care).
         let c = ctx.clone();
-        tokio::spawn(async move {
+        tasks.spawn(async move {
             let mut events = std::pin::pin!(events);
             while let Some(event) = events.next().await {
                 if event.is_ok() && c.ready.load(Ordering::Relaxed) {
@@ -273,14 +300,14 @@ pub async fn run(
             }
         });
     }
-    tokio::spawn(start_up(ctx.clone(), ready_tx, Stop(stop_rx.clone())));
-    tokio::spawn(watch_leadership(
+    tasks.spawn(start_up(ctx.clone(), ready_tx, Stop(stop_rx.clone())));
+    tasks.spawn(watch_leadership(
         ctx.clone(),
         stop_tx.clone(),
         lost_leadership.clone(),
     ));
-    tokio::spawn(health_loop(ctx.clone()));
-    tokio::spawn(drift_loop(ctx.clone()));
+    tasks.spawn(health_loop(ctx.clone()));
+    tasks.spawn(drift_loop(ctx.clone()));
 
     let requeues = tokio_stream_from(requeue_rx);
     controller
@@ -375,7 +402,7 @@ async fn start_up(ctx: Arc<Context>, ready_tx: watch::Sender<bool>, stop: Stop) 
         let mut ipam = ctx.ipam.lock().expect("ipam lock");
         // The pools (flags and AddressPool resources), under the allocator lock so that a
         // pool event cannot slip in between (crate::pools::refresh takes the same lock).
-        let set = ctx.pools.compute(&ctx.cfg.pools);
+        let set = ctx.pools.compute(&ctx.cfg.pools, &ctx.cfg.secondary_pools);
         for (name, problems) in &set.invalid {
             warn!(pool = %name, problems = ?problems, "address pool ignored: invalid");
         }
@@ -644,9 +671,9 @@ async fn drift_loop(ctx: Arc<Context>) {
     }
 }
 
-/// Converges one instance to the rules of every served Service, from the stores. Services
-/// with a problem keep the rules they have.
-async fn converge_instance(ctx: &Context, index: usize) {
+/// The rules of every served Service, from the stores, and the Services with a problem
+/// (they keep the rules they have).
+fn desired_everywhere(ctx: &Context) -> (Vec<Rule>, HashSet<(String, String)>) {
     let mut desired = Vec::new();
     let mut keep: HashSet<(String, String)> = HashSet::new();
     for svc in ctx.services.state() {
@@ -665,13 +692,18 @@ async fn converge_instance(ctx: &Context, index: usize) {
             }
         }
     }
+    (desired, keep)
+}
+
+/// Converges one instance to the rules of every served Service, from the stores. Services
+/// with a problem keep the rules they have.
+async fn converge_instance(ctx: &Context, index: usize) {
     let inst = &ctx.fleet.instances[index];
     match inst
         .converge_all(
             &ctx.cluster,
             ctx.cfg.namespace.as_deref(),
-            &desired,
-            &keep,
+            || desired_everywhere(ctx),
             &ctx.metrics,
         )
         .await

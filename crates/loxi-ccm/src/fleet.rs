@@ -138,12 +138,81 @@ impl fmt::Display for Blocked {
     }
 }
 
+/// The rules an instance holds, by key, with an index by owning Service so that applying
+/// one Service's rules looks at that Service's rules only (not every rule held).
+#[derive(Debug, Default)]
+struct RuleTable {
+    rules: HashMap<RuleKey, Rule>,
+    /// (namespace, Service) named by a rule's name (any cluster) -> its keys.
+    by_service: HashMap<(String, String), HashSet<RuleKey>>,
+}
+
+impl RuleTable {
+    fn owner(rule: &Rule) -> Option<(String, String)> {
+        RuleName::parse(&rule.name).map(|n| (n.namespace, n.service))
+    }
+
+    fn from_map(rules: HashMap<RuleKey, Rule>) -> RuleTable {
+        let mut table = RuleTable::default();
+        for (_, rule) in rules {
+            table.insert(rule);
+        }
+        table
+    }
+
+    fn insert(&mut self, rule: Rule) {
+        self.remove(&rule.key);
+        if let Some(owner) = Self::owner(&rule) {
+            self.by_service.entry(owner).or_default().insert(rule.key);
+        }
+        self.rules.insert(rule.key, rule);
+    }
+
+    fn remove(&mut self, key: &RuleKey) -> Option<Rule> {
+        let rule = self.rules.remove(key)?;
+        if let Some(owner) = Self::owner(&rule)
+            && let Some(keys) = self.by_service.get_mut(&owner)
+        {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.by_service.remove(&owner);
+            }
+        }
+        Some(rule)
+    }
+
+    fn len(&self) -> usize {
+        self.rules.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.rules.is_empty()
+    }
+
+    fn get(&self, key: &RuleKey) -> Option<&Rule> {
+        self.rules.get(key)
+    }
+
+    /// Rules whose name names `namespace/service`.
+    fn of_service<'a>(
+        &'a self,
+        namespace: &str,
+        service: &str,
+    ) -> impl Iterator<Item = &'a Rule> + 'a {
+        self.by_service
+            .get(&(namespace.to_string(), service.to_string()))
+            .into_iter()
+            .flatten()
+            .filter_map(|k| self.rules.get(k))
+    }
+}
+
 /// What the controller knows an instance holds.
 #[derive(Debug, Default)]
 struct Holdings {
     /// False until the first successful listing, and again after a transport failure.
     known: bool,
-    rules: HashMap<RuleKey, Rule>,
+    rules: RuleTable,
     /// Listed rules not in `rules` (host or port-range rules, several rules on one key): they
     /// take room in loxilb's table too.
     uncounted: usize,
@@ -220,6 +289,9 @@ pub struct ApplyReport {
     /// Rules created, changed or deleted (0 when the instance already held exactly the
     /// desired rules; a rule created and taken back in the same pass does not count).
     pub changes: usize,
+    /// Of `changes`, rules updated in place (endpoints and the other fields loxilb can change
+    /// on a live rule): routine, e.g. after a Node change.
+    pub updated: usize,
     /// Keys held by rules this cluster does not own.
     pub conflicts: Vec<(RuleKey, String)>,
     /// Rules held back by one of loxilb's limits (one entry per Service and limit).
@@ -356,10 +428,11 @@ impl Instance {
         // Only our rules count: other owners delete theirs as they please.
         let missing = h
             .rules
+            .rules
             .iter()
             .filter(|(k, r)| !listed.contains_key(k) && RuleName::is_owned_by(&r.name, cluster))
             .count();
-        h.rules = listed;
+        h.rules = RuleTable::from_map(listed);
         h.uncounted = uncounted;
         metrics.set_rules(self.url(), h.held());
         if missing == 0 {
@@ -398,7 +471,7 @@ impl Instance {
     async fn refresh(&self, h: &mut Holdings, metrics: &Metrics) -> Result<(), ClientError> {
         let before = h.known.then(|| h.held());
         let (rules, uncounted) = self.list(metrics).await?;
-        h.rules = rules;
+        h.rules = RuleTable::from_map(rules);
         h.uncounted = uncounted;
         h.known = true;
         if before.is_some_and(|b| h.held() < b) {
@@ -424,11 +497,20 @@ impl Instance {
     ) -> Result<ApplyReport, ClientError> {
         let mut h = self.holdings.lock().await;
         let result = self
-            .apply_locked(&mut h, cluster, desired, metrics, |rule| {
-                RuleName::parse(&rule.name).is_some_and(|n| {
-                    n.cluster == cluster.as_str() && n.namespace == namespace && n.service == name
-                })
-            })
+            .apply_locked(
+                &mut h,
+                cluster,
+                desired,
+                metrics,
+                Some((namespace, name)),
+                |rule| {
+                    RuleName::parse(&rule.name).is_some_and(|n| {
+                        n.cluster == cluster.as_str()
+                            && n.namespace == namespace
+                            && n.service == name
+                    })
+                },
+            )
             .await;
         // Registered under the same lock that frees room, so a wake-up is never missed.
         let svc = ObjectRef::<Service>::new(name).within(namespace);
@@ -449,19 +531,23 @@ impl Instance {
     /// a replica watching one namespace must not take other namespaces' rules for orphans)
     /// are deleted. Owned rules of Services in `keep` are left alone even when not desired
     /// (their Service has an error and keeps its existing rules until fixed).
+    ///
+    /// `desired` is asked for (rules, Services to keep) only once this instance is locked:
+    /// computed earlier, it could re-create the rules of a Service whose cleanup ran in
+    /// between.
     pub async fn converge_all(
         &self,
         cluster: &ClusterId,
         namespace: Option<&str>,
-        desired: &[Rule],
-        keep: &HashSet<(String, String)>,
+        desired: impl FnOnce() -> (Vec<Rule>, HashSet<(String, String)>),
         metrics: &Metrics,
     ) -> Result<ApplyReport, ClientError> {
         let mut h = self.holdings.lock().await;
         let refreshed = self.refresh(&mut h, metrics).await;
         let result = match refreshed {
             Ok(()) => {
-                self.apply_locked(&mut h, cluster, desired, metrics, |rule| {
+                let (desired, keep) = desired();
+                self.apply_locked(&mut h, cluster, &desired, metrics, None, |rule| {
                     RuleName::parse(&rule.name).is_some_and(|n| {
                         n.cluster == cluster.as_str()
                             && namespace.is_none_or(|ns| n.namespace == ns)
@@ -528,19 +614,34 @@ impl Instance {
         cluster: &ClusterId,
         desired: &[Rule],
         metrics: &Metrics,
+        service: Option<(&str, &str)>,
         in_scope: impl Fn(&Rule) -> bool,
     ) -> Result<ApplyReport, ClientError> {
         if !h.known {
             self.refresh(h, metrics).await?;
         }
         let wanted: HashSet<RuleKey> = desired.iter().map(|r| r.key).collect();
-        // The diff sees this scope's rules plus whatever sits on the keys we want.
-        let observed: Vec<Rule> = h
-            .rules
-            .values()
-            .filter(|r| in_scope(r) || wanted.contains(&r.key))
-            .cloned()
-            .collect();
+        // The diff sees this scope's rules plus whatever sits on the keys we want. For one
+        // Service the index gives its rules (the scope is a subset of them).
+        let observed: Vec<Rule> = match service {
+            Some((namespace, name)) => {
+                let mut seen: HashSet<RuleKey> = HashSet::new();
+                h.rules
+                    .of_service(namespace, name)
+                    .filter(|r| in_scope(r))
+                    .chain(wanted.iter().filter_map(|k| h.rules.get(k)))
+                    .filter(|r| seen.insert(r.key))
+                    .cloned()
+                    .collect()
+            }
+            None => h
+                .rules
+                .rules
+                .values()
+                .filter(|r| in_scope(r) || wanted.contains(&r.key))
+                .cloned()
+                .collect(),
+        };
         let owned = |r: &Rule| RuleName::is_owned_by(&r.name, cluster);
         let actions = diff_rules(desired, &observed, |r| {
             owned(r) && (in_scope(r) || wanted.contains(&r.key))
@@ -601,7 +702,9 @@ impl Instance {
         for action in changes {
             match action {
                 Action::Update(rule) => {
-                    self.post_checked(h, rule, metrics, report).await?;
+                    if let Posted::Done = self.post_checked(h, rule, metrics, report).await? {
+                        report.updated += 1;
+                    }
                 }
                 Action::Recreate(rule) => {
                     // loxilb reuses the index just freed (LIFO), so this needs no new room.
@@ -707,7 +810,7 @@ impl Instance {
         }
         match self.post(&rule, metrics).await {
             Ok(()) => {
-                h.rules.insert(rule.key, rule);
+                h.rules.insert(rule);
                 report.changes += 1;
                 Ok(Posted::Done)
             }

@@ -230,13 +230,19 @@ pub fn published_addresses(svc: &Service) -> Vec<IpAddr> {
         .unwrap_or_default()
 }
 
-/// `namespace/name`, the owner key used by the allocator.
+/// `namespace/name`, the owner key used by the allocator for the Service's VIPs.
 pub fn owner_key(svc: &Service) -> String {
     format!(
         "{}/{}",
         svc.metadata.namespace.as_deref().unwrap_or_default(),
         svc.metadata.name.as_deref().unwrap_or_default()
     )
+}
+
+/// The allocator's owner key for the Service's secondary (SCTP multi-homing) addresses; the
+/// same as `crate::claims::ClaimedBy::key` of a secondary owner entry.
+pub fn secondary_owner_key(svc: &Service) -> String {
+    format!("{}#{}", owner_key(svc), crate::claims::ROLE_SECONDARY)
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@ pub mod node_init;
 pub mod pools;
 pub mod reconcile;
 pub mod status;
+pub mod trim;
 
 /// A Kubernetes client from an explicit kubeconfig, or the usual inference (in-cluster,
 /// then `$KUBECONFIG` / `~/.kube/config`).

@@ -138,6 +138,12 @@ pub struct AddressPoolSpec {
     /// Only Services whose labels match may use this pool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_selector: Option<LabelSelector>,
+    /// Keep a deleted Service's address reserved for its namespace/name this long (e.g.
+    /// `24h`), so that re-creating the Service gets the same address. The Service's
+    /// `loxilb.io/retain-address` annotation wins (`0` there: release at once). Absent or
+    /// `0`: released at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retain_addresses: Option<String>,
 }
 
 /// Address counts of one family (saturating at 2^63-1 for huge IPv6 pools).
@@ -217,6 +223,7 @@ pub fn to_spec(pool: &AddressPool) -> PoolSpec {
         disabled: pool.spec.disabled,
         namespace_selector: pool.spec.namespace_selector.as_ref().map(raw_selector),
         service_selector: pool.spec.service_selector.as_ref().map(raw_selector),
+        retain: pool.spec.retain_addresses.clone(),
     }
 }
 
@@ -226,12 +233,13 @@ impl Pools {
         store: Option<Store<AddressPool>>,
         namespaces: Store<PartialObjectMeta<Namespace>>,
         flags: &[Pool],
+        secondary: &[Pool],
     ) -> Pools {
         Pools {
             api,
             store,
             namespaces,
-            current: Mutex::new(Arc::new(merge_pools(flags, Vec::new()))),
+            current: Mutex::new(Arc::new(merge_pools(flags, secondary, Vec::new()))),
             changed: Notify::new(),
         }
     }
@@ -254,7 +262,7 @@ impl Pools {
 
     /// The pool set from the flags and the resources in the store now. A pool being deleted
     /// is gone already: it hands out nothing more, and what it handed out stays.
-    pub fn compute(&self, flags: &[Pool]) -> PoolSet {
+    pub fn compute(&self, flags: &[Pool], secondary: &[Pool]) -> PoolSet {
         let resources = self
             .store
             .as_ref()
@@ -264,7 +272,7 @@ impl Pools {
             .filter(|p| p.metadata.deletion_timestamp.is_none())
             .map(|p| (p.name_any(), validate_pool(&to_spec(p))))
             .collect();
-        merge_pools(flags, resources)
+        merge_pools(flags, secondary, resources)
     }
 
     /// Makes `set` the one in effect; the caller holds the allocator lock and rebuilds the
@@ -286,7 +294,7 @@ pub fn refresh(ctx: &Context) -> bool {
         // Under the allocator lock, so that the set in effect and the index's pools never
         // disagree (start-up builds both under the same lock).
         let mut ipam = ctx.ipam.lock().expect("ipam lock poisoned");
-        let set = ctx.pools.compute(&ctx.cfg.pools);
+        let set = ctx.pools.compute(&ctx.cfg.pools, &ctx.cfg.secondary_pools);
         let old = ctx.pools.current();
         if *old == set {
             false
@@ -584,6 +592,7 @@ mod tests {
                 disabled: false,
                 namespace_selector: None,
                 service_selector: None,
+                retain_addresses: None,
             },
         );
         p.metadata.generation = Some(3);
@@ -592,6 +601,7 @@ mod tests {
 
     fn set_of(pools: &[&AddressPool]) -> PoolSet {
         merge_pools(
+            &[],
             &[],
             pools
                 .iter()

@@ -22,7 +22,8 @@ use tracing::{Instrument, info, warn};
 use crate::claims::{self, ClaimResult};
 use crate::context::Context;
 use crate::kube_view::{
-    SERVICE_NAME_LABEL, endpoint_views, node_view, owner_key, published_addresses, service_view,
+    SERVICE_NAME_LABEL, endpoint_views, node_view, owner_key, published_addresses,
+    secondary_owner_key, service_view,
 };
 use crate::status::{self, COND_ADDRESS, COND_ENDPOINTS, COND_PROGRAMMED, Cond, DesiredStatus};
 use loxi_domain::addressing::{AddressInput, AddressSlot, address_slots};
@@ -60,18 +61,22 @@ impl Problem {
 /// The rules a served Service should have, computed from the stores only (no allocation).
 /// `Ok(None)` when it has no address yet.
 pub fn desired_rules(svc: &Service, ctx: &Context) -> Result<Option<Plan>, Problem> {
-    let addresses: Vec<IpAddr> = match ctx.ipam.lock() {
-        Ok(ipam) => ipam.addresses_of(&owner_key(svc)).to_vec(),
-        Err(_) => Vec::new(),
+    let (addresses, secondaries): (Vec<IpAddr>, Vec<IpAddr>) = match ctx.ipam.lock() {
+        Ok(ipam) => (
+            ipam.addresses_of(&owner_key(svc)).to_vec(),
+            ipam.addresses_of(&secondary_owner_key(svc)).to_vec(),
+        ),
+        Err(_) => (Vec::new(), Vec::new()),
     };
-    desired_rules_for(svc, ctx, &addresses)
+    desired_rules_for(svc, ctx, &addresses, &secondaries)
 }
 
-/// The rules for `svc` on `addresses`.
+/// The rules for `svc` on the VIPs `addresses`, SCTP rules with `secondaries`.
 pub fn desired_rules_for(
     svc: &Service,
     ctx: &Context,
     addresses: &[IpAddr],
+    secondaries: &[IpAddr],
 ) -> Result<Option<Plan>, Problem> {
     let intent = parse_intent(&svc.annotations().clone(), ctx.cfg.defaults)?;
     status::IngressMode::from_annotation(svc)?;
@@ -79,6 +84,22 @@ pub fn desired_rules_for(
         return Ok(None);
     }
     let nodes: Vec<_> = ctx.nodes.state().iter().map(|n| node_view(n)).collect();
+    let mut view = service_view(svc);
+    view.secondary_ips = secondaries.to_vec();
+    // Only externalTrafficPolicy Local and pod-network mode read endpoints: the others are
+    // planned from Nodes alone, without a pass over every EndpointSlice.
+    let needs_endpoints =
+        view.external_traffic_policy == loxi_domain::TrafficPolicy::Local || intent.use_pod_network;
+    if !needs_endpoints {
+        return Ok(Some(plan_rules(
+            &ctx.cluster,
+            &view,
+            &nodes,
+            &[],
+            addresses,
+            &intent,
+        )?));
+    }
     let ns = svc.namespace().unwrap_or_default();
     let name = svc.name_any();
     let slices = ctx.endpoint_slices.state();
@@ -105,7 +126,7 @@ pub fn desired_rules_for(
     });
     Ok(Some(plan_rules(
         &ctx.cluster,
-        &service_view(svc),
+        &view,
         &nodes,
         &endpoints,
         addresses,
@@ -115,6 +136,10 @@ pub fn desired_rules_for(
 
 pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
     ctx.wait_ready().await;
+    if is_superseded(&svc, &ctx) {
+        tracing::debug!(service = %owner_key(&svc), "store behind our own write: skipped");
+        return Ok(Action::await_change());
+    }
     let span = tracing::info_span!(
         "reconcile",
         namespace = svc.namespace().unwrap_or_default(),
@@ -134,6 +159,22 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, R
         f.remove(&ObjectRef::from_obj(&*svc));
     }
     result.map(|_| Action::await_change())
+}
+
+fn is_superseded(svc: &Service, ctx: &Context) -> bool {
+    let Some(rv) = svc.metadata.resource_version.as_deref() else {
+        return false;
+    };
+    ctx.superseded
+        .lock()
+        .is_ok_and(|m| m.get(&ObjectRef::from_obj(svc)).is_some_and(|v| v == rv))
+}
+
+/// Records that `svc` (the version a status write was based on) is behind our write.
+fn supersede(svc: &Service, ctx: &Context) {
+    if let (Some(rv), Ok(mut m)) = (svc.metadata.resource_version.clone(), ctx.superseded.lock()) {
+        m.insert(ObjectRef::from_obj(svc), rv);
+    }
 }
 
 /// Per-Service exponential backoff (0.5 s doubling to 5 min), reset on success.
@@ -166,10 +207,17 @@ async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<Outcome, Reco
         cleanup(svc, ctx).await?;
         return Ok(Outcome::Done);
     }
-    ensure_finalizer(svc, ctx).await?;
+    // Carry on with the Service as the finalizer patch returned it: its resourceVersion is
+    // the one the status write below must match.
+    let patched = ensure_finalizer(svc, ctx).await?;
+    let svc = patched.as_ref().unwrap_or(svc);
 
     // Address first: a Service with a bad annotation still keeps (and shows) its address.
-    let (addresses, newly) = match ensure_addresses(svc, ctx).await? {
+    let Held {
+        addresses,
+        secondaries,
+        newly,
+    } = match ensure_addresses(svc, ctx).await? {
         Ok(x) => x,
         Err(problem) => {
             if matches!(problem, Problem::Address(AllocError::Exhausted { .. }))
@@ -183,14 +231,26 @@ async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<Outcome, Reco
             return Ok(Outcome::Problem);
         }
     };
-    let described: Vec<String> = addresses
+    let mut described: Vec<String> = addresses
         .iter()
         .map(|ip| format!("{ip}{}", pool_suffix(ctx, ip)))
         .collect();
+    described.extend(
+        secondaries
+            .iter()
+            .map(|ip| format!("secondary {ip}{}", pool_suffix(ctx, ip))),
+    );
     if !newly.is_empty() {
         let text: Vec<String> = newly
             .iter()
-            .map(|ip| format!("{ip}{}", pool_suffix(ctx, ip)))
+            .map(|ip| {
+                let role = if secondaries.contains(ip) {
+                    "secondary "
+                } else {
+                    ""
+                };
+                format!("{role}{ip}{}", pool_suffix(ctx, ip))
+            })
             .collect();
         publish(
             ctx,
@@ -204,7 +264,7 @@ async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<Outcome, Reco
     }
     let address_cond = Cond::new(COND_ADDRESS, true, "Allocated", described.join(", "));
 
-    let plan = match desired_rules_for(svc, ctx, &addresses) {
+    let plan = match desired_rules_for(svc, ctx, &addresses, &secondaries) {
         Ok(Some(plan)) => plan,
         Ok(None) => return Ok(Outcome::Done),
         Err(problem) => {
@@ -225,7 +285,8 @@ async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<Outcome, Reco
     if retry.is_none() {
         // Addresses no longer wanted (an edited annotation, a lost race) go back only now
         // that their rules are gone.
-        release_addresses_except(svc, ctx, &addresses).await?;
+        release_addresses_except(svc, ctx, &owner_key(svc), &addresses).await?;
+        release_addresses_except(svc, ctx, &secondary_owner_key(svc), &secondaries).await?;
     }
     let want = DesiredStatus {
         addresses: addresses.clone(),
@@ -234,6 +295,7 @@ async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<Outcome, Reco
     };
     if !status::is_current(svc, &want) {
         status::write(&services_api(ctx, svc), svc, &want).await?;
+        supersede(svc, ctx);
     }
     match retry {
         Some(e) => Err(ReconcileError::Loxilb(e)),
@@ -258,8 +320,11 @@ fn endpoint_limit_condition(svc: &Service, ctx: &Context, plan: &Plan) -> Cond {
             COND_ENDPOINTS,
             false,
             "EndpointLimit",
+            // No count here: it changes with every Node that comes or goes, and a status write
+            // per Service per Node change would load the API server for nothing. The number
+            // is in the metric loxi_ccm_endpoints_dropped.
             format!(
-                "{dropped} candidate endpoint(s) left out: loxilb takes at most {} per rule; a stable subset is used",
+                "more candidate endpoints than loxilb takes per rule ({}): a stable subset is used",
                 loxi_domain::plan::MAX_ENDPOINTS
             ),
         )
@@ -288,6 +353,7 @@ async fn apply_everywhere(svc: &Service, ctx: &Context, rules: &[Rule]) -> (Cond
     let total = ctx.fleet.instances.len();
     let mut ok = 0;
     let mut changes = 0;
+    let mut updated = 0;
     let mut down: Vec<String> = Vec::new();
     let mut failures: Vec<(String, ClientError)> = Vec::new();
     let mut blocked: Vec<(String, crate::fleet::Blocked)> = Vec::new();
@@ -311,6 +377,7 @@ async fn apply_everywhere(svc: &Service, ctx: &Context, rules: &[Rule]) -> (Cond
         {
             Ok(report) => {
                 changes += report.changes;
+                updated += report.updated;
                 if report.complete() {
                     ok += 1;
                 }
@@ -341,7 +408,9 @@ async fn apply_everywhere(svc: &Service, ctx: &Context, rules: &[Rule]) -> (Cond
         && conflicts.is_empty()
         && ok > 0
         && status::current_condition(svc, COND_PROGRAMMED).is_none_or(|c| c.status != "True");
-    if changes > 0 || became_programmed {
+    // An Event when rules appear, go or are re-created, not for in-place updates (a Node
+    // change updates every Service's endpoints: one Event each would flood the API server).
+    if changes > updated || became_programmed {
         info!(rules = rules.len(), changes, "rules programmed");
         publish(
             ctx,
@@ -352,6 +421,8 @@ async fn apply_everywhere(svc: &Service, ctx: &Context, rules: &[Rule]) -> (Cond
             format!("{} rule(s) on {ok}/{total} loxilb instance(s)", rules.len()),
         )
         .await;
+    } else if changes > 0 {
+        tracing::debug!(rules = rules.len(), updated, "rules updated in place");
     }
     let retry = failures
         .iter()
@@ -504,13 +575,31 @@ fn index_self(
     }
 }
 
-/// Every address the Service asks for (one per IP family), each backed by its claim.
-/// Returns them in status order, plus those newly allocated. A Service that cannot have its
-/// addresses now waits: it is retried when an address is released or the pools change.
+/// The addresses a Service holds, each backed by its claim.
+struct Held {
+    /// VIPs, one per IP family, in status order.
+    addresses: Vec<IpAddr>,
+    /// SCTP multi-homing addresses (only for a Service with an SCTP port).
+    secondaries: Vec<IpAddr>,
+    /// Those of both newly allocated by this pass.
+    newly: Vec<IpAddr>,
+}
+
+/// What an address is for: decides its owner key, its claim entry, and whether the status
+/// shows it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Vip,
+    Secondary,
+}
+
+/// Every address the Service asks for (one per IP family, plus SCTP secondary addresses),
+/// each backed by its claim. A Service that cannot have its addresses now waits: it is
+/// retried when an address is released or the pools change.
 async fn ensure_addresses(
     svc: &Service,
     ctx: &Context,
-) -> Result<Result<(Vec<IpAddr>, Vec<IpAddr>), Problem>, ReconcileError> {
+) -> Result<Result<Held, Problem>, ReconcileError> {
     let result = ensure_addresses_now(svc, ctx).await?;
     if result.is_err()
         && let Ok(mut w) = ctx.waiting_for_address.lock()
@@ -523,7 +612,7 @@ async fn ensure_addresses(
 async fn ensure_addresses_now(
     svc: &Service,
     ctx: &Context,
-) -> Result<Result<(Vec<IpAddr>, Vec<IpAddr>), Problem>, ReconcileError> {
+) -> Result<Result<Held, Problem>, ReconcileError> {
     let spec = svc.spec.as_ref();
     let families = spec.and_then(|s| s.ip_families.clone()).unwrap_or_default();
     let input = AddressInput {
@@ -563,27 +652,84 @@ async fn ensure_addresses_now(
         Ok(s) => s,
         Err(e) => return Ok(Err(Problem::Annotation(e))),
     };
-    let mut addresses = Vec::new();
-    let mut newly = Vec::new();
-    for slot in &slots {
-        match ensure_address(svc, ctx, slot, &pools, &who, &sharing).await? {
+    // Secondary addresses serve SCTP rules only: a Service without an SCTP port gets none.
+    let has_sctp = service_ports(svc)
+        .iter()
+        .any(|p| p.protocol == loxi_domain::Protocol::Sctp);
+    let secondary_slots = match slots.first() {
+        Some(first) if has_sctp => match loxi_domain::addressing::secondary_slots(
+            svc.metadata.annotations.as_ref(),
+            first.family,
+        ) {
+            Ok(s) => s,
+            Err(e) => return Ok(Err(Problem::Annotation(e))),
+        },
+        _ => Vec::new(),
+    };
+    let mut held = Held {
+        addresses: Vec::new(),
+        secondaries: Vec::new(),
+        newly: Vec::new(),
+    };
+    let all = slots
+        .iter()
+        .map(|s| (s, Role::Vip))
+        .chain(secondary_slots.iter().map(|s| (s, Role::Secondary)));
+    for (slot, role) in all {
+        let taken = match role {
+            Role::Vip => &held.addresses,
+            Role::Secondary => &held.secondaries,
+        };
+        let want = Want {
+            slot,
+            pools: &pools,
+            who: &who,
+            sharing: &sharing,
+            unique: ctx.cfg.unique_ip,
+            role,
+            taken,
+        };
+        match ensure_address(svc, ctx, &want).await? {
             Ok((ip, new)) => {
-                addresses.push(ip);
+                match role {
+                    Role::Vip => held.addresses.push(ip),
+                    Role::Secondary => held.secondaries.push(ip),
+                }
                 if new {
-                    newly.push(ip);
+                    held.newly.push(ip);
                 }
             }
             Err(AllocError::UnknownPool(name)) if slot.pool.as_deref() == Some(name.as_str()) => {
+                let annotation = match role {
+                    Role::Vip => loxi_domain::addressing::ANN_POOL_SELECT,
+                    Role::Secondary if secondary_pool_named(svc) => {
+                        loxi_domain::addressing::ANN_POOL_SELECT_SECONDARY
+                    }
+                    Role::Secondary => loxi_domain::addressing::ANN_NUM_SECONDARY,
+                };
+                let reason = match role {
+                    Role::Secondary if !secondary_pool_named(svc) => {
+                        "no such secondary pool: --external-secondary-cidrs has fewer blocks"
+                    }
+                    _ => "no pool with this name",
+                };
                 return Ok(Err(Problem::Annotation(AnnotationError {
-                    annotation: loxi_domain::addressing::ANN_POOL_SELECT,
+                    annotation,
                     value: name,
-                    reason: "no pool with this name".into(),
+                    reason: reason.into(),
                 })));
             }
             Err(e) => return Ok(Err(Problem::Address(e))),
         }
     }
-    Ok(Ok((addresses, newly)))
+    Ok(Ok(held))
+}
+
+/// Whether the Service names its secondary pools (else they are `secondary0`, ...).
+fn secondary_pool_named(svc: &Service) -> bool {
+    svc.annotations()
+        .get(loxi_domain::addressing::ANN_POOL_SELECT_SECONDARY)
+        .is_some_and(|v| !v.trim().is_empty())
 }
 
 /// The Service's address of one family, backed by a durable claim listing it that exists
@@ -594,24 +740,39 @@ async fn ensure_addresses_now(
 /// reported as in use. In shared mode the Service joins a claim whose owners it is
 /// compatible with; when its own ports change onto a sharer's, it moves to another address
 /// (the sharer was there first), and the old one is let go once rules are on the new one.
+///
+/// A secondary address is claimed the same way, under its own owner entry (never shared,
+/// never shown in the status, so never adopted from it).
 async fn ensure_address(
     svc: &Service,
     ctx: &Context,
-    slot: &AddressSlot,
-    pools: &loxi_domain::pools::PoolSet,
-    who: &loxi_domain::pools::Requester<'_>,
-    sharing: &loxi_domain::ipam::Sharing,
+    want: &Want<'_, '_>,
 ) -> Result<Result<(IpAddr, bool), AllocError>, ReconcileError> {
-    let key = owner_key(svc);
+    let Want {
+        slot,
+        sharing,
+        role,
+        ..
+    } = *want;
     let ns = svc.namespace().unwrap_or_default();
     let name = svc.name_any();
     let uid = svc.uid().unwrap_or_default();
-    let me = claims::ClaimedBy::new(&ns, &name, &uid, sharing);
+    let (key, me) = match role {
+        Role::Vip => (
+            owner_key(svc),
+            claims::ClaimedBy::new(&ns, &name, &uid, sharing),
+        ),
+        Role::Secondary => (
+            secondary_owner_key(svc),
+            claims::ClaimedBy::secondary(&ns, &name, &uid),
+        ),
+    };
     // The address the Service shows wins when its claim lists it: any other address indexed
     // for it (a replica that raced and lost the status write) is given back.
-    if let Some(shown) = published_addresses(svc)
-        .into_iter()
-        .find(|ip| Family::of(ip) == slot.family)
+    if role == Role::Vip
+        && let Some(shown) = published_addresses(svc)
+            .into_iter()
+            .find(|ip| Family::of(ip) == slot.family)
         && slot.requested.is_none_or(|r| r == shown)
         && let Some(c) = ctx.claims.get(&ObjectRef::new(&claims::claim_name(&shown)))
         && c.owner(&ns, &name).is_some_and(|o| o.uid == uid)
@@ -670,25 +831,22 @@ async fn ensure_address(
     for _ in 0..32 {
         let picked = {
             let mut ipam = ctx.ipam.lock().expect("ipam lock poisoned");
-            let want = Want {
-                slot,
-                pools,
-                who,
-                sharing,
-                unique: ctx.cfg.unique_ip,
-            };
-            pick_address(svc, &key, &want, &mut ipam)
+            pick_address(svc, &key, want, &mut ipam)
         };
         let (ip, source) = match picked {
             Ok(x) => x,
             Err(e) => return Ok(Err(e)),
+        };
+        let occupies = match role {
+            Role::Vip => sharing.clone(),
+            Role::Secondary => loxi_domain::ipam::Sharing::Exclusive,
         };
         // Fast path: the claim is already in the store and lists this Service as it is.
         if let Some(c) = ctx.claims.get(&ObjectRef::new(&claims::claim_name(&ip)))
             && c.owner(&ns, &name) == Some(&me)
             && c.spec.retain_until.is_none()
         {
-            index_self(ctx, &c, &key, sharing);
+            index_self(ctx, &c, &key, &occupies);
             return Ok(Ok((ip, false)));
         }
         let pool = ctx
@@ -698,7 +856,8 @@ async fn ensure_address(
             .unwrap_or_default();
         // Never in unique mode; a specific address only by a shared key (sharing docs).
         let requested = source == Source::Requested;
-        let may_join = loxi_domain::sharing::may_join(ctx.cfg.unique_ip, requested, sharing);
+        let may_join = role == Role::Vip
+            && loxi_domain::sharing::may_join(ctx.cfg.unique_ip, requested, sharing);
         match claims::claim(&ctx.claims_api, &ip, &pool, &me, may_join).await? {
             ClaimResult::Ours(written) => {
                 index_from_claim(ctx, &written);
@@ -731,14 +890,18 @@ async fn ensure_address(
 }
 
 /// One address slot of a Service and what may fill it.
+#[derive(Clone, Copy)]
 struct Want<'a, 'l> {
     slot: &'a AddressSlot,
     pools: &'a loxi_domain::pools::PoolSet,
     who: &'a loxi_domain::pools::Requester<'l>,
-    /// What the Service occupies (its ports and key).
+    /// What the Service occupies (its ports and key) on a VIP.
     sharing: &'a loxi_domain::ipam::Sharing,
     /// `--set-unique-ip`: join nobody.
     unique: bool,
+    role: Role,
+    /// Addresses of the same role already filled by earlier slots of this pass.
+    taken: &'a [IpAddr],
 }
 
 /// Picks the candidate address from the index (and records it there). Pools come in the
@@ -755,10 +918,18 @@ fn pick_address(
         slot,
         pools,
         who,
-        sharing,
         unique,
+        role,
+        taken,
+        ..
     } = *want;
-    let mine = |ip: &IpAddr| Family::of(ip) == slot.family;
+    // A secondary address is never shared.
+    let exclusive = loxi_domain::ipam::Sharing::Exclusive;
+    let sharing = match role {
+        Role::Vip => want.sharing,
+        Role::Secondary => &exclusive,
+    };
+    let mine = |ip: &IpAddr| Family::of(ip) == slot.family && !taken.contains(ip);
     if let Some(wanted) = slot.requested {
         if ipam.holds(&wanted, key) {
             // Refreshed when the new sharing still fits; a clash is settled by the claim.
@@ -767,7 +938,7 @@ fn pick_address(
         }
         pools.admits_address(&wanted, who)?;
         if let Some(owner) = ipam.owner_of(&wanted)
-            && !loxi_domain::sharing::may_join(unique, true, sharing)
+            && (role == Role::Secondary || !loxi_domain::sharing::may_join(unique, true, sharing))
         {
             return Err(AllocError::Taken {
                 ip: wanted,
@@ -777,22 +948,25 @@ fn pick_address(
         ipam.assign_shared(wanted, key, sharing.clone())?;
         return Ok((wanted, Source::Requested));
     }
-    if let Some(ip) = ipam.addresses_of(key).iter().copied().find(|ip| mine(ip)) {
-        // Indexed, but possibly from another pool than the one now selected: keep it unless
-        // the selection names a pool that does not contain it, or its ports now overlap
-        // another owner's.
-        let in_selected = slot.pool.as_deref().is_none_or(|p| {
-            pools.get(p).is_some_and(|d| d.pool.contains(&ip))
-                || ipam.pool_containing(&ip).is_empty()
-        });
-        if in_selected && ipam.conflict(&ip, key, sharing).is_none() {
-            ipam.assign_shared(ip, key, sharing.clone())?;
-            return Ok((ip, Source::Indexed));
-        }
+    // Indexed, but possibly from another pool than the one now selected: kept unless the
+    // selection names a pool that does not contain it, or its ports now overlap another
+    // owner's.
+    let indexed = ipam.addresses_of(key).iter().copied().find(|ip| {
+        mine(ip)
+            && slot.pool.as_deref().is_none_or(|p| {
+                pools.get(p).is_some_and(|d| d.pool.contains(ip))
+                    || ipam.pool_containing(ip).is_empty()
+            })
+            && ipam.conflict(ip, key, sharing).is_none()
+    });
+    if let Some(ip) = indexed {
+        ipam.assign_shared(ip, key, sharing.clone())?;
+        return Ok((ip, Source::Indexed));
     }
     // Adoption joins the address's other owners only in shared mode (kube-loxilb's shared
     // mode shows several Services on one address).
-    if let Some(ip) = published_addresses(svc).into_iter().find(|ip| mine(ip))
+    if role == Role::Vip
+        && let Some(ip) = published_addresses(svc).into_iter().find(|ip| mine(ip))
         && ipam.conflict(&ip, key, sharing).is_none()
         && (!unique || ipam.owners_of(&ip).iter().all(|o| *o == key))
     {
@@ -801,7 +975,7 @@ fn pick_address(
     }
     let candidates = pools.candidates(slot.pool.as_deref(), who, slot.family)?;
     // Unique mode takes free addresses only (the claim then records the real ports).
-    let take = if unique {
+    let take = if unique || role == Role::Secondary {
         loxi_domain::ipam::Sharing::Exclusive
     } else {
         sharing.clone()
@@ -848,6 +1022,7 @@ async fn report_problem(
         )
         .await;
         status::write(&services_api(ctx, svc), svc, &want).await?;
+        supersede(svc, ctx);
     }
     Ok(())
 }
@@ -855,12 +1030,17 @@ async fn report_problem(
 /// The Service is gone or no longer ours: rules off every reachable loxilb, then the address
 /// back to the pool, then (for a Service that stays) our status fields, then the finalizer.
 async fn cleanup(svc: &Service, ctx: &Context) -> Result<(), ReconcileError> {
-    let key = owner_key(svc);
+    if let Ok(mut m) = ctx.superseded.lock() {
+        m.remove(&ObjectRef::from_obj(svc));
+    }
     let finalizers = ctx.selection.our_finalizers(svc);
     let holds_address = ctx
         .ipam
         .lock()
-        .map(|i| !i.addresses_of(&key).is_empty())
+        .map(|i| {
+            !i.addresses_of(&owner_key(svc)).is_empty()
+                || !i.addresses_of(&secondary_owner_key(svc)).is_empty()
+        })
         .unwrap_or(false);
     if finalizers.is_empty() && !holds_address {
         return Ok(());
@@ -931,21 +1111,22 @@ async fn shown_now(svc: &Service, ctx: &Context) -> Result<Vec<IpAddr>, Reconcil
         .unwrap_or_default())
 }
 
-/// Lets go of every address of the Service not in `keep` and not shown in its status (its
-/// claims updated or deleted, the index freed where nobody else holds the address).
+/// Lets go of every address the Service holds under owner key `key` (its VIPs or its
+/// secondary addresses) not in `keep` and not shown in its status (its claims updated or
+/// deleted, the index freed where nobody else holds the address).
 async fn release_addresses_except(
     svc: &Service,
     ctx: &Context,
+    key: &str,
     keep: &[IpAddr],
 ) -> Result<(), ReconcileError> {
-    let key = owner_key(svc);
     let ns = svc.namespace().unwrap_or_default();
     let name = svc.name_any();
     let extra: Vec<IpAddr> = ctx
         .ipam
         .lock()
         .map(|i| {
-            i.addresses_of(&key)
+            i.addresses_of(key)
                 .iter()
                 .copied()
                 .filter(|ip| !keep.contains(ip))
@@ -967,7 +1148,7 @@ async fn release_addresses_except(
             claims::leave(&ctx.claims_api, &c, &ns, &name).await?;
         }
         if let Ok(mut i) = ctx.ipam.lock() {
-            i.release_from(ip, &key);
+            i.release_from(ip, key);
         }
     }
     info!(released = ?extra, "addresses no longer wanted released");
@@ -985,22 +1166,42 @@ pub const ANN_RETAIN: &str = "loxilb.io/retain-address";
 /// retained for this namespace/name when asked to. A shared address is not retained: it
 /// stays with its other owners anyway.
 async fn release_addresses(svc: &Service, ctx: &Context) -> Result<(), ReconcileError> {
-    let key = owner_key(svc);
+    release_addresses_of(svc, ctx, &owner_key(svc)).await?;
+    release_addresses_of(svc, ctx, &secondary_owner_key(svc)).await
+}
+
+/// [`release_addresses`] for the addresses held under owner key `key`.
+async fn release_addresses_of(
+    svc: &Service,
+    ctx: &Context,
+    key: &str,
+) -> Result<(), ReconcileError> {
     let ns = svc.namespace().unwrap_or_default();
     let name = svc.name_any();
     let uid = svc.uid().unwrap_or_default();
     let ips: Vec<IpAddr> = ctx
         .ipam
         .lock()
-        .map(|i| i.addresses_of(&key).to_vec())
+        .map(|i| i.addresses_of(key).to_vec())
         .unwrap_or_default();
-    let retain = svc
+    // The annotation wins over the pool's `retainAddresses` (`0` there: release at once).
+    let annotated = svc
         .annotations()
         .get(ANN_RETAIN)
-        .and_then(|v| crate::cli::parse_duration(v).ok())
-        .filter(|d| !d.is_zero());
+        .map(|v| crate::cli::parse_duration(v).unwrap_or_default());
+    let pools = ctx.pools.current();
     let mut released = Vec::new();
     for ip in ips {
+        let retain = annotated
+            .or_else(|| {
+                let pool = ctx
+                    .ipam
+                    .lock()
+                    .map(|i| i.pool_containing(&ip).to_string())
+                    .unwrap_or_default();
+                pools.get(&pool).and_then(|d| d.retain)
+            })
+            .filter(|d| !d.is_zero());
         let claim = ctx.claims.get(&ObjectRef::new(&claims::claim_name(&ip)));
         let ours = claim.as_ref().is_some_and(|c| {
             c.owner(&ns, &name)
@@ -1019,7 +1220,7 @@ async fn release_addresses(svc: &Service, ctx: &Context) -> Result<(), Reconcile
             _ => {}
         }
         if let Ok(mut ipam) = ctx.ipam.lock() {
-            ipam.release_from(&ip, &key);
+            ipam.release_from(&ip, key);
         }
         released.push(ip);
     }
@@ -1031,14 +1232,15 @@ async fn release_addresses(svc: &Service, ctx: &Context) -> Result<(), Reconcile
     Ok(())
 }
 
-async fn ensure_finalizer(svc: &Service, ctx: &Context) -> Result<(), ReconcileError> {
+/// Adds our finalizer when missing; returns the Service as written then.
+async fn ensure_finalizer(svc: &Service, ctx: &Context) -> Result<Option<Service>, ReconcileError> {
     let wanted = ctx.selection.finalizer_for(svc);
     if svc.finalizers().iter().any(|f| f == wanted) {
-        return Ok(());
+        return Ok(None);
     }
     let mut list: Vec<String> = svc.finalizers().to_vec();
     list.push(wanted.to_string());
-    patch_finalizers(ctx, svc, json!(list)).await
+    patch_finalizers(ctx, svc, json!(list)).await.map(Some)
 }
 
 /// Sets the finalizer list; the resourceVersion makes it fail (409) rather than overwrite a
@@ -1047,21 +1249,20 @@ async fn patch_finalizers(
     ctx: &Context,
     svc: &Service,
     list: serde_json::Value,
-) -> Result<(), ReconcileError> {
+) -> Result<Service, ReconcileError> {
     let patch = json!({
         "metadata": {
             "finalizers": list,
             "resourceVersion": svc.resource_version(),
         }
     });
-    services_api(ctx, svc)
+    Ok(services_api(ctx, svc)
         .patch(
             &svc.name_any(),
             &PatchParams::default(),
             &Patch::Merge(&patch),
         )
-        .await?;
-    Ok(())
+        .await?)
 }
 
 fn services_api(ctx: &Context, svc: &Service) -> Api<Service> {

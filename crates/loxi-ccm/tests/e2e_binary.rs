@@ -286,12 +286,9 @@ async fn reqwest_get(url: &str) -> String {
         .unwrap_or_default()
 }
 
-/// Two replicas of the binary with leader election, as the Deployment runs them: the leader
-/// is stopped in the middle of a burst, the standby takes over; no duplicate address, no lost
-/// and no orphaned rule.
-#[tokio::test]
-async fn leader_failover_between_two_processes() {
-    let cp = testenv::ControlPlane::start().await.expect("control plane");
+/// `kubectl apply -f deploy/` (CRDs established) and a kubeconfig with a token of the
+/// shipped ServiceAccount: the binary then runs with exactly the shipped RBAC.
+async fn apply_shipped_manifests(cp: &testenv::ControlPlane) -> std::path::PathBuf {
     let kubectl = cp.k8s_bin_dir().join("kubectl");
     let admin_kc = cp.kubeconfig_path();
     let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy");
@@ -330,26 +327,148 @@ async fn leader_failover_between_two_processes() {
     let token = String::from_utf8(out.stdout).unwrap().trim().to_string();
     let sa_kc = cp.dir().join("sa.kubeconfig");
     cp.write_kubeconfig(&sa_kc, &token).unwrap();
+    sa_kc
+}
 
-    let admin = cp.admin_client().await.unwrap();
+async fn add_node(admin: &kube::Client, name: &str, ip: &str) {
     let nodes: Api<Node> = Api::all(admin.clone());
     nodes
         .create(
             &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": "fo-a"}})).unwrap(),
+            &serde_json::from_value(json!({"metadata": {"name": name}})).unwrap(),
         )
         .await
         .unwrap();
     nodes
         .patch_status(
-            "fo-a",
+            name,
             &PatchParams::default(),
             &Patch::Merge(
-                json!({"status": {"addresses": [{"type": "InternalIP", "address": "10.8.0.1"}]}}),
+                json!({"status": {"addresses": [{"type": "InternalIP", "address": ip}]}}),
             ),
         )
         .await
         .unwrap();
+}
+
+/// Two processes of the binary WITHOUT leader election (a misconfigured Deployment, or two
+/// clusters' controllers sharing a pool by mistake) allocating at once from a pool barely
+/// larger than the burst: the claims' name uniqueness still gives every address to one
+/// Service only, and each Service ends with exactly one claimed address.
+#[tokio::test]
+async fn two_processes_without_leader_election_never_duplicate() {
+    let cp = testenv::ControlPlane::start().await.expect("control plane");
+    let sa_kc = apply_shipped_manifests(&cp).await;
+    let admin = cp.admin_client().await.unwrap();
+    add_node(&admin, "race-a", "10.8.1.1").await;
+    let sim = Simulator::start("127.0.0.1:0".parse().unwrap(), SimConfig::default())
+        .await
+        .unwrap();
+    let start = |name: &str| {
+        KillOnDrop(
+            Command::new(env!("CARGO_BIN_EXE_loxi-ccm"))
+                .env("POD_NAME", name)
+                .args(["run", "--kubeconfig"])
+                .arg(&sa_kc)
+                .args([
+                    "--loxilb-url",
+                    &sim.url(),
+                    // 62 usable addresses for 60 Services.
+                    "--external-cidr",
+                    "198.51.100.0/26",
+                    "--admin-addr",
+                    &format!("127.0.0.1:{}", testenv::free_port().unwrap()),
+                    "--leader-elect=false",
+                ])
+                .stdout(std::fs::File::create(cp.dir().join(format!("{name}.log"))).unwrap())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let replicas = [start("racer-a"), start("racer-b")];
+    let services: Api<Service> = Api::namespaced(admin.clone(), "default");
+    // One port for all: no two may share an address.
+    let names: Vec<String> = (0..60).map(|i| format!("race{i}")).collect();
+    futures::future::join_all(names.iter().map(|name| {
+        let services = services.clone();
+        async move {
+            let svc: Service = serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "spec": {"type": "LoadBalancer", "loadBalancerClass": "loxilb.io/loxilb",
+                         "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}
+            }))
+            .unwrap();
+            services.create(&PostParams::default(), &svc).await.unwrap();
+        }
+    }))
+    .await;
+    let claims: Api<loxi_ccm::claims::AddressClaim> = Api::all(admin.clone());
+    let shown = wait_for("60 addresses, one claim each", || async {
+        let shown: std::collections::BTreeMap<String, String> = services
+            .list(&Default::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .filter_map(|s| {
+                Some((
+                    s.metadata.name?,
+                    s.status?.load_balancer?.ingress?.first()?.ip.clone()?,
+                ))
+            })
+            .collect();
+        let claims = claims.list(&Default::default()).await.ok()?.items;
+        (shown.len() == 60 && claims.len() == 60).then_some(shown)
+    })
+    .await;
+    let unique: std::collections::BTreeSet<&String> = shown.values().collect();
+    assert_eq!(
+        unique.len(),
+        60,
+        "one address given to two Services: {shown:?}"
+    );
+    for c in claims.list(&Default::default()).await.unwrap().items {
+        assert_eq!(
+            shown.get(&c.spec.service.name),
+            Some(&c.spec.address),
+            "claim {} names a Service that does not show it",
+            c.spec.address
+        );
+    }
+    wait_for("exactly one rule per Service", || async {
+        let rules = sim.rules();
+        let ips: std::collections::BTreeSet<String> =
+            rules.iter().map(|r| r.external_ip.clone()).collect();
+        (rules.len() == 60 && ips.iter().all(|ip| unique.contains(ip))).then_some(())
+    })
+    .await;
+    for mut child in replicas {
+        unsafe {
+            libc_kill(child.0.id() as i32, 15);
+        }
+        let _ = child.0.wait();
+    }
+    // How much the two really raced (informational: the outcome above is what counts).
+    for name in ["racer-a", "racer-b"] {
+        let log = std::fs::read_to_string(cp.dir().join(format!("{name}.log"))).unwrap_or_default();
+        eprintln!(
+            "{name}: {} race(s) lost to the other process",
+            log.matches("claimed by someone else first").count()
+                + log.matches("released a second address").count()
+        );
+    }
+}
+
+/// Two replicas of the binary with leader election, as the Deployment runs them: the leader
+/// is stopped in the middle of a burst, the standby takes over; no duplicate address, no lost
+/// and no orphaned rule.
+#[tokio::test]
+async fn leader_failover_between_two_processes() {
+    let cp = testenv::ControlPlane::start().await.expect("control plane");
+    let sa_kc = apply_shipped_manifests(&cp).await;
+    let admin = cp.admin_client().await.unwrap();
+    add_node(&admin, "fo-a", "10.8.0.1").await;
     let sim = Simulator::start("127.0.0.1:0".parse().unwrap(), SimConfig::default())
         .await
         .unwrap();

@@ -369,6 +369,7 @@ fn pool_spec(ns: &str, addresses: &[&str]) -> AddressPoolSpec {
         disabled: false,
         namespace_selector: Some(only_ns(ns)),
         service_selector: None,
+        retain_addresses: None,
     }
 }
 
@@ -582,6 +583,65 @@ async fn address_pools_follow_namespace_and_service_labels_priority_and_auto_ass
         .unwrap();
     wait_pool_status(&w, &manual, "0 used", |s| s.ipv4 == v4(3, 0)).await;
     delete_pools(&w, &[&team, &edge, &manual, &red]).await;
+    w.finish().await;
+}
+
+/// Retain as a pool setting: a deleted Service's address from a pool with
+/// `retainAddresses` stays reserved for its namespace/name and comes back when the Service
+/// is re-created; `loxilb.io/retain-address: "0"` on a Service opts out.
+#[tokio::test]
+async fn pool_retain_setting_keeps_a_deleted_services_address() {
+    let mut w = World::new("pretain").await;
+    w.add_node("node-a", "10.1.6.1").await;
+    stop_when_serving(&mut w).await;
+    let kept = create_pool(&w, "kept", {
+        let mut s = pool_spec(&w.ns, &["198.51.100.192/29"]);
+        s.priority = 10;
+        s.retain_addresses = Some("1h".into());
+        s
+    })
+    .await;
+    w.start_controller(&Options::default()).await;
+    let svc = World::lb_service("db", Some(CLASS), &[(5432, "TCP")]);
+    w.create(&svc).await;
+    let ip = w.wait_for_ip("db").await;
+    assert!(
+        ip.starts_with("198.51.100.19"),
+        "{ip} from the retaining pool"
+    );
+    let opted_out = annotated(
+        // Same port: not shared with db (a shared address is never retained).
+        World::lb_service("scratch", Some(CLASS), &[(5432, "TCP")]),
+        &[("loxilb.io/retain-address", "0")],
+    );
+    w.create(&opted_out).await;
+    let scratch_ip = w.wait_for_ip("scratch").await;
+    for name in ["db", "scratch"] {
+        w.services
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    wait_for("both deleted", WAIT, || async {
+        (w.get("db").await.is_none() && w.get("scratch").await.is_none()).then_some(())
+    })
+    .await;
+    let claims = wait_for("db's claim retained, scratch's released", WAIT, || async {
+        let claims = w.claims().await;
+        let scratch_gone = !claims.iter().any(|c| c.spec.address == scratch_ip);
+        let db = claims.into_iter().find(|c| c.spec.address == ip)?;
+        (scratch_gone && db.spec.retain_until.is_some()).then_some(db)
+    })
+    .await;
+    assert_eq!(claims.spec.service.name, "db");
+    assert!(claims.spec.service.uid.is_empty(), "held for the name only");
+    // Someone else does not get it; the re-created Service does.
+    w.create(&World::lb_service("other", Some(CLASS), &[(5432, "TCP")]))
+        .await;
+    assert_ne!(w.wait_for_ip("other").await, ip);
+    w.create(&svc).await;
+    assert_eq!(w.wait_for_ip("db").await, ip);
+    delete_pools(&w, &[&kept]).await;
     w.finish().await;
 }
 

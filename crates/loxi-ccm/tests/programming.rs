@@ -3,6 +3,8 @@
 
 mod common;
 
+use std::time::Duration;
+
 use common::{CLASS, Options, WAIT, World, wait_for};
 use k8s_openapi::api::core::v1::{LoadBalancerIngress, Service};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
@@ -461,4 +463,335 @@ async fn deletion_waits_for_every_reachable_instance_only() {
     .await;
     w.finish().await;
     sim2.shutdown().await;
+}
+
+/// The secondary addresses on the simulator's SCTP rule for `vip`:`port`.
+fn secondaries_on(w: &World, vip: &str, port: u16) -> Vec<String> {
+    let mut v: Vec<String> = w
+        .sim
+        .rules()
+        .into_iter()
+        .find(|r| r.external_ip == vip && r.port == port && r.protocol == "sctp")
+        .map(|r| r.secondary_ips)
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+fn with_annotations(mut svc: Service, pairs: &[(&str, &str)]) -> Service {
+    svc.metadata.annotations = Some(
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    );
+    svc
+}
+
+/// Waits for the AddressAllocated condition with this status and reason; returns its message.
+async fn wait_address(w: &World, name: &str, status: &str, reason: &str) -> String {
+    wait_for(
+        &format!("{name}: AddressAllocated={status} reason {reason}"),
+        WAIT,
+        || async {
+            let s = w.get(name).await?;
+            let (st, re, msg) = World::condition(&s, COND_ADDRESS)?;
+            (st == status && re == reason).then_some(msg)
+        },
+    )
+    .await
+}
+
+/// kube-loxilb's SCTP multi-homing shapes: secondary addresses allocated from the secondary
+/// pools (`num-secondary-networks`, `poolSelectSecondary`) or given (`secondaryIPs`), each
+/// claimed durably, put on the SCTP rules only, kept across a controller restart, never
+/// handed to a second Service, and released with the Service.
+#[tokio::test]
+async fn sctp_rules_carry_claimed_secondary_addresses() {
+    let opts = Options {
+        extra_args: vec!["--external-secondary-cidrs=198.51.100.0/29,203.0.113.0/29".into()],
+        ..Options::default()
+    };
+    let mut w = World::with("sctp-secondary", opts).await;
+    w.add_node("n1", "10.0.0.1").await;
+
+    // Two secondary networks: one address from each secondary pool, on the SCTP rule only.
+    let multi = with_annotations(
+        World::lb_service("multi", Some(CLASS), &[(38412, "SCTP"), (80, "TCP")]),
+        &[("loxilb.io/num-secondary-networks", "2")],
+    );
+    w.create(&multi).await;
+    let vip = w.wait_for_ip("multi").await;
+    wait_programmed(&w, "multi", "True", "Programmed").await;
+    let secondaries = wait_for("two secondary IPs on the SCTP rule", WAIT, || async {
+        let s = secondaries_on(&w, &vip, 38412);
+        (s.len() == 2).then_some(s)
+    })
+    .await;
+    assert!(secondaries[0].starts_with("198.51.100."), "{secondaries:?}");
+    assert!(secondaries[1].starts_with("203.0.113."), "{secondaries:?}");
+    let tcp = w
+        .sim
+        .rules()
+        .into_iter()
+        .find(|r| r.external_ip == vip && r.port == 80)
+        .expect("tcp rule");
+    assert!(tcp.secondary_ips.is_empty(), "only SCTP rules get them");
+    let msg = wait_address(&w, "multi", "True", "Allocated").await;
+    assert!(
+        msg.contains(&format!("secondary {}", secondaries[0])),
+        "{msg}"
+    );
+    // Each one durably claimed, as a secondary address of this Service.
+    let claims = w.claims().await;
+    for ip in &secondaries {
+        let c = claims
+            .iter()
+            .find(|c| &c.spec.address == ip)
+            .unwrap_or_else(|| panic!("no claim for {ip}"));
+        assert_eq!(c.spec.service.name, "multi");
+        assert_eq!(c.spec.service.role.as_deref(), Some("secondary"));
+    }
+    // The status shows the VIP only (secondary addresses are not ingress points).
+    let shown: Vec<String> = ingress(&w.get("multi").await.unwrap())
+        .into_iter()
+        .filter_map(|i| i.ip)
+        .collect();
+    assert_eq!(shown, std::slice::from_ref(&vip));
+
+    // A given secondary address, and one from a pool named by poolSelectSecondary.
+    let given = with_annotations(
+        World::lb_service("given", Some(CLASS), &[(38413, "SCTP")]),
+        &[("loxilb.io/secondaryIPs", "198.51.100.5")],
+    );
+    w.create(&given).await;
+    let named = with_annotations(
+        World::lb_service("named", Some(CLASS), &[(38414, "SCTP")]),
+        &[("loxilb.io/poolSelectSecondary", "secondary1")],
+    );
+    w.create(&named).await;
+    let given_vip = w.wait_for_ip("given").await;
+    let named_vip = w.wait_for_ip("named").await;
+    wait_for("the given secondary on its rule", WAIT, || async {
+        (secondaries_on(&w, &given_vip, 38413) == ["198.51.100.5"]).then_some(())
+    })
+    .await;
+    let named_sec = wait_for("a secondary1 address on its rule", WAIT, || async {
+        let s = secondaries_on(&w, &named_vip, 38414);
+        (s.len() == 1 && s[0].starts_with("203.0.113.") && s[0] != secondaries[1]).then_some(s)
+    })
+    .await;
+
+    // Another Service asking for an address already used as a secondary: refused, never
+    // stolen; a bad count names the annotation. Both leave the others alone.
+    let thief = with_annotations(
+        World::lb_service("thief", Some(CLASS), &[(38415, "SCTP")]),
+        &[("loxilb.io/secondaryIPs", secondaries[0].as_str())],
+    );
+    w.create(&thief).await;
+    let msg = wait_address(&w, "thief", "False", "AddressInUse").await;
+    assert!(msg.contains(&secondaries[0]), "{msg}");
+    let greedy = with_annotations(
+        World::lb_service("greedy", Some(CLASS), &[(38416, "SCTP")]),
+        &[("loxilb.io/num-secondary-networks", "4")],
+    );
+    w.create(&greedy).await;
+    let msg = wait_address(&w, "greedy", "False", "InvalidAnnotation").await;
+    assert!(msg.contains("loxilb.io/num-secondary-networks"), "{msg}");
+    assert!(
+        w.event_reasons("greedy")
+            .await
+            .contains(&"InvalidAnnotation".to_string())
+    );
+    assert_eq!(secondaries_on(&w, &vip, 38412), secondaries);
+
+    // A controller restart rebuilds the index from the claims: nothing moves.
+    let restart = Options {
+        extra_args: vec!["--external-secondary-cidrs=198.51.100.0/29,203.0.113.0/29".into()],
+        ..Options::default()
+    };
+    w.stop_controller().await;
+    w.start_controller(&restart).await;
+    let probe = with_annotations(
+        World::lb_service("after", Some(CLASS), &[(38417, "SCTP")]),
+        &[("loxilb.io/num-secondary-networks", "2")],
+    );
+    w.create(&probe).await;
+    let after_vip = w.wait_for_ip("after").await;
+    let after = wait_for(
+        "secondaries for the Service created after the restart",
+        WAIT,
+        || async {
+            let s = secondaries_on(&w, &after_vip, 38417);
+            (s.len() == 2).then_some(s)
+        },
+    )
+    .await;
+    for ip in &after {
+        assert!(
+            !secondaries.contains(ip) && !named_sec.contains(ip) && ip != "198.51.100.5",
+            "{ip} handed out twice"
+        );
+    }
+    assert_eq!(secondaries_on(&w, &vip, 38412), secondaries);
+
+    // Deleting the Service removes its rules, then its secondary claims.
+    w.services
+        .delete("multi", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("multi's claims released", WAIT, || async {
+        let claims = w.claims().await;
+        (!claims.iter().any(|c| c.spec.service.name == "multi")).then_some(())
+    })
+    .await;
+    assert!(rules_of(&w.sim, &w, "multi").is_empty());
+    w.finish().await;
+}
+
+/// kube-loxilb's "fullnat with liveness probes" example: full NAT, liveness on, a TCP probe
+/// with its own port, payloads, interval and retries. The rule carries them; ingress says
+/// ipMode Proxy (full NAT terminates at loxilb); a probe loxilb refuses (http) is reported
+/// and the rule stays as it was; turning liveness off re-creates the rule (CONTRACT §2.5:
+/// monitor cannot change in place).
+#[tokio::test]
+async fn fullnat_with_liveness_probes() {
+    let w = World::new("fullnat-probe").await;
+    w.add_node("n1", "10.0.0.1").await;
+    w.add_node("n2", "10.0.0.2").await;
+    let svc = with_annotations(
+        World::lb_service("probed", Some(CLASS), &[(8080, "TCP")]),
+        &[
+            ("loxilb.io/lbmode", "fullnat"),
+            ("loxilb.io/liveness", "yes"),
+            ("loxilb.io/probetype", "tcp"),
+            ("loxilb.io/probeport", "3000"),
+            ("loxilb.io/probereq", "ping"),
+            ("loxilb.io/proberesp", "pong"),
+            ("loxilb.io/probetimeout", "10"),
+            ("loxilb.io/proberetries", "3"),
+            ("loxilb.io/timeout", "600"),
+        ],
+    );
+    w.create(&svc).await;
+    let vip = w.wait_for_ip("probed").await;
+    wait_programmed(&w, "probed", "True", "Programmed").await;
+    let rule = w
+        .sim
+        .rules()
+        .into_iter()
+        .find(|r| r.external_ip == vip && r.port == 8080)
+        .expect("rule");
+    assert_eq!(rule.mode, 2, "fullnat");
+    assert!(rule.monitor, "liveness on");
+    assert_eq!((rule.probetype.as_str(), rule.probeport), ("tcp", 3000));
+    assert_eq!(rule.inactive_timeout, 600);
+    assert_eq!(rule.endpoints.len(), 2);
+    let ing = ingress(&w.get("probed").await.unwrap());
+    assert_eq!(ing[0].ip_mode.as_deref(), Some("Proxy"), "{ing:?}");
+
+    // http probes exist in kube-loxilb's vocabulary but loxilb refuses them on rules.
+    annotate(&w, "probed", "loxilb.io/probetype", "http").await;
+    let msg = wait_programmed(&w, "probed", "False", "InvalidAnnotation").await;
+    assert!(msg.contains("loxilb.io/probetype"), "{msg}");
+    let still = w
+        .sim
+        .rules()
+        .into_iter()
+        .find(|r| r.external_ip == vip && r.port == 8080)
+        .expect("the rule stays");
+    assert_eq!((still.probetype.as_str(), still.index), ("tcp", rule.index));
+
+    // Back to a valid probe, liveness off: the rule is re-created without monitoring.
+    w.services
+        .patch(
+            "probed",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                "loxilb.io/probetype": null,
+                "loxilb.io/probeport": null,
+                "loxilb.io/probereq": null,
+                "loxilb.io/proberesp": null,
+                "loxilb.io/liveness": "no",
+            }}})),
+        )
+        .await
+        .unwrap();
+    wait_programmed(&w, "probed", "True", "Programmed").await;
+    wait_for("the rule without liveness", WAIT, || async {
+        w.sim
+            .rules()
+            .into_iter()
+            .find(|r| r.external_ip == vip && r.port == 8080)
+            .filter(|r| !r.monitor && r.probetype.is_empty() && r.mode == 2)
+    })
+    .await;
+    w.finish().await;
+}
+
+/// The only loxilb is down for 30 s while the cluster changes: a new Service gets its
+/// address and says loxilb is unavailable (one Warning), a deleted Service is let go, a new
+/// Node appears. The controller keeps running; when loxilb is back (with its old state) every
+/// difference is repaired: the new rule created, the deleted Service's rules removed, the
+/// endpoints updated.
+#[tokio::test]
+async fn loxilb_down_for_thirty_seconds_then_back() {
+    let w = World::new("outage").await;
+    w.add_node("n1", "10.0.0.1").await;
+    w.create(&World::lb_service("keep", Some(CLASS), &[(80, "TCP")]))
+        .await;
+    w.create(&World::lb_service("gone", Some(CLASS), &[(81, "TCP")]))
+        .await;
+    w.wait_for_ip("keep").await;
+    w.wait_for_ip("gone").await;
+    wait_programmed(&w, "keep", "True", "Programmed").await;
+    wait_programmed(&w, "gone", "True", "Programmed").await;
+
+    w.sim.go_down().await;
+    let down_since = std::time::Instant::now();
+    w.create(&World::lb_service("new", Some(CLASS), &[(82, "TCP")]))
+        .await;
+    let new_ip = w.wait_for_ip("new").await;
+    let msg = wait_programmed(&w, "new", "False", "LoxilbUnavailable").await;
+    assert!(msg.contains(&w.sim.url()), "{msg}");
+    w.services
+        .delete("gone", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for(
+        "gone deleted (no reachable loxilb holds it)",
+        WAIT,
+        || async { w.get("gone").await.is_none().then_some(()) },
+    )
+    .await;
+    w.add_node("n2", "10.0.0.2").await;
+    // The outage itself is the scenario: it lasts 30 s whatever the controller does.
+    let rest = Duration::from_secs(30).saturating_sub(down_since.elapsed());
+    tokio::time::sleep(rest).await;
+    assert_eq!(
+        event_count(&w, "new", "LoxilbUnavailable").await,
+        1,
+        "one Warning for the episode, not one per retry"
+    );
+    let (_, handle) = w.controller.as_ref().expect("controller");
+    assert!(!handle.is_finished(), "the controller kept running");
+
+    w.sim.come_up().await.unwrap();
+    wait_for("every difference repaired", WAIT, || async {
+        let keep_eps = w
+            .sim
+            .rules()
+            .into_iter()
+            .find(|r| r.port == 80)
+            .map(|r| r.endpoints.len());
+        (rules_of(&w.sim, &w, "gone").is_empty()
+            && rules_of(&w.sim, &w, "new") == ["82/tcp"]
+            && keep_eps == Some(2))
+        .then_some(())
+    })
+    .await;
+    wait_programmed(&w, "new", "True", "Programmed").await;
+    wait_programmed(&w, "keep", "True", "Programmed").await;
+    assert!(w.rules_for(&new_ip).iter().any(|(port, _, _)| *port == 82));
+    w.finish().await;
 }

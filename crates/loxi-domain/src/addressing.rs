@@ -11,6 +11,23 @@ use crate::ipam::Family;
 pub const ANN_POOL_SELECT: &str = "loxilb.io/poolSelect";
 pub const ANN_IPAM: &str = "loxilb.io/ipam";
 pub const ANN_STATIC_IP: &str = "loxilb.io/staticIP";
+/// SCTP multi-homing: the secondary addresses themselves (comma-separated). Wins over the two
+/// below, as in kube-loxilb.
+pub const ANN_SECONDARY_IPS: &str = "loxilb.io/secondaryIPs";
+/// SCTP multi-homing: how many secondary addresses to allocate, the i-th from the i-th
+/// secondary pool (`--external-secondary-cidrs`, named `secondary0`, `secondary1`, ...).
+pub const ANN_NUM_SECONDARY: &str = "loxilb.io/num-secondary-networks";
+/// SCTP multi-homing: the pools to take the secondary addresses from, one address each.
+pub const ANN_POOL_SELECT_SECONDARY: &str = "loxilb.io/poolSelectSecondary";
+/// Name prefix of the secondary pools from the command line.
+pub const SECONDARY_POOL_PREFIX: &str = "secondary";
+/// loxilb's limit of secondary addresses per rule (CONTRACT.md §5).
+pub const MAX_SECONDARY: usize = 3;
+
+/// The name of the `i`-th secondary pool from the command line.
+pub fn secondary_pool_name(i: usize) -> String {
+    format!("{SECONDARY_POOL_PREFIX}{i}")
+}
 
 /// One address the Service needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -145,6 +162,114 @@ pub fn address_slots(
     Ok(slots)
 }
 
+/// The secondary addresses (SCTP multi-homing) a Service asks for, all of `family` (the
+/// family of its first VIP), in order: `loxilb.io/secondaryIPs` (specific addresses; the
+/// other two annotations are then ignored, as in kube-loxilb), else one address from each
+/// pool of `loxilb.io/poolSelectSecondary`, else `loxilb.io/num-secondary-networks`
+/// addresses, the i-th from secondary pool i. At most [`MAX_SECONDARY`].
+pub fn secondary_slots(
+    annotations: Option<&BTreeMap<String, String>>,
+    family: Family,
+) -> Result<Vec<AddressSlot>, AnnotationError> {
+    let get = |k: &str| {
+        annotations
+            .and_then(|a| a.get(k))
+            .map(|v| v.trim())
+            .filter(|v| !v.is_empty())
+    };
+    let too_many = |annotation: &'static str, value: &str| {
+        bad(
+            annotation,
+            value,
+            &format!("at most {MAX_SECONDARY} secondary addresses (loxilb's limit per rule)"),
+        )
+    };
+    if let Some(text) = get(ANN_SECONDARY_IPS) {
+        let mut slots: Vec<AddressSlot> = Vec::new();
+        for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let ip: IpAddr = part.parse().map_err(|_| {
+                bad(
+                    ANN_SECONDARY_IPS,
+                    text,
+                    &format!("{part:?} is not an IP address"),
+                )
+            })?;
+            if Family::of(&ip) != family {
+                return Err(bad(
+                    ANN_SECONDARY_IPS,
+                    text,
+                    &format!("{ip} is not an {family} address like the Service's VIP"),
+                ));
+            }
+            if slots.iter().any(|s| s.requested == Some(ip)) {
+                return Err(bad(
+                    ANN_SECONDARY_IPS,
+                    text,
+                    &format!("{ip} is listed twice"),
+                ));
+            }
+            slots.push(AddressSlot {
+                family,
+                pool: None,
+                requested: Some(ip),
+            });
+        }
+        if slots.len() > MAX_SECONDARY {
+            return Err(too_many(ANN_SECONDARY_IPS, text));
+        }
+        return Ok(slots);
+    }
+    let count = match get(ANN_NUM_SECONDARY) {
+        None => None,
+        Some(v) => match v.parse::<usize>() {
+            Ok(n) if n <= MAX_SECONDARY => Some(n),
+            _ => {
+                return Err(bad(
+                    ANN_NUM_SECONDARY,
+                    v,
+                    &format!("expected a whole number from 0 to {MAX_SECONDARY}"),
+                ));
+            }
+        },
+    };
+    if let Some(text) = get(ANN_POOL_SELECT_SECONDARY) {
+        let names: Vec<&str> = text.split(',').map(str::trim).collect();
+        if names.iter().any(|n| n.is_empty()) {
+            return Err(bad(ANN_POOL_SELECT_SECONDARY, text, "empty pool name"));
+        }
+        if names.len() > MAX_SECONDARY {
+            return Err(too_many(ANN_POOL_SELECT_SECONDARY, text));
+        }
+        if let Some(n) = count
+            && n != names.len()
+        {
+            return Err(bad(
+                ANN_NUM_SECONDARY,
+                &n.to_string(),
+                &format!(
+                    "{ANN_POOL_SELECT_SECONDARY} names {} pool(s): one address is taken from each",
+                    names.len()
+                ),
+            ));
+        }
+        return Ok(names
+            .into_iter()
+            .map(|n| AddressSlot {
+                family,
+                pool: Some(n.to_string()),
+                requested: None,
+            })
+            .collect());
+    }
+    Ok((0..count.unwrap_or(0))
+        .map(|i| AddressSlot {
+            family,
+            pool: Some(secondary_pool_name(i)),
+            requested: None,
+        })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -221,6 +346,54 @@ mod tests {
                 requested: Some("2001:db8::7".parse().unwrap())
             }]
         );
+    }
+
+    #[test]
+    fn secondary_addresses() {
+        let slots = |pairs: &[(&str, &str)]| {
+            let a = ann(pairs);
+            secondary_slots(Some(&a), Family::V4)
+        };
+        assert!(slots(&[]).unwrap().is_empty());
+        let s = slots(&[(ANN_NUM_SECONDARY, "2")]).unwrap();
+        let pools: Vec<_> = s.iter().map(|s| s.pool.clone().unwrap()).collect();
+        assert_eq!(pools, ["secondary0", "secondary1"]);
+        let s = slots(&[(ANN_POOL_SELECT_SECONDARY, "blue, green")]).unwrap();
+        let pools: Vec<_> = s.iter().map(|s| s.pool.clone().unwrap()).collect();
+        assert_eq!(pools, ["blue", "green"]);
+        // Specific addresses win over the other two, as in kube-loxilb.
+        let s = slots(&[
+            (ANN_SECONDARY_IPS, "192.0.2.7,192.0.2.8"),
+            (ANN_NUM_SECONDARY, "1"),
+        ])
+        .unwrap();
+        assert_eq!(s.len(), 2);
+        assert_eq!(s[1].requested, Some("192.0.2.8".parse().unwrap()));
+        for (pairs, annotation) in [
+            (vec![(ANN_NUM_SECONDARY, "4")], ANN_NUM_SECONDARY),
+            (vec![(ANN_NUM_SECONDARY, "two")], ANN_NUM_SECONDARY),
+            (
+                vec![(ANN_SECONDARY_IPS, "192.0.2.1,192.0.2.2,192.0.2.3,192.0.2.4")],
+                ANN_SECONDARY_IPS,
+            ),
+            (vec![(ANN_SECONDARY_IPS, "2001:db8::1")], ANN_SECONDARY_IPS),
+            (
+                vec![(ANN_SECONDARY_IPS, "192.0.2.1,192.0.2.1")],
+                ANN_SECONDARY_IPS,
+            ),
+            (vec![(ANN_SECONDARY_IPS, "nope")], ANN_SECONDARY_IPS),
+            (
+                vec![(ANN_POOL_SELECT_SECONDARY, "a,,b")],
+                ANN_POOL_SELECT_SECONDARY,
+            ),
+            (
+                vec![(ANN_POOL_SELECT_SECONDARY, "a,b"), (ANN_NUM_SECONDARY, "1")],
+                ANN_NUM_SECONDARY,
+            ),
+        ] {
+            let e = slots(&pairs).unwrap_err();
+            assert_eq!(e.annotation, annotation, "{pairs:?}: {e}");
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@
 
 pub mod addressing;
 pub mod diff;
+pub mod duration;
 pub mod intent;
 pub mod inventory;
 pub mod ipam;

@@ -261,8 +261,14 @@ pub fn plan_rules(
                     inactive_timeout: intent.inactive_timeout,
                     proxy_protocol_v2: intent.proxy_protocol_v2,
                     allowed_sources: allowed_sources.clone(),
+                    // Each VIP gets the secondary addresses of its own family (a
+                    // dual-stack Service's other VIP has none).
                     secondary_ips: if p.protocol == Protocol::Sctp {
-                        secondary_ips.clone()
+                        secondary_ips
+                            .iter()
+                            .copied()
+                            .filter(|ip| ip.is_ipv4() == vip.is_ipv4())
+                            .collect()
                     } else {
                         Vec::new()
                     },
@@ -453,10 +459,13 @@ fn secondary_ips(
             reason: format!("loxilb allows at most {MAX_SECONDARY_IPS} per rule"),
         });
     }
-    if addresses.iter().any(IpAddr::is_ipv4) && ips.iter().any(IpAddr::is_ipv6) {
+    let families_served = ips
+        .iter()
+        .all(|ip| addresses.iter().any(|vip| vip.is_ipv4() == ip.is_ipv4()));
+    if !families_served {
         return Err(PlanError::InvalidSecondaryIps {
             ips,
-            reason: "an IPv4 VIP cannot have IPv6 secondary IPs".into(),
+            reason: "a secondary IP must have the family of a VIP (an IPv4 VIP cannot have IPv6 secondary IPs)".into(),
         });
     }
     Ok(ips)

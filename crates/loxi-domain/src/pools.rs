@@ -200,6 +200,9 @@ pub struct PoolDef {
     pub namespace_selector: Option<LabelSelector>,
     /// Only Services whose labels match may use the pool.
     pub service_selector: Option<LabelSelector>,
+    /// How long a deleted Service's address from this pool stays reserved for its
+    /// namespace/name (`loxilb.io/retain-address` on the Service wins). `None`: released.
+    pub retain: Option<std::time::Duration>,
 }
 
 /// Labels of the Service asking for an address, and of its namespace.
@@ -220,6 +223,7 @@ impl PoolDef {
             disabled: false,
             namespace_selector: None,
             service_selector: None,
+            retain: None,
         }
     }
 
@@ -271,6 +275,8 @@ pub struct PoolSpec {
     pub disabled: bool,
     pub namespace_selector: Option<RawSelector>,
     pub service_selector: Option<RawSelector>,
+    /// `retainAddresses`: how long a deleted Service's address stays reserved for it.
+    pub retain: Option<String>,
 }
 
 /// Checks a resource's spec; every problem is reported, not only the first.
@@ -298,6 +304,22 @@ pub fn validate_pool(spec: &PoolSpec) -> Result<PoolDef, Vec<String>> {
     };
     let namespace_selector = selector("namespaceSelector", &spec.namespace_selector);
     let service_selector = selector("serviceSelector", &spec.service_selector);
+    let retain = match spec
+        .retain
+        .as_deref()
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+    {
+        None => None,
+        Some(text) => match crate::duration::parse_duration(text) {
+            Ok(d) if d.is_zero() => None,
+            Ok(d) => Some(d),
+            Err(e) => {
+                problems.push(format!("retainAddresses: {e}"));
+                None
+            }
+        },
+    };
     if !problems.is_empty() {
         return Err(problems);
     }
@@ -309,6 +331,7 @@ pub fn validate_pool(spec: &PoolSpec) -> Result<PoolDef, Vec<String>> {
         disabled: spec.disabled,
         namespace_selector,
         service_selector,
+        retain,
     })
 }
 
@@ -325,17 +348,27 @@ pub struct PoolSet {
 
 /// Merges the flag pools and the resources' (validated) pools. A resource named like a flag
 /// pool is refused: `poolSelect` and claims name pools, so a name must mean one pool.
+///
+/// `secondary` are the secondary pools from the command line (SCTP multi-homing): they hand
+/// out addresses only when named (`loxilb.io/poolSelectSecondary`, `num-secondary-networks`,
+/// or `poolSelect`), never automatically.
 pub fn merge_pools(
     flags: &[Pool],
+    secondary: &[Pool],
     resources: Vec<(String, Result<PoolDef, Vec<String>>)>,
 ) -> PoolSet {
     let mut set = PoolSet::default();
     for (i, pool) in flags.iter().enumerate() {
         set.defs.push(PoolDef::from_flags(pool.clone(), i));
     }
+    for (i, pool) in secondary.iter().enumerate() {
+        let mut def = PoolDef::from_flags(pool.clone(), flags.len() + i);
+        def.auto_assign = false;
+        set.defs.push(def);
+    }
     for (name, result) in resources {
         match result {
-            Ok(_) if flags.iter().any(|p| p.name == name) => {
+            Ok(_) if flags.iter().chain(secondary).any(|p| p.name == name) => {
                 set.invalid.insert(
                     name.clone(),
                     vec![format!(
@@ -487,6 +520,7 @@ mod tests {
             disabled: false,
             namespace_selector: None,
             service_selector: None,
+            retain: None,
         }
     }
 
@@ -583,6 +617,7 @@ mod tests {
                 flag("default", "10.9.0.0/24"),
                 flag("second", "10.8.0.0/24"),
             ],
+            &[],
             resources,
         );
         let names: Vec<&str> = set.defs.iter().map(PoolDef::name).collect();
@@ -639,7 +674,7 @@ mod tests {
             .into_iter()
             .map(|s| (s.name.clone(), validate_pool(&s)))
             .collect();
-        let set = merge_pools(&[], resources);
+        let set = merge_pools(&[], &[], resources);
         let none = BTreeMap::new();
         let web_labels = labels(&[("app", "web")]);
         let plain = Requester {
@@ -690,7 +725,7 @@ mod tests {
         .into_iter()
         .map(|s| (s.name.clone(), validate_pool(&s)))
         .collect();
-        let set = merge_pools(&[flag("default", "10.9.0.0/24")], resources);
+        let set = merge_pools(&[flag("default", "10.9.0.0/24")], &[], resources);
         assert_eq!(
             set.overlaps["a"],
             ["10.0.0.0/24 overlaps 10.0.0.128-10.0.0.130 of pool \"b\""]

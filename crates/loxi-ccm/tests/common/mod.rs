@@ -90,7 +90,7 @@ pub struct World {
     pub sim: Simulator,
     pub services: Api<Service>,
     pub nodes: Api<Node>,
-    controller: Option<(
+    pub controller: Option<(
         oneshot::Sender<()>,
         tokio::task::JoinHandle<anyhow::Result<()>>,
     )>,
