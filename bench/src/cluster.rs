@@ -435,10 +435,11 @@ impl Sim {
 
     /// How many stored rules forward to `ip`.
     pub fn rules_with_endpoint(&self, ip: &str) -> usize {
-        self.sim
-            .rules()
-            .iter()
-            .filter(|r| r.endpoints.iter().any(|e| e.ip == ip))
-            .count()
+        // Counted in place: copying 2,000 rules of 32 endpoints at every 20 ms poll held the
+        // simulator's lock most of the time and slowed the controller being measured.
+        match ip.parse() {
+            Ok(ip) => self.sim.count_rules_with_endpoint(ip),
+            Err(_) => 0,
+        }
     }
 }

@@ -222,11 +222,18 @@ struct Holdings {
     refused: HashMap<RuleKey, (Rule, Blocked)>,
     /// Services waiting for room here.
     waiters: HashMap<ObjectRef<Service>, Requeue>,
+    /// New rules being created right now (their room is taken before the calls are made).
+    reserved: usize,
 }
 
 impl Holdings {
     fn held(&self) -> usize {
         self.rules.len() + self.uncounted
+    }
+
+    /// Held plus being created: what a capacity check must count.
+    fn taken(&self) -> usize {
+        self.held() + self.reserved
     }
 
     /// Room freed (a rule deleted, a restart): limits hit before may pass now.
@@ -312,6 +319,29 @@ fn is_transport(e: &ClientError) -> bool {
         e,
         ClientError::Unreachable { .. } | ClientError::Timeout { .. }
     )
+}
+
+/// The calls one Service's pass makes, decided under the lock and made without it.
+struct Work {
+    deletes: Vec<Rule>,
+    changes: Vec<Action>,
+    creates: Vec<Rule>,
+}
+
+/// What one call did.
+enum Outcome {
+    Deleted(RuleKey),
+    Posted {
+        rule: Rule,
+        update: bool,
+    },
+    /// Created in this pass, then deleted because a limit refused a sibling rule.
+    RolledBack(RuleKey),
+    Refused {
+        rule: Rule,
+        limit: Limit,
+    },
+    Failed(RuleKey, ClientError),
 }
 
 /// Which limit a loxilb refusal is, if any (CONTRACT.md §1.4: the raw loxilb string).
@@ -495,23 +525,134 @@ impl Instance {
         metrics: &Metrics,
         requeue: Option<&Requeue>,
     ) -> Result<ApplyReport, ClientError> {
-        let mut h = self.holdings.lock().await;
-        let result = self
-            .apply_locked(
-                &mut h,
+        let in_scope = |rule: &Rule| {
+            RuleName::parse(&rule.name).is_some_and(|n| {
+                n.cluster == cluster.as_str() && n.namespace == namespace && n.service == name
+            })
+        };
+        // 1. Decide under the lock (and reserve room for the new rules).
+        let mut report = ApplyReport::default();
+        let work = {
+            let mut h = self.holdings.lock().await;
+            if !h.known
+                && let Err(e) = self.refresh(&mut h, metrics).await
+            {
+                let result = Err(e);
+                self.note_failure(&mut h, &result);
+                return result;
+            }
+            let (deletes, changes, creates) = self.decide(
+                &h,
                 cluster,
                 desired,
-                metrics,
                 Some((namespace, name)),
-                |rule| {
-                    RuleName::parse(&rule.name).is_some_and(|n| {
-                        n.cluster == cluster.as_str()
-                            && n.namespace == namespace
-                            && n.service == name
-                    })
-                },
-            )
-            .await;
+                &in_scope,
+                &mut report,
+            );
+            let mut creates = creates;
+            creates.sort_by_key(|r| r.allowed_sources.is_empty());
+            let held_back = (!creates.is_empty())
+                .then(|| self.check_limits(&h, &creates))
+                .flatten();
+            if let Some(b) = held_back {
+                metrics.limit_hit(self.url(), b.reason());
+                report.blocked.push(b);
+                creates.clear();
+            }
+            let changes: Vec<Action> = changes
+                .into_iter()
+                .filter(|a| match a {
+                    Action::Update(r) | Action::Recreate(r) => match h.refused.get(&r.key) {
+                        Some((sent, why)) if sent == r => {
+                            report.blocked.push(why.clone());
+                            false
+                        }
+                        _ => true,
+                    },
+                    _ => false,
+                })
+                .collect();
+            h.reserved += creates.len();
+            Work {
+                deletes,
+                changes,
+                creates,
+            }
+        };
+        // 2. The calls, without the lock: Services on one instance are programmed in
+        //    parallel (each Service is reconciled by one task at a time, and the decision
+        //    above only touched this Service's rules and the keys it wants).
+        let reserved = work.creates.len();
+        let (outcomes, transport) = self.call(work, metrics).await;
+        // 3. Record what happened, under the lock.
+        let mut h = self.holdings.lock().await;
+        h.reserved -= reserved;
+        let mut freed = false;
+        // Rules of this pass rolled back after a refusal were in loxilb at the refusal.
+        let rolled_back = outcomes
+            .iter()
+            .filter(|o| matches!(o, Outcome::RolledBack(_)))
+            .count();
+        for outcome in outcomes {
+            match outcome {
+                Outcome::Deleted(key) => {
+                    h.rules.remove(&key);
+                    report.changes += 1;
+                    freed = true;
+                }
+                Outcome::Posted { rule, update } => {
+                    h.rules.insert(rule);
+                    report.changes += 1;
+                    if update {
+                        report.updated += 1;
+                    }
+                }
+                Outcome::RolledBack(key) => {
+                    h.rules.remove(&key);
+                    report.changes = report.changes.saturating_sub(1);
+                }
+                Outcome::Refused { rule, limit } => {
+                    let why = match limit {
+                        Limit::Capacity => {
+                            // Our count was off (a smaller table, or rules added by someone
+                            // else): learn the real size from what loxilb holds (plus what
+                            // this pass rolled back since the refusal).
+                            if let Err(e) = self.refresh(&mut h, metrics).await {
+                                let result = Err(e);
+                                self.note_failure(&mut h, &result);
+                                return result;
+                            }
+                            let size = h.held() + rolled_back;
+                            h.learned_capacity = Some(size);
+                            Blocked::Capacity {
+                                held: size,
+                                new: 1,
+                                capacity: size,
+                                refused: true,
+                            }
+                        }
+                        Limit::SourceRanges => Blocked::SourceRanges {
+                            key: rule.key,
+                            index: None,
+                        },
+                    };
+                    warn!(instance = self.url(), key = %rule.key, "{why}");
+                    metrics.limit_hit(self.url(), why.reason());
+                    h.refused.insert(rule.key, (rule, why.clone()));
+                    report.blocked.push(why);
+                }
+                Outcome::Failed(key, e) => report.failed.push((key, e)),
+            }
+        }
+        if freed {
+            h.room_freed();
+        }
+        metrics.set_rules(self.url(), h.held());
+        metrics.set_capacity(self.url(), self.effective_capacity(&h));
+        let result = match transport {
+            Some(e) => Err(e),
+            None => Ok(report),
+        };
         // Registered under the same lock that frees room, so a wake-up is never missed.
         let svc = ObjectRef::<Service>::new(name).within(namespace);
         match (&result, requeue) {
@@ -524,6 +665,83 @@ impl Instance {
         }
         self.note_failure(&mut h, &result);
         result
+    }
+
+    /// The calls of one Service's pass, in order: deletes (they make room), in-place updates
+    /// and re-creations, then the new rules, all or none (a limit refusing one rolls the
+    /// others back). Stops at the first transport failure, returned beside what was done.
+    async fn call(&self, work: Work, metrics: &Metrics) -> (Vec<Outcome>, Option<ClientError>) {
+        let mut out = Vec::new();
+        for rule in work.deletes {
+            match self.delete(&rule.key, metrics).await {
+                Ok(()) => out.push(Outcome::Deleted(rule.key)),
+                Err(e) if is_transport(&e) => return (out, Some(e)),
+                Err(e) => out.push(Outcome::Failed(rule.key, e)),
+            }
+        }
+        for action in work.changes {
+            let (rule, update) = match action {
+                Action::Update(rule) => (rule, true),
+                Action::Recreate(rule) => {
+                    // loxilb reuses the index just freed (LIFO), so this needs no new room.
+                    match self.delete(&rule.key, metrics).await {
+                        Ok(()) => out.push(Outcome::Deleted(rule.key)),
+                        Err(e) if is_transport(&e) => return (out, Some(e)),
+                        Err(e) => {
+                            out.push(Outcome::Failed(rule.key, e));
+                            continue;
+                        }
+                    }
+                    (rule, false)
+                }
+                _ => continue,
+            };
+            match self.post(&rule, metrics).await {
+                Ok(()) => out.push(Outcome::Posted { rule, update }),
+                Err(e) if is_transport(&e) => return (out, Some(e)),
+                Err(e) => match limit_of(&e) {
+                    Some(limit) => out.push(Outcome::Refused { rule, limit }),
+                    None => out.push(Outcome::Failed(rule.key, e)),
+                },
+            }
+        }
+        let mut created = Vec::new();
+        let mut refused = false;
+        for rule in work.creates {
+            let key = rule.key;
+            match self.post(&rule, metrics).await {
+                Ok(()) => {
+                    created.push(key);
+                    out.push(Outcome::Posted {
+                        rule,
+                        update: false,
+                    });
+                }
+                Err(e) if is_transport(&e) => return (out, Some(e)),
+                Err(e) => match limit_of(&e) {
+                    Some(limit) => {
+                        out.push(Outcome::Refused { rule, limit });
+                        refused = true;
+                        break;
+                    }
+                    None => out.push(Outcome::Failed(key, e)),
+                },
+            }
+        }
+        if refused {
+            // A Service is never half-programmed by a limit, and takes no room it cannot use.
+            for key in created {
+                match self.delete(&key, metrics).await {
+                    Ok(()) => out.push(Outcome::RolledBack(key)),
+                    Err(e) if is_transport(&e) => return (out, Some(e)),
+                    Err(e) => {
+                        warn!(instance = self.url(), %key, error = %e, "could not roll back a rule");
+                        out.push(Outcome::Failed(key, e));
+                    }
+                }
+            }
+        }
+        (out, None)
     }
 
     /// Drift check: lists what the instance holds and converges it to `desired` (all
@@ -547,7 +765,7 @@ impl Instance {
         let result = match refreshed {
             Ok(()) => {
                 let (desired, keep) = desired();
-                self.apply_locked(&mut h, cluster, &desired, metrics, None, |rule| {
+                self.apply_locked(&mut h, cluster, &desired, metrics, |rule| {
                     RuleName::parse(&rule.name).is_some_and(|n| {
                         n.cluster == cluster.as_str()
                             && namespace.is_none_or(|ns| n.namespace == ns)
@@ -614,12 +832,34 @@ impl Instance {
         cluster: &ClusterId,
         desired: &[Rule],
         metrics: &Metrics,
-        service: Option<(&str, &str)>,
         in_scope: impl Fn(&Rule) -> bool,
     ) -> Result<ApplyReport, ClientError> {
         if !h.known {
             self.refresh(h, metrics).await?;
         }
+        let mut report = ApplyReport::default();
+        let (deletes, changes, creates) =
+            self.decide(h, cluster, desired, None, &in_scope, &mut report);
+        let result = self
+            .run_actions(h, deletes, changes, creates, metrics, &mut report)
+            .await;
+        metrics.set_rules(self.url(), h.held());
+        metrics.set_capacity(self.url(), self.effective_capacity(h));
+        result.map(|()| report)
+    }
+
+    /// What to do to make the instance hold `desired` within the scope: deletes, in-place
+    /// updates and re-creations, creates (conflicts with foreign rules go in `report`).
+    /// `service` narrows the rules looked at to that Service's (through the index).
+    fn decide(
+        &self,
+        h: &Holdings,
+        cluster: &ClusterId,
+        desired: &[Rule],
+        service: Option<(&str, &str)>,
+        in_scope: &impl Fn(&Rule) -> bool,
+        report: &mut ApplyReport,
+    ) -> (Vec<Rule>, Vec<Action>, Vec<Rule>) {
         let wanted: HashSet<RuleKey> = desired.iter().map(|r| r.key).collect();
         // The diff sees this scope's rules plus whatever sits on the keys we want. For one
         // Service the index gives its rules (the scope is a subset of them).
@@ -646,7 +886,6 @@ impl Instance {
         let actions = diff_rules(desired, &observed, |r| {
             owned(r) && (in_scope(r) || wanted.contains(&r.key))
         });
-        let mut report = ApplyReport::default();
         let mut deletes = Vec::new();
         let mut changes = Vec::new();
         let mut creates = Vec::new();
@@ -661,12 +900,7 @@ impl Instance {
                 } => report.conflicts.push((wanted.key, foreign_name)),
             }
         }
-        let result = self
-            .run_actions(h, deletes, changes, creates, metrics, &mut report)
-            .await;
-        metrics.set_rules(self.url(), h.held());
-        metrics.set_capacity(self.url(), self.effective_capacity(h));
-        result.map(|()| report)
+        (deletes, changes, creates)
     }
 
     async fn run_actions(
@@ -765,7 +999,8 @@ impl Instance {
 
     /// Whether a Service's new rules would hit a limit; nothing is sent then.
     fn check_limits(&self, h: &Holdings, group: &[Rule]) -> Option<Blocked> {
-        let held = h.held();
+        // Rules other Services are creating right now count as held.
+        let held = h.taken();
         let capacity = self.effective_capacity(h);
         if held + group.len() > capacity {
             return Some(Blocked::Capacity {

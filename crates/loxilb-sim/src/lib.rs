@@ -19,7 +19,7 @@ mod server;
 mod state;
 mod validate;
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
@@ -245,6 +245,12 @@ impl Simulator {
     /// Snapshot of the stored rules, ordered by internal index.
     pub fn rules(&self) -> Vec<SimRule> {
         self.inner.shared.state().snapshot()
+    }
+
+    /// How many rules forward to `ip` (a visible endpoint). Holds the state lock far shorter
+    /// than [`Simulator::rules`], which copies every rule: for observers polling often.
+    pub fn count_rules_with_endpoint(&self, ip: IpAddr) -> usize {
+        self.inner.shared.state().count_with_endpoint(&ip)
     }
 
     /// Simulated loxilb restart: all state back to boot defaults (rules,

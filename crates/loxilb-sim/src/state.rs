@@ -481,6 +481,14 @@ impl SimState {
         json!({ "lbAttr": attrs })
     }
 
+    /// Rules with a visible endpoint at `ip`, counted in place (no copy of the table).
+    pub(crate) fn count_with_endpoint(&self, ip: &IpAddr) -> usize {
+        self.rules
+            .values()
+            .filter(|r| r.visible().any(|e| e.ip == *ip))
+            .count()
+    }
+
     pub(crate) fn snapshot(&self) -> Vec<SimRule> {
         let mut v: Vec<SimRule> = self.rules.values().map(StoredRule::snapshot).collect();
         v.sort_by_key(|r| r.index);
