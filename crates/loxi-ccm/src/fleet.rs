@@ -224,6 +224,9 @@ struct Holdings {
     waiters: HashMap<ObjectRef<Service>, Requeue>,
     /// New rules being created right now (their room is taken before the calls are made).
     reserved: usize,
+    /// Keys with a call under way (`Instance::apply_service` makes its calls without the
+    /// lock): a listing may or may not show them yet, so they never count as lost.
+    in_flight: HashSet<RuleKey>,
 }
 
 impl Holdings {
@@ -460,7 +463,11 @@ impl Instance {
             .rules
             .rules
             .iter()
-            .filter(|(k, r)| !listed.contains_key(k) && RuleName::is_owned_by(&r.name, cluster))
+            .filter(|(k, r)| {
+                !listed.contains_key(k)
+                    && !h.in_flight.contains(k)
+                    && RuleName::is_owned_by(&r.name, cluster)
+            })
             .count();
         h.rules = RuleTable::from_map(listed);
         h.uncounted = uncounted;
@@ -573,6 +580,13 @@ impl Instance {
                 })
                 .collect();
             h.reserved += creates.len();
+            h.in_flight.extend(deletes.iter().map(|r| r.key));
+            h.in_flight.extend(creates.iter().map(|r| r.key));
+            for a in &changes {
+                if let Action::Update(r) | Action::Recreate(r) = a {
+                    h.in_flight.insert(r.key);
+                }
+            }
             Work {
                 deletes,
                 changes,
@@ -583,10 +597,23 @@ impl Instance {
         //    parallel (each Service is reconciled by one task at a time, and the decision
         //    above only touched this Service's rules and the keys it wants).
         let reserved = work.creates.len();
+        let touched: Vec<RuleKey> = work
+            .deletes
+            .iter()
+            .chain(&work.creates)
+            .map(|r| r.key)
+            .chain(work.changes.iter().filter_map(|a| match a {
+                Action::Update(r) | Action::Recreate(r) => Some(r.key),
+                _ => None,
+            }))
+            .collect();
         let (outcomes, transport) = self.call(work, metrics).await;
         // 3. Record what happened, under the lock.
         let mut h = self.holdings.lock().await;
         h.reserved -= reserved;
+        for key in &touched {
+            h.in_flight.remove(key);
+        }
         let mut freed = false;
         // Rules of this pass rolled back after a refusal were in loxilb at the refusal.
         let rolled_back = outcomes
