@@ -1,8 +1,8 @@
 //! Shared state of the running controller.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
 use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -49,8 +49,9 @@ pub struct Context {
     pub running: AtomicBool,
     /// Consecutive failures per Service, for per-object exponential backoff reset on success.
     pub failures: Mutex<HashMap<ObjectRef<Service>, u32>>,
-    /// Candidate endpoints left out per Service (loxilb's 32-per-rule limit), for the metric.
-    pub endpoints_dropped: Mutex<HashMap<String, usize>>,
+    /// Candidate endpoints left out per Service (loxilb's 32-per-rule limit), and their sum
+    /// (kept as it changes: summing every Service on every reconcile was O(Services)).
+    pub endpoints_dropped: Mutex<(HashMap<String, usize>, usize)>,
     /// Services waiting for an address to free up.
     pub waiting_for_address: Mutex<HashSet<ObjectRef<Service>>>,
     /// Per Service, the resourceVersion our last status write was based on: a reconcile that
@@ -58,6 +59,10 @@ pub struct Context {
     /// would only repeat it (with a 409 when it publishes an address). Skipped: the write's
     /// own watch event brings the current version right after.
     pub superseded: Mutex<HashMap<ObjectRef<Service>, String>>,
+    /// The planner's view of the Nodes, built once per Node change rather than per reconcile:
+    /// (generation it was built at, views). `node_generation` counts Node changes.
+    pub node_views: Mutex<(u64, Arc<Vec<loxi_domain::NodeView>>)>,
+    pub node_generation: std::sync::atomic::AtomicU64,
     /// Asks the controller to reconcile a Service now.
     pub requeue: mpsc::UnboundedSender<ObjectRef<Service>>,
 }
@@ -68,6 +73,31 @@ impl Context {
     pub async fn wait_ready(&self) {
         let mut rx = self.ready_rx.clone();
         let _ = rx.wait_for(|r| *r).await;
+    }
+
+    /// The planner's view of every Node, as the store holds them now.
+    pub fn node_views(&self) -> Arc<Vec<loxi_domain::NodeView>> {
+        use std::sync::atomic::Ordering;
+        // Read before the store: a change landing meanwhile bumps it, so what is built here
+        // is never kept as current for a newer generation.
+        let generation = self.node_generation.load(Ordering::SeqCst);
+        if let Ok(cached) = self.node_views.lock()
+            && cached.0 == generation
+            && generation > 0
+        {
+            return cached.1.clone();
+        }
+        let views: Arc<Vec<_>> = Arc::new(
+            self.nodes
+                .state()
+                .iter()
+                .map(|n| crate::kube_view::node_view(n))
+                .collect(),
+        );
+        if let Ok(mut cached) = self.node_views.lock() {
+            *cached = (generation, views.clone());
+        }
+        views
     }
 
     /// Re-queues every Service this controller serves (after node changes or a loxilb replay).

@@ -251,6 +251,8 @@ pub async fn run(
         failures: Mutex::default(),
         waiting_for_address: Mutex::default(),
         superseded: Mutex::default(),
+        node_views: Mutex::default(),
+        node_generation: 0.into(),
         endpoints_dropped: Mutex::default(),
         requeue: requeue_tx,
         cfg,
@@ -619,6 +621,8 @@ async fn watch_nodes(
             }
         };
         let name = node.metadata.name.clone().unwrap_or_default();
+        // Before any re-queue: the reconciles it triggers must not reuse older node views.
+        ctx.node_generation.fetch_add(1, Ordering::SeqCst);
         // The store already holds the state after this event; `None` means deleted.
         let changed = match ctx.nodes.get(&ObjectRef::new(&name)) {
             Some(current) => {

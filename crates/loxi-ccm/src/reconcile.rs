@@ -22,8 +22,8 @@ use tracing::{Instrument, info, warn};
 use crate::claims::{self, ClaimResult};
 use crate::context::Context;
 use crate::kube_view::{
-    SERVICE_NAME_LABEL, endpoint_views, node_view, owner_key, published_addresses,
-    secondary_owner_key, service_view,
+    SERVICE_NAME_LABEL, endpoint_views, owner_key, published_addresses, secondary_owner_key,
+    service_view,
 };
 use crate::status::{self, COND_ADDRESS, COND_ENDPOINTS, COND_PROGRAMMED, Cond, DesiredStatus};
 use loxi_domain::addressing::{AddressInput, AddressSlot, address_slots};
@@ -83,7 +83,7 @@ pub fn desired_rules_for(
     if addresses.is_empty() {
         return Ok(None);
     }
-    let nodes: Vec<_> = ctx.nodes.state().iter().map(|n| node_view(n)).collect();
+    let nodes = ctx.node_views();
     let mut view = service_view(svc);
     view.secondary_ips = secondaries.to_vec();
     // Only externalTrafficPolicy Local and pod-network mode read endpoints: the others are
@@ -307,14 +307,7 @@ async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<Outcome, Reco
 /// candidates were left out (the subset is stable: rendezvous hashing on the Service).
 fn endpoint_limit_condition(svc: &Service, ctx: &Context, plan: &Plan) -> Cond {
     let dropped = plan.endpoints_dropped;
-    if let Ok(mut map) = ctx.endpoints_dropped.lock() {
-        if dropped > 0 {
-            map.insert(owner_key(svc), dropped);
-        } else {
-            map.remove(&owner_key(svc));
-        }
-        ctx.metrics.set_endpoints_dropped(map.values().sum());
-    }
+    record_dropped(ctx, &owner_key(svc), dropped);
     if dropped > 0 {
         Cond::new(
             COND_ENDPOINTS,
@@ -335,6 +328,20 @@ fn endpoint_limit_condition(svc: &Service, ctx: &Context, plan: &Plan) -> Cond {
             "AllEndpoints",
             "every candidate endpoint is used",
         )
+    }
+}
+
+/// Records how many candidate endpoints the Service's rules leave out (0: none, or gone).
+fn record_dropped(ctx: &Context, key: &str, dropped: usize) {
+    if let Ok(mut guard) = ctx.endpoints_dropped.lock() {
+        let (per, total) = &mut *guard;
+        let before = if dropped > 0 {
+            per.insert(key.to_string(), dropped)
+        } else {
+            per.remove(key)
+        };
+        *total = (*total + dropped).saturating_sub(before.unwrap_or(0));
+        ctx.metrics.set_endpoints_dropped(*total);
     }
 }
 
@@ -1033,6 +1040,7 @@ async fn cleanup(svc: &Service, ctx: &Context) -> Result<(), ReconcileError> {
     if let Ok(mut m) = ctx.superseded.lock() {
         m.remove(&ObjectRef::from_obj(svc));
     }
+    record_dropped(ctx, &owner_key(svc), 0);
     let finalizers = ctx.selection.our_finalizers(svc);
     let holds_address = ctx
         .ipam
