@@ -2,10 +2,12 @@
 //! with the same client settings and concurrency as loxi-ccm's defaults.
 //!
 //! Triggered by a watch on the namespace's Services (so it pays the watch too). Per new
-//! Service: one finalizer merge patch, two rule POSTs (32 endpoints each, the same subset
-//! loxi-ccm picks, with loxilb-client's `apply_rule`), one server-side-apply status patch with a sequential ingress IP. Per
-//! deleted Service: two rule DELETEs and one finalizer merge patch. No Events, no
-//! conditions, no re-planning, no bookkeeping beyond a name -> rules map.
+//! Service: one finalizer merge patch, one durable address claim (an `AddressClaim` created
+//! before the address is used, as DESIGN.md §4 requires of any correct controller), two rule
+//! POSTs (32 endpoints each, the same subset loxi-ccm picks, with loxilb-client's
+//! `apply_rule`), one server-side-apply status patch with a sequential ingress IP. Per
+//! deleted Service: two rule DELETEs, the claim's deletion and one finalizer merge patch. No
+//! Events, no conditions, no re-planning, no bookkeeping beyond a name -> rules map.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
@@ -15,7 +17,8 @@ use std::sync::{Arc, Mutex};
 use anyhow::{Context as _, Result};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Service;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::GroupVersionKind;
 use kube::runtime::watcher;
 use loxi_domain::selection::stable_subset;
 use loxi_domain::{ClusterId, Protocol, RuleName};
@@ -40,6 +43,10 @@ enum Phase {
 
 struct Shared {
     api: Api<Service>,
+    /// `AddressClaim`s (ipam.loxilb.io/v1alpha1), untyped: the baseline knows nothing of
+    /// loxi-ccm's code.
+    claims: Api<DynamicObject>,
+    claim_resource: ApiResource,
     lb: LoxilbClient,
     cluster: ClusterId,
     node_ips: Vec<IpAddr>,
@@ -65,8 +72,14 @@ impl Baseline {
         first_ip: Ipv4Addr,
         concurrency: usize,
     ) -> Result<Baseline> {
+        let claim_resource = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("ipam.loxilb.io", "v1alpha1", "AddressClaim"),
+            "addressclaims",
+        );
         let shared = Arc::new(Shared {
             api: Api::namespaced(client.clone(), namespace),
+            claims: Api::all_with(client.clone(), &claim_resource),
+            claim_resource,
             lb: LoxilbClient::new(ClientConfig::new(loxilb_url))?,
             cluster: ClusterId::new("bench").map_err(anyhow::Error::msg)?,
             node_ips,
@@ -208,6 +221,21 @@ impl Shared {
             .context("finalizer")?;
         let n = self.next_ip.fetch_add(1, Ordering::Relaxed);
         let vip = IpAddr::V4(Ipv4Addr::from(self.first_ip + n));
+        let claim = DynamicObject::new(&vip.to_string(), &self.claim_resource).data(json!({
+            "spec": {
+                "address": vip.to_string(),
+                "pool": "baseline",
+                "service": {
+                    "namespace": ns,
+                    "name": name,
+                    "uid": svc.metadata.uid.clone().unwrap_or_default(),
+                },
+            }
+        }));
+        self.claims
+            .create(&PostParams::default(), &claim)
+            .await
+            .context("claim")?;
         let chosen = stable_subset(&format!("{ns}/{name}"), &self.node_ips, MAX_ENDPOINTS);
         let mut rules = Vec::new();
         for p in svc
@@ -278,6 +306,12 @@ impl Shared {
                 .delete_rule(&a.external_ip, a.port, &a.protocol, false)
                 .await
                 .context("DELETE")?;
+        }
+        if let Some(r) = rules.first() {
+            self.claims
+                .delete(&r.service_arguments.external_ip, &DeleteParams::default())
+                .await
+                .context("claim deletion")?;
         }
         self.api
             .patch(
