@@ -621,8 +621,6 @@ async fn watch_nodes(
             }
         };
         let name = node.metadata.name.clone().unwrap_or_default();
-        // Before any re-queue: the reconciles it triggers must not reuse older node views.
-        ctx.node_generation.fetch_add(1, Ordering::SeqCst);
         // The store already holds the state after this event; `None` means deleted.
         let changed = match ctx.nodes.get(&ObjectRef::new(&name)) {
             Some(current) => {
@@ -631,8 +629,13 @@ async fn watch_nodes(
             }
             None => seen.remove(&name).is_some(),
         };
-        if changed && ctx.ready.load(Ordering::Relaxed) {
-            ctx.requeue_all_served();
+        if changed {
+            // Before any re-queue: the reconciles it triggers must not reuse older views
+            // (heartbeats and other changes the views do not show keep the cache).
+            ctx.node_generation.fetch_add(1, Ordering::SeqCst);
+            if ctx.ready.load(Ordering::Relaxed) {
+                ctx.requeue_all_served();
+            }
         }
     }
 }

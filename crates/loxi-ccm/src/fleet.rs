@@ -331,6 +331,40 @@ struct Work {
     creates: Vec<Rule>,
 }
 
+impl Work {
+    /// Every key a call of this work touches.
+    fn keys(&self) -> Vec<RuleKey> {
+        let changed = self.changes.iter().filter_map(|a| match a {
+            Action::Update(r) | Action::Recreate(r) => Some(r.key),
+            _ => None,
+        });
+        self.deletes
+            .iter()
+            .chain(&self.creates)
+            .map(|r| r.key)
+            .chain(changed)
+            .collect()
+    }
+}
+
+/// The in-place updates and re-creations, minus those loxilb refused exactly so for a limit
+/// since room last freed (reported in `report` instead of being sent again).
+fn without_refused(h: &Holdings, changes: Vec<Action>, report: &mut ApplyReport) -> Vec<Action> {
+    changes
+        .into_iter()
+        .filter(|a| match a {
+            Action::Update(r) | Action::Recreate(r) => match h.refused.get(&r.key) {
+                Some((sent, why)) if sent == r => {
+                    report.blocked.push(why.clone());
+                    false
+                }
+                _ => true,
+            },
+            _ => false,
+        })
+        .collect()
+}
+
 /// What one call did.
 enum Outcome {
     Deleted(RuleKey),
@@ -369,13 +403,6 @@ fn limit_of(e: &ClientError) -> Option<Limit> {
         }
         _ => None,
     }
-}
-
-/// How a single POST ended.
-enum Posted {
-    Done,
-    Blocked,
-    Failed,
 }
 
 impl Instance {
@@ -566,47 +593,20 @@ impl Instance {
                 report.blocked.push(b);
                 creates.clear();
             }
-            let changes: Vec<Action> = changes
-                .into_iter()
-                .filter(|a| match a {
-                    Action::Update(r) | Action::Recreate(r) => match h.refused.get(&r.key) {
-                        Some((sent, why)) if sent == r => {
-                            report.blocked.push(why.clone());
-                            false
-                        }
-                        _ => true,
-                    },
-                    _ => false,
-                })
-                .collect();
-            h.reserved += creates.len();
-            h.in_flight.extend(deletes.iter().map(|r| r.key));
-            h.in_flight.extend(creates.iter().map(|r| r.key));
-            for a in &changes {
-                if let Action::Update(r) | Action::Recreate(r) = a {
-                    h.in_flight.insert(r.key);
-                }
-            }
-            Work {
+            let work = Work {
                 deletes,
-                changes,
+                changes: without_refused(&h, changes, &mut report),
                 creates,
-            }
+            };
+            h.reserved += work.creates.len();
+            h.in_flight.extend(work.keys());
+            work
         };
         // 2. The calls, without the lock: Services on one instance are programmed in
         //    parallel (each Service is reconciled by one task at a time, and the decision
         //    above only touched this Service's rules and the keys it wants).
         let reserved = work.creates.len();
-        let touched: Vec<RuleKey> = work
-            .deletes
-            .iter()
-            .chain(&work.creates)
-            .map(|r| r.key)
-            .chain(work.changes.iter().filter_map(|a| match a {
-                Action::Update(r) | Action::Recreate(r) => Some(r.key),
-                _ => None,
-            }))
-            .collect();
+        let touched = work.keys();
         let (outcomes, transport) = self.call(work, metrics).await;
         // 3. Record what happened, under the lock.
         let mut h = self.holdings.lock().await;
@@ -614,6 +614,38 @@ impl Instance {
         for key in &touched {
             h.in_flight.remove(key);
         }
+        if let Err(e) = self.record(&mut h, outcomes, &mut report, metrics).await {
+            let result = Err(e);
+            self.note_failure(&mut h, &result);
+            return result;
+        }
+        let result = match transport {
+            Some(e) => Err(e),
+            None => Ok(report),
+        };
+        // Registered under the same lock that frees room, so a wake-up is never missed.
+        let svc = ObjectRef::<Service>::new(name).within(namespace);
+        match (&result, requeue) {
+            (Ok(report), Some(tx)) if !report.blocked.is_empty() => {
+                h.waiters.insert(svc, tx.clone());
+            }
+            _ => {
+                h.waiters.remove(&svc);
+            }
+        }
+        self.note_failure(&mut h, &result);
+        result
+    }
+
+    /// Records what the calls did in what the instance is known to hold, and in `report`.
+    /// Fails only when a listing needed to learn loxilb's real capacity fails.
+    async fn record(
+        &self,
+        h: &mut Holdings,
+        outcomes: Vec<Outcome>,
+        report: &mut ApplyReport,
+        metrics: &Metrics,
+    ) -> Result<(), ClientError> {
         let mut freed = false;
         // Rules of this pass rolled back after a refusal were in loxilb at the refusal.
         let rolled_back = outcomes
@@ -644,11 +676,7 @@ impl Instance {
                             // Our count was off (a smaller table, or rules added by someone
                             // else): learn the real size from what loxilb holds (plus what
                             // this pass rolled back since the refusal).
-                            if let Err(e) = self.refresh(&mut h, metrics).await {
-                                let result = Err(e);
-                                self.note_failure(&mut h, &result);
-                                return result;
-                            }
+                            self.refresh(h, metrics).await?;
                             let size = h.held() + rolled_back;
                             h.learned_capacity = Some(size);
                             Blocked::Capacity {
@@ -675,23 +703,8 @@ impl Instance {
             h.room_freed();
         }
         metrics.set_rules(self.url(), h.held());
-        metrics.set_capacity(self.url(), self.effective_capacity(&h));
-        let result = match transport {
-            Some(e) => Err(e),
-            None => Ok(report),
-        };
-        // Registered under the same lock that frees room, so a wake-up is never missed.
-        let svc = ObjectRef::<Service>::new(name).within(namespace);
-        match (&result, requeue) {
-            (Ok(report), Some(tx)) if !report.blocked.is_empty() => {
-                h.waiters.insert(svc, tx.clone());
-            }
-            _ => {
-                h.waiters.remove(&svc);
-            }
-        }
-        self.note_failure(&mut h, &result);
-        result
+        metrics.set_capacity(self.url(), self.effective_capacity(h));
+        Ok(())
     }
 
     /// The calls of one Service's pass, in order: deletes (they make room), in-place updates
@@ -867,12 +880,49 @@ impl Instance {
         let mut report = ApplyReport::default();
         let (deletes, changes, creates) =
             self.decide(h, cluster, desired, None, &in_scope, &mut report);
-        let result = self
-            .run_actions(h, deletes, changes, creates, metrics, &mut report)
-            .await;
-        metrics.set_rules(self.url(), h.held());
-        metrics.set_capacity(self.url(), self.effective_capacity(h));
-        result.map(|()| report)
+        // Deletes and changes first: they make room for what is created below.
+        let mut passes = vec![Work {
+            deletes,
+            changes: without_refused(h, changes, &mut report),
+            creates: Vec::new(),
+        }];
+        // New rules, one Service at a time: each Service gets all its new rules or none.
+        let mut groups: Vec<(String, Vec<Rule>)> = Vec::new();
+        for rule in creates {
+            let owner = RuleName::parse(&rule.name).map_or_else(
+                || rule.name.clone(),
+                |n| format!("{}/{}", n.namespace, n.service),
+            );
+            match groups.iter_mut().find(|(o, _)| *o == owner) {
+                Some((_, g)) => g.push(rule),
+                None => groups.push((owner, vec![rule])),
+            }
+        }
+        passes.extend(groups.into_iter().map(|(_, mut group)| {
+            // Rules with source ranges first: they need the low indexes.
+            group.sort_by_key(|r| r.allowed_sources.is_empty());
+            Work {
+                deletes: Vec::new(),
+                changes: Vec::new(),
+                creates: group,
+            }
+        }));
+        for work in passes {
+            // Limits are checked against the table as the earlier passes left it.
+            if !work.creates.is_empty()
+                && let Some(b) = self.check_limits(h, &work.creates)
+            {
+                metrics.limit_hit(self.url(), b.reason());
+                report.blocked.push(b);
+                continue;
+            }
+            let (outcomes, transport) = self.call(work, metrics).await;
+            self.record(h, outcomes, &mut report, metrics).await?;
+            if let Some(e) = transport {
+                return Err(e);
+            }
+        }
+        Ok(report)
     }
 
     /// What to do to make the instance hold `desired` within the scope: deletes, in-place
@@ -930,100 +980,6 @@ impl Instance {
         (deletes, changes, creates)
     }
 
-    async fn run_actions(
-        &self,
-        h: &mut Holdings,
-        deletes: Vec<Rule>,
-        changes: Vec<Action>,
-        creates: Vec<Rule>,
-        metrics: &Metrics,
-        report: &mut ApplyReport,
-    ) -> Result<(), ClientError> {
-        // Deletes first: they make room for what is created below.
-        let mut freed = false;
-        for rule in deletes {
-            match self.delete(&rule.key, metrics).await {
-                Ok(()) => {
-                    h.rules.remove(&rule.key);
-                    report.changes += 1;
-                    freed = true;
-                }
-                Err(e) if is_transport(&e) => {
-                    if freed {
-                        h.room_freed();
-                    }
-                    return Err(e);
-                }
-                Err(e) => report.failed.push((rule.key, e)),
-            }
-        }
-        if freed {
-            h.room_freed();
-        }
-        for action in changes {
-            match action {
-                Action::Update(rule) => {
-                    if let Posted::Done = self.post_checked(h, rule, metrics, report).await? {
-                        report.updated += 1;
-                    }
-                }
-                Action::Recreate(rule) => {
-                    // loxilb reuses the index just freed (LIFO), so this needs no new room.
-                    match self.delete(&rule.key, metrics).await {
-                        Ok(()) => {
-                            h.rules.remove(&rule.key);
-                        }
-                        Err(e) if is_transport(&e) => return Err(e),
-                        Err(e) => {
-                            report.failed.push((rule.key, e));
-                            continue;
-                        }
-                    }
-                    self.post_checked(h, rule, metrics, report).await?;
-                }
-                _ => {}
-            }
-        }
-        // New rules, one Service at a time: each Service gets all its new rules or none.
-        let mut groups: Vec<(String, Vec<Rule>)> = Vec::new();
-        for rule in creates {
-            let owner = RuleName::parse(&rule.name).map_or_else(
-                || rule.name.clone(),
-                |n| format!("{}/{}", n.namespace, n.service),
-            );
-            match groups.iter_mut().find(|(o, _)| *o == owner) {
-                Some((_, g)) => g.push(rule),
-                None => groups.push((owner, vec![rule])),
-            }
-        }
-        for (_, mut group) in groups {
-            // Rules with source ranges first: they need the low indexes.
-            group.sort_by_key(|r| r.allowed_sources.is_empty());
-            if let Some(b) = self.check_limits(h, &group) {
-                metrics.limit_hit(self.url(), b.reason());
-                report.blocked.push(b);
-                continue;
-            }
-            let mut created = Vec::new();
-            let mut blocked = false;
-            for rule in group {
-                let key = rule.key;
-                match self.post_checked(h, rule, metrics, report).await? {
-                    Posted::Done => created.push(key),
-                    Posted::Blocked => {
-                        blocked = true;
-                        break;
-                    }
-                    Posted::Failed => {}
-                }
-            }
-            if blocked {
-                self.roll_back(h, created, metrics, report).await?;
-            }
-        }
-        Ok(())
-    }
-
     /// Whether a Service's new rules would hit a limit; nothing is sent then.
     fn check_limits(&self, h: &Holdings, group: &[Rule]) -> Option<Blocked> {
         // Rules other Services are creating right now count as held.
@@ -1052,88 +1008,6 @@ impl Instance {
             }
         }
         None
-    }
-
-    /// POSTs one rule, unless loxilb refused exactly this rule for a limit and no room freed
-    /// since. A refusal for a limit is remembered and reported; only transport failures
-    /// abort.
-    async fn post_checked(
-        &self,
-        h: &mut Holdings,
-        rule: Rule,
-        metrics: &Metrics,
-        report: &mut ApplyReport,
-    ) -> Result<Posted, ClientError> {
-        if let Some((sent, why)) = h.refused.get(&rule.key)
-            && *sent == rule
-        {
-            report.blocked.push(why.clone());
-            return Ok(Posted::Blocked);
-        }
-        match self.post(&rule, metrics).await {
-            Ok(()) => {
-                h.rules.insert(rule);
-                report.changes += 1;
-                Ok(Posted::Done)
-            }
-            Err(e) if is_transport(&e) => Err(e),
-            Err(e) => match limit_of(&e) {
-                Some(limit) => {
-                    let why = match limit {
-                        Limit::Capacity => {
-                            // Our count was off (a smaller table, or rules added by someone
-                            // else): learn the real size from what loxilb holds now.
-                            self.refresh(h, metrics).await?;
-                            h.learned_capacity = Some(h.held());
-                            Blocked::Capacity {
-                                held: h.held(),
-                                new: 1,
-                                capacity: h.held(),
-                                refused: true,
-                            }
-                        }
-                        Limit::SourceRanges => Blocked::SourceRanges {
-                            key: rule.key,
-                            index: None,
-                        },
-                    };
-                    warn!(instance = self.url(), key = %rule.key, "{why}");
-                    metrics.limit_hit(self.url(), why.reason());
-                    h.refused.insert(rule.key, (rule, why.clone()));
-                    report.blocked.push(why);
-                    Ok(Posted::Blocked)
-                }
-                None => {
-                    report.failed.push((rule.key, e));
-                    Ok(Posted::Failed)
-                }
-            },
-        }
-    }
-
-    /// Deletes rules created for a Service whose other new rules a limit held back, so that
-    /// a Service is never half-programmed by a limit and takes no room it cannot use.
-    async fn roll_back(
-        &self,
-        h: &mut Holdings,
-        created: Vec<RuleKey>,
-        metrics: &Metrics,
-        report: &mut ApplyReport,
-    ) -> Result<(), ClientError> {
-        for key in created {
-            match self.delete(&key, metrics).await {
-                Ok(()) => {
-                    h.rules.remove(&key);
-                    report.changes = report.changes.saturating_sub(1);
-                }
-                Err(e) if is_transport(&e) => return Err(e),
-                Err(e) => {
-                    warn!(instance = self.url(), %key, error = %e, "could not roll back a rule");
-                    report.failed.push((key, e));
-                }
-            }
-        }
-        Ok(())
     }
 
     async fn post(&self, rule: &Rule, metrics: &Metrics) -> Result<(), ClientError> {

@@ -78,7 +78,7 @@ pub fn desired_rules_for(
     addresses: &[IpAddr],
     secondaries: &[IpAddr],
 ) -> Result<Option<Plan>, Problem> {
-    let intent = parse_intent(&svc.annotations().clone(), ctx.cfg.defaults)?;
+    let intent = parse_intent(svc.annotations(), ctx.cfg.defaults)?;
     status::IngressMode::from_annotation(svc)?;
     if addresses.is_empty() {
         return Ok(None);
@@ -90,40 +90,11 @@ pub fn desired_rules_for(
     // planned from Nodes alone, without a pass over every EndpointSlice.
     let needs_endpoints =
         view.external_traffic_policy == loxi_domain::TrafficPolicy::Local || intent.use_pod_network;
-    if !needs_endpoints {
-        return Ok(Some(plan_rules(
-            &ctx.cluster,
-            &view,
-            &nodes,
-            &[],
-            addresses,
-            &intent,
-        )?));
-    }
-    let ns = svc.namespace().unwrap_or_default();
-    let name = svc.name_any();
-    let slices = ctx.endpoint_slices.state();
-    let slices = slices.iter().map(|s| s.as_ref()).filter(|s| {
-        s.metadata.namespace.as_deref() == Some(ns.as_str())
-            && s.metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(SERVICE_NAME_LABEL))
-                .is_some_and(|n| *n == name)
-    });
-    let endpoints = endpoint_views(slices, |pod_ns, pod_name| {
-        ctx.pods
-            .as_ref()
-            .and_then(|pods| pods.get(&ObjectRef::new(pod_name).within(pod_ns)))
-            .and_then(|p| {
-                p.metadata
-                    .annotations
-                    .as_ref()?
-                    .get(crate::kube_view::NETWORK_STATUS_ANNOTATION)
-                    .map(|a| crate::kube_view::multus_networks(a))
-            })
-            .unwrap_or_default()
-    });
+    let endpoints = if needs_endpoints {
+        service_endpoints(svc, ctx)
+    } else {
+        Vec::new()
+    };
     Ok(Some(plan_rules(
         &ctx.cluster,
         &view,
@@ -175,6 +146,34 @@ fn supersede(svc: &Service, ctx: &Context) {
     if let (Some(rv), Ok(mut m)) = (svc.metadata.resource_version.clone(), ctx.superseded.lock()) {
         m.insert(ObjectRef::from_obj(svc), rv);
     }
+}
+
+/// The endpoints of the Service's EndpointSlices (with Multus addresses of their pods).
+fn service_endpoints(svc: &Service, ctx: &Context) -> Vec<loxi_domain::EndpointView> {
+    let ns = svc.namespace().unwrap_or_default();
+    let name = svc.name_any();
+    let slices = ctx.endpoint_slices.state();
+    let slices = slices.iter().map(|s| s.as_ref()).filter(|s| {
+        s.metadata.namespace.as_deref() == Some(ns.as_str())
+            && s.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(SERVICE_NAME_LABEL))
+                .is_some_and(|n| *n == name)
+    });
+    endpoint_views(slices, |pod_ns, pod_name| {
+        ctx.pods
+            .as_ref()
+            .and_then(|pods| pods.get(&ObjectRef::new(pod_name).within(pod_ns)))
+            .and_then(|p| {
+                p.metadata
+                    .annotations
+                    .as_ref()?
+                    .get(crate::kube_view::NETWORK_STATUS_ANNOTATION)
+                    .map(|a| crate::kube_view::multus_networks(a))
+            })
+            .unwrap_or_default()
+    })
 }
 
 /// Per-Service exponential backoff (0.5 s doubling to 5 min), reset on success.
@@ -707,18 +706,19 @@ async fn ensure_addresses_now(
                 }
             }
             Err(AllocError::UnknownPool(name)) if slot.pool.as_deref() == Some(name.as_str()) => {
-                let annotation = match role {
-                    Role::Vip => loxi_domain::addressing::ANN_POOL_SELECT,
-                    Role::Secondary if secondary_pool_named(svc) => {
-                        loxi_domain::addressing::ANN_POOL_SELECT_SECONDARY
-                    }
-                    Role::Secondary => loxi_domain::addressing::ANN_NUM_SECONDARY,
-                };
-                let reason = match role {
-                    Role::Secondary if !secondary_pool_named(svc) => {
-                        "no such secondary pool: --external-secondary-cidrs has fewer blocks"
-                    }
-                    _ => "no pool with this name",
+                let (annotation, reason) = match role {
+                    Role::Vip => (
+                        loxi_domain::addressing::ANN_POOL_SELECT,
+                        "no pool with this name",
+                    ),
+                    Role::Secondary if secondary_pool_named(svc) => (
+                        loxi_domain::addressing::ANN_POOL_SELECT_SECONDARY,
+                        "no pool with this name",
+                    ),
+                    Role::Secondary => (
+                        loxi_domain::addressing::ANN_NUM_SECONDARY,
+                        "no such secondary pool: --external-secondary-cidrs has fewer blocks",
+                    ),
                 };
                 return Ok(Err(Problem::Annotation(AnnotationError {
                     annotation,

@@ -28,57 +28,8 @@ async fn wait_for<T, Fut: std::future::Future<Output = Option<T>>>(
 #[tokio::test]
 async fn shipped_manifests_and_rbac_run_the_binary_end_to_end() {
     let cp = testenv::ControlPlane::start().await.expect("control plane");
-    let kubectl = cp.k8s_bin_dir().join("kubectl");
-    let admin_kc = cp.kubeconfig_path();
-    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy");
-
-    // kubectl apply of deploy/ as an operator would (strict validation).
-    let out = Command::new(&kubectl)
-        .arg("--kubeconfig")
-        .arg(&admin_kc)
-        .args(["apply", "--validate=strict", "-f"])
-        .arg(&deploy)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "kubectl apply -f deploy/ failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-
-    let out = Command::new(&kubectl)
-        .arg("--kubeconfig")
-        .arg(&admin_kc)
-        .args([
-            "wait",
-            "--for=condition=established",
-            "--timeout=60s",
-            "crd/addressclaims.ipam.loxilb.io",
-            "crd/addresspools.ipam.loxilb.io",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-
-    // A token for the shipped ServiceAccount: everything below runs with its rights only.
-    let out = Command::new(&kubectl)
-        .arg("--kubeconfig")
-        .arg(&admin_kc)
-        .args(["-n", "kube-system", "create", "token", "loxi-ccm"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let token = String::from_utf8(out.stdout).unwrap().trim().to_string();
-    let sa_kc = cp.dir().join("loxi-ccm.kubeconfig");
-    cp.write_kubeconfig(&sa_kc, &token).unwrap();
+    // Everything below runs with the shipped ServiceAccount's rights only.
+    let sa_kc = apply_shipped_manifests(&cp).await;
 
     let admin = cp.admin_client().await.unwrap();
     let ns = "e2e";
@@ -91,23 +42,7 @@ async fn shipped_manifests_and_rbac_run_the_binary_end_to_end() {
         .unwrap();
     let nodes: Api<Node> = Api::all(admin.clone());
     for (name, ip) in [("e2e-a", "10.9.0.1"), ("e2e-b", "10.9.0.2")] {
-        nodes
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({"metadata": {"name": name}})).unwrap(),
-            )
-            .await
-            .unwrap();
-        nodes
-            .patch_status(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(
-                    json!({"status": {"addresses": [{"type": "InternalIP", "address": ip}]}}),
-                ),
-            )
-            .await
-            .unwrap();
+        add_node(&admin, name, ip).await;
     }
 
     let sim = Simulator::start("127.0.0.1:0".parse().unwrap(), SimConfig::default())
@@ -293,8 +228,10 @@ async fn apply_shipped_manifests(cp: &testenv::ControlPlane) -> std::path::PathB
     let admin_kc = cp.kubeconfig_path();
     let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy");
     for args in [
+        // As an operator would, with strict validation.
         vec![
             "apply".to_string(),
+            "--validate=strict".into(),
             "-f".into(),
             deploy.display().to_string(),
         ],
@@ -324,6 +261,11 @@ async fn apply_shipped_manifests(cp: &testenv::ControlPlane) -> std::path::PathB
         .args(["-n", "kube-system", "create", "token", "loxi-ccm"])
         .output()
         .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let token = String::from_utf8(out.stdout).unwrap().trim().to_string();
     let sa_kc = cp.dir().join("sa.kubeconfig");
     cp.write_kubeconfig(&sa_kc, &token).unwrap();

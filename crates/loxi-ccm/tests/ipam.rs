@@ -8,9 +8,9 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use common::{CLASS, Options, WAIT, World, wait_for};
+use common::{CLASS, Options, WAIT, World, annotated, wait_for};
 use futures::future::join_all;
-use k8s_openapi::api::core::v1::{Namespace, Service};
+use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use loxi_ccm::claims::{AddressClaim, AddressClaimSpec, ClaimedBy};
 use loxi_ccm::pools::{
@@ -442,16 +442,6 @@ fn v4(total: i64, used: i64) -> FamilyUsage {
         used,
         free: total - used,
     }
-}
-
-fn annotated(mut svc: Service, pairs: &[(&str, &str)]) -> Service {
-    svc.metadata.annotations = Some(
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-    );
-    svc
 }
 
 /// The condition reason loxi-ccm shows for a Service's address.

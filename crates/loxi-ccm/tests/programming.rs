@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{CLASS, Options, WAIT, World, wait_for};
+use common::{CLASS, Options, WAIT, World, annotated, wait_for};
 use k8s_openapi::api::core::v1::{LoadBalancerIngress, Service};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use loxi_domain::RuleName;
@@ -478,16 +478,6 @@ fn secondaries_on(w: &World, vip: &str, port: u16) -> Vec<String> {
     v
 }
 
-fn with_annotations(mut svc: Service, pairs: &[(&str, &str)]) -> Service {
-    svc.metadata.annotations = Some(
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-    );
-    svc
-}
-
 /// Waits for the AddressAllocated condition with this status and reason; returns its message.
 async fn wait_address(w: &World, name: &str, status: &str, reason: &str) -> String {
     wait_for(
@@ -516,7 +506,7 @@ async fn sctp_rules_carry_claimed_secondary_addresses() {
     w.add_node("n1", "10.0.0.1").await;
 
     // Two secondary networks: one address from each secondary pool, on the SCTP rule only.
-    let multi = with_annotations(
+    let multi = annotated(
         World::lb_service("multi", Some(CLASS), &[(38412, "SCTP"), (80, "TCP")]),
         &[("loxilb.io/num-secondary-networks", "2")],
     );
@@ -560,12 +550,12 @@ async fn sctp_rules_carry_claimed_secondary_addresses() {
     assert_eq!(shown, std::slice::from_ref(&vip));
 
     // A given secondary address, and one from a pool named by poolSelectSecondary.
-    let given = with_annotations(
+    let given = annotated(
         World::lb_service("given", Some(CLASS), &[(38413, "SCTP")]),
         &[("loxilb.io/secondaryIPs", "198.51.100.5")],
     );
     w.create(&given).await;
-    let named = with_annotations(
+    let named = annotated(
         World::lb_service("named", Some(CLASS), &[(38414, "SCTP")]),
         &[("loxilb.io/poolSelectSecondary", "secondary1")],
     );
@@ -584,14 +574,14 @@ async fn sctp_rules_carry_claimed_secondary_addresses() {
 
     // Another Service asking for an address already used as a secondary: refused, never
     // stolen; a bad count names the annotation. Both leave the others alone.
-    let thief = with_annotations(
+    let thief = annotated(
         World::lb_service("thief", Some(CLASS), &[(38415, "SCTP")]),
         &[("loxilb.io/secondaryIPs", secondaries[0].as_str())],
     );
     w.create(&thief).await;
     let msg = wait_address(&w, "thief", "False", "AddressInUse").await;
     assert!(msg.contains(&secondaries[0]), "{msg}");
-    let greedy = with_annotations(
+    let greedy = annotated(
         World::lb_service("greedy", Some(CLASS), &[(38416, "SCTP")]),
         &[("loxilb.io/num-secondary-networks", "4")],
     );
@@ -612,7 +602,7 @@ async fn sctp_rules_carry_claimed_secondary_addresses() {
     };
     w.stop_controller().await;
     w.start_controller(&restart).await;
-    let probe = with_annotations(
+    let probe = annotated(
         World::lb_service("after", Some(CLASS), &[(38417, "SCTP")]),
         &[("loxilb.io/num-secondary-networks", "2")],
     );
@@ -659,7 +649,7 @@ async fn fullnat_with_liveness_probes() {
     let w = World::new("fullnat-probe").await;
     w.add_node("n1", "10.0.0.1").await;
     w.add_node("n2", "10.0.0.2").await;
-    let svc = with_annotations(
+    let svc = annotated(
         World::lb_service("probed", Some(CLASS), &[(8080, "TCP")]),
         &[
             ("loxilb.io/lbmode", "fullnat"),

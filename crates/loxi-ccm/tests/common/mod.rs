@@ -96,6 +96,17 @@ pub struct World {
     )>,
 }
 
+/// `svc` with exactly these annotations.
+pub fn annotated(mut svc: Service, pairs: &[(&str, &str)]) -> Service {
+    svc.metadata.annotations = Some(
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    );
+    svc
+}
+
 pub struct Options {
     pub cidr: String,
     pub ccm_mode: bool,
