@@ -249,8 +249,11 @@ pub struct RunArgs {
     #[arg(long = "loxilb-timeout", env = "LOXI_CCM_LOXILB_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
     pub loxilb_timeout: Duration,
 
-    /// How often each loxilb is probed (GET /version) for liveness.
-    #[arg(long = "health-interval", env = "LOXI_CCM_HEALTH_INTERVAL", default_value = "2s", value_parser = parse_duration)]
+    /// How often each loxilb is probed: liveness (GET /version) and, while up, whether it
+    /// restarted since the last probe (GET /config/cistate/all: the controller's restart
+    /// marker is gone), in which case every rule is replayed at once. Both answers are a few
+    /// bytes; a loxilb that refuses the marker is probed by listing its rules instead.
+    #[arg(long = "health-interval", env = "LOXI_CCM_HEALTH_INTERVAL", default_value = "1s", value_parser = parse_duration)]
     pub health_interval: Duration,
 
     /// How often the rules held by each loxilb are compared with what should exist: missing
@@ -258,7 +261,8 @@ pub struct RunArgs {
     #[arg(long = "drift-interval", env = "LOXI_CCM_DRIFT_INTERVAL", default_value = "30s", value_parser = parse_duration)]
     pub drift_interval: Duration,
 
-    /// How many Services are reconciled at the same time.
+    /// How many Services are reconciled at the same time; also how many Services' rules a
+    /// replay (after a loxilb restart) or a drift repair sends to one loxilb at once.
     #[arg(long, env = "LOXI_CCM_CONCURRENCY", default_value_t = 16)]
     pub concurrency: u16,
 

@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex};
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::core::PartialObjectMeta;
-use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
 use loxi_domain::{Allocator, ClusterId};
 use tokio::sync::{mpsc, watch};
@@ -36,7 +35,7 @@ pub struct Context {
     /// Address pools in effect (flags and AddressPool resources) and namespace labels.
     pub pools: crate::pools::Pools,
     pub fleet: Fleet,
-    pub recorder: Recorder,
+    pub recorder: crate::events::EventRecorder,
     pub metrics: Metrics,
     /// Stores synced (standbys too: their caches are warm).
     pub synced: AtomicBool,

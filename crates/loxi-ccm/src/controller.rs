@@ -12,7 +12,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Controller;
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, ObjectRef, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
 use loxi_domain::{Allocator, ClusterId, NodeView, Rule};
@@ -23,6 +23,7 @@ use tracing::{info, warn};
 use crate::claims::AddressClaim;
 use crate::config::Config;
 use crate::context::Context;
+use crate::events::EventRecorder;
 use crate::fleet::Fleet;
 use crate::kube_view::{Selection, node_view, owner_key, published_addresses};
 use crate::leader::LeaderElector;
@@ -68,7 +69,8 @@ pub async fn run(
     for c in &cfg.loxilb {
         clients.push(LoxilbClient::new(c.clone())?);
     }
-    let fleet = Fleet::with_capacity(clients, cfg.loxilb_max_rules);
+    let fleet = Fleet::with_capacity(clients, cfg.loxilb_max_rules, &cluster);
+    fleet.set_parallel_calls(usize::from(cfg.concurrency));
 
     // One stop signal for the reconcile loop: the caller's shutdown or a lost leadership.
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -109,7 +111,7 @@ pub async fn run(
         let selection = selection.clone();
         reflector(
             service_writer,
-            watcher(services, watcher::Config::default().any_semantic())
+            watcher(services, crate::trim::list_config())
                 .default_backoff()
                 .modify(move |svc| crate::trim::service(svc, &selection)),
         )
@@ -121,11 +123,8 @@ pub async fn run(
     let (node_store, node_writer) = reflector::store::<Node>();
     let node_events = reflector(
         node_writer,
-        watcher(
-            Api::<Node>::all(client.clone()),
-            watcher::Config::default().any_semantic(),
-        )
-        .modify(crate::trim::node),
+        watcher(Api::<Node>::all(client.clone()), crate::trim::list_config())
+            .modify(crate::trim::node),
     )
     .default_backoff()
     .touched_objects();
@@ -138,8 +137,7 @@ pub async fn run(
     let (slice_store, slice_writer) = reflector::store::<EndpointSlice>();
     let slice_events = reflector(
         slice_writer,
-        watcher(slices_api, watcher::Config::default().any_semantic())
-            .modify(crate::trim::endpoint_slice),
+        watcher(slices_api, crate::trim::list_config()).modify(crate::trim::endpoint_slice),
     )
     .default_backoff()
     .touched_objects();
@@ -152,12 +150,9 @@ pub async fn run(
             None => Api::all(client.clone()),
         };
         let (store, writer) = reflector::store::<PartialObjectMeta<Pod>>();
-        let events = reflector(
-            writer,
-            watcher(pods, watcher::Config::default().any_semantic()),
-        )
-        .default_backoff()
-        .touched_objects();
+        let events = reflector(writer, watcher(pods, crate::trim::list_config()))
+            .default_backoff()
+            .touched_objects();
         (Some(store), Some(events))
     } else {
         (None, None)
@@ -176,11 +171,8 @@ pub async fn run(
     let (claim_store, claim_writer) = reflector::store::<AddressClaim>();
     let claim_events = reflector(
         claim_writer,
-        watcher(
-            claims_api.clone(),
-            watcher::Config::default().any_semantic(),
-        )
-        .modify(crate::trim::meta::<AddressClaim>),
+        watcher(claims_api.clone(), crate::trim::list_config())
+            .modify(crate::trim::meta::<AddressClaim>),
     )
     .default_backoff();
 
@@ -195,7 +187,7 @@ pub async fn run(
             let (store, writer) = reflector::store::<crate::pools::AddressPool>();
             let events = reflector(
                 writer,
-                watcher(pools_api.clone(), watcher::Config::default().any_semantic()),
+                watcher(pools_api.clone(), crate::trim::list_config()),
             )
             .default_backoff();
             (Some(store), Some(events))
@@ -211,7 +203,7 @@ pub async fn run(
     let (namespace_store, namespace_writer) = reflector::store::<PartialObjectMeta<Namespace>>();
     let namespace_events = reflector(
         namespace_writer,
-        watcher(namespaces_api, watcher::Config::default().any_semantic())
+        watcher(namespaces_api, crate::trim::list_config())
             .modify(crate::trim::meta::<PartialObjectMeta<Namespace>>),
     )
     .default_backoff();
@@ -223,7 +215,7 @@ pub async fn run(
         instance: std::env::var("POD_NAME").ok(),
     };
     let ctx = Arc::new(Context {
-        recorder: Recorder::new(client.clone(), reporter),
+        recorder: EventRecorder::new(client.clone(), reporter),
         selection,
         ipam: Mutex::new(Allocator::new(cfg.pools.clone())),
         pools: crate::pools::Pools::new(

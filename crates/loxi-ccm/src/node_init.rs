@@ -61,7 +61,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, NodeAddress, Taint};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Resource, ResourceExt};
 use loxi_domain::inventory::{Document, Inventory, InventoryError};
@@ -495,7 +495,7 @@ struct Ctx {
     nodes: Api<Node>,
     source: InventorySource,
     opts: PlanOptions,
-    recorder: Recorder,
+    recorder: crate::events::EventRecorder,
     /// Consecutive failures per Node, for the retry backoff.
     failures: Mutex<HashMap<String, u32>>,
     /// The last warning published per Node: a Node waiting for the inventory is reconciled on
@@ -555,13 +555,10 @@ pub async fn run(
     let (store, writer) = reflector::store::<Node>();
     // Reconcile only when something the plan reads changes, not on every heartbeat-driven
     // status update.
-    let triggers = reflector(
-        writer,
-        watcher(nodes.clone(), watcher::Config::default().any_semantic()),
-    )
-    .default_backoff()
-    .touched_objects()
-    .predicate_filter(relevant_hash, Default::default());
+    let triggers = reflector(writer, watcher(nodes.clone(), crate::trim::list_config()))
+        .default_backoff()
+        .touched_objects()
+        .predicate_filter(relevant_hash, Default::default());
 
     let mut controller = Controller::for_stream(triggers, store)
         .with_config(kube::runtime::controller::Config::default().concurrency(CONCURRENCY));
@@ -596,7 +593,7 @@ pub async fn run(
         instance: std::env::var("POD_NAME").ok(),
     };
     let ctx = Arc::new(Ctx {
-        recorder: Recorder::new(client.clone(), reporter),
+        recorder: crate::events::EventRecorder::new(client.clone(), reporter),
         client,
         nodes,
         source,

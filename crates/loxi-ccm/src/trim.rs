@@ -11,6 +11,18 @@ use kube::core::ObjectMeta;
 
 use crate::kube_view::Selection;
 
+/// Objects per page of a watcher's initial list (kube's default).
+const LIST_PAGE: u32 = 500;
+
+/// How every watcher lists: consistent lists in pages of [`LIST_PAGE`] objects. Not
+/// `any_semantic` (`resourceVersion=0`, served from the API server's cache): the watch cache
+/// may answer that with the whole collection in one response whatever the page size, and a
+/// response is held whole until it is parsed, so 10,000 Services would be one body of tens of
+/// megabytes at start-up and after every re-list.
+pub fn list_config() -> kube::runtime::watcher::Config {
+    kube::runtime::watcher::Config::default().page_size(LIST_PAGE)
+}
+
 /// `kubectl apply`'s copy of the whole object, in an annotation.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 

@@ -648,3 +648,102 @@ async fn multus_networks_replace_pod_ips() {
     .await;
     w.finish().await;
 }
+
+/// The same Event about the same object is counted (`series`), not created again, whatever
+/// the Service's version; another note is another Event; one deleted in the API server is
+/// created anew.
+#[tokio::test]
+async fn a_repeated_event_is_one_event_with_a_count() {
+    use k8s_openapi::api::events::v1::Event as K8sEvent;
+    use kube::Resource;
+    use kube::api::{Api, ListParams};
+    use kube::runtime::events::{Event, EventType, Reporter};
+    use loxi_ccm::events::EventRecorder;
+
+    let w = World::new("events").await;
+    let svc = w
+        .create(&World::lb_service("web", Some(CLASS), &[(80, "TCP")]))
+        .await;
+    let recorder = EventRecorder::new(
+        w.client.clone(),
+        Reporter {
+            controller: "loxi-ccm".into(),
+            instance: None,
+        },
+    );
+    let warn = |note: &str| Event {
+        type_: EventType::Warning,
+        reason: "PoolExhausted".into(),
+        note: Some(note.into()),
+        action: "Allocate".into(),
+        secondary: None,
+    };
+    let events: Api<K8sEvent> = Api::namespaced(w.client.clone(), &w.ns);
+    let ours = || async {
+        let mut list: Vec<K8sEvent> = events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("web"))
+            .collect();
+        list.sort_by_key(|e| e.metadata.creation_timestamp.clone().map(|t| t.0));
+        list
+    };
+    let count = |e: &K8sEvent| e.series.as_ref().map_or(1, |s| s.count);
+
+    recorder
+        .publish(&warn("pool full"), &svc.object_ref(&()))
+        .await
+        .unwrap();
+    // A later version of the Service: still the same Event.
+    let newer = w
+        .services
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {"v": "2"}}})),
+        )
+        .await
+        .unwrap();
+    assert_ne!(
+        newer.metadata.resource_version,
+        svc.metadata.resource_version
+    );
+    recorder
+        .publish(&warn("pool full"), &newer.object_ref(&()))
+        .await
+        .unwrap();
+    let list = ours().await;
+    assert_eq!(list.len(), 1, "{list:?}");
+    assert_eq!(count(&list[0]), 2);
+    assert_eq!(recorder.cached(), 1);
+
+    recorder
+        .publish(&warn("pool gone"), &newer.object_ref(&()))
+        .await
+        .unwrap();
+    let list = ours().await;
+    assert_eq!(list.len(), 2, "{list:?}");
+
+    // Deleted behind the recorder's back (or expired): published anew.
+    for e in &list {
+        events
+            .delete(
+                e.metadata.name.as_deref().unwrap(),
+                &DeleteParams::default(),
+            )
+            .await
+            .unwrap();
+    }
+    recorder
+        .publish(&warn("pool full"), &newer.object_ref(&()))
+        .await
+        .unwrap();
+    let list = ours().await;
+    assert_eq!(list.len(), 1, "{list:?}");
+    assert_eq!(count(&list[0]), 1);
+    assert_eq!(list[0].note.as_deref(), Some("pool full"));
+    w.finish().await;
+}

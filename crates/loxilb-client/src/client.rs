@@ -7,8 +7,9 @@ use reqwest::{Method, StatusCode};
 use serde::Serialize;
 use url::Url;
 
-use crate::dto::{LoadbalanceEntry, ResultBody, RuleList, VersionInfo};
+use crate::dto::{CiState, CiStateList, LoadbalanceEntry, ResultBody, VersionInfo};
 use crate::error::{ClientError, classify};
+use crate::listing::{self, ChunkReader, Listing};
 
 /// Installs the one rustls crypto provider of the process (ring, which kube also uses).
 /// Two providers in one binary make client creation panic, so every entry point calls this;
@@ -150,10 +151,48 @@ impl LoxilbClient {
 
     /// `GET /config/loadbalancer/all`, in loxilb's (unspecified) order.
     pub async fn list_rules(&self) -> Result<Vec<LoadbalanceEntry>, ClientError> {
-        let bytes = self.get_ok("config/loadbalancer/all").await?;
-        let list: RuleList = serde_json::from_slice(&bytes)
-            .map_err(|e| ClientError::BadResponse(format!("rule list: {e}")))?;
-        Ok(list.rules)
+        Ok(self.list_rules_map(Some).await?.items)
+    }
+
+    /// `GET /config/loadbalancer/all`, each entry passed through `convert` as soon as it is
+    /// read (entries it answers `None` for are only counted): a full listing is never held
+    /// as a body plus wire entries plus the result (see [`crate::listing`]).
+    pub async fn list_rules_map<T: Send + 'static>(
+        &self,
+        convert: fn(LoadbalanceEntry) -> Option<T>,
+    ) -> Result<Listing<T>, ClientError> {
+        let url = self
+            .base
+            .join("config/loadbalancer/all")
+            .map_err(|e| ClientError::Config(format!("rule list URL: {e}")))?;
+        self.retrying(
+            || self.stream_listing(url.clone(), convert),
+            |result| matches!(result, Err(e) if e.is_retryable()),
+        )
+        .await
+    }
+
+    /// `GET /config/cistate/all`: the HA state of every cluster instance loxilb knows
+    /// (CONTRACT.md §3.2).
+    pub async fn cluster_states(&self) -> Result<Vec<CiState>, ClientError> {
+        let bytes = self.get_ok("config/cistate/all").await?;
+        let list: CiStateList = serde_json::from_slice(&bytes)
+            .map_err(|e| ClientError::BadResponse(format!("cistate list: {e}")))?;
+        Ok(list.states)
+    }
+
+    /// `POST /config/cistate`. An unknown instance is created first; posting the state it
+    /// already has changes nothing (CONTRACT.md §3.2).
+    pub async fn set_cluster_state(&self, state: &CiState) -> Result<(), ClientError> {
+        match self
+            .send(Method::POST, "config/cistate", Some(state))
+            .await?
+        {
+            Answer::Ok(bytes) => success_body(&bytes),
+            Answer::Status(status, body) => {
+                Err(classify(status.as_u16(), body.message, body.result))
+            }
+        }
     }
 
     /// `POST /config/loadbalancer` with the complete rule.
@@ -243,12 +282,9 @@ impl LoxilbClient {
         url: Url,
         body: Option<&B>,
     ) -> Result<Answer, ClientError> {
-        let policy = self.cfg.retry;
-        let mut delay = policy.min_delay;
-        let mut attempt = 1;
-        loop {
-            let result = self.send_once(method.clone(), url.clone(), body).await;
-            let retry = match &result {
+        self.retrying(
+            || self.send_once(method.clone(), url.clone(), body),
+            |result| match result {
                 Err(e) => e.is_retryable(),
                 Ok(Answer::Status(status, body)) => {
                     status.is_server_error()
@@ -256,15 +292,83 @@ impl LoxilbClient {
                             .is_retryable()
                 }
                 Ok(Answer::Ok(_)) => false,
-            };
-            if !retry || attempt >= policy.attempts.max(1) {
+            },
+        )
+        .await
+    }
+
+    /// Runs `once` until `retry` says no or the policy's attempts are used up.
+    async fn retrying<T, F: Future<Output = T>>(
+        &self,
+        once: impl Fn() -> F,
+        retry: impl Fn(&T) -> bool,
+    ) -> T {
+        let policy = self.cfg.retry;
+        let mut delay = policy.min_delay;
+        let mut attempt = 1;
+        loop {
+            let result = once().await;
+            if !retry(&result) || attempt >= policy.attempts.max(1) {
                 return result;
             }
-            tracing::debug!(%url, attempt, "retrying loxilb call");
+            tracing::debug!(url = %self.display, attempt, "retrying loxilb call");
             tokio::time::sleep(delay).await;
             delay = (delay * 2).min(policy.max_delay);
             attempt += 1;
         }
+    }
+
+    fn request(&self, method: Method, url: Url) -> reqwest::RequestBuilder {
+        let req = self.http.request(method, url);
+        match &self.cfg.token {
+            Some(token) => req.header(reqwest::header::AUTHORIZATION, token),
+            None => req,
+        }
+    }
+
+    /// One listing: chunks go to the parser (on a blocking thread) as they arrive.
+    async fn stream_listing<T: Send + 'static>(
+        &self,
+        url: Url,
+        convert: fn(LoadbalanceEntry) -> Option<T>,
+    ) -> Result<Listing<T>, ClientError> {
+        let mut resp = self
+            .request(Method::GET, url)
+            .send()
+            .await
+            .map_err(|e| self.transport_error(e))?;
+        let status = resp.status();
+        if status != StatusCode::OK {
+            let bytes = resp.bytes().await.map_err(|e| self.transport_error(e))?;
+            let body = error_body(&bytes);
+            return Err(classify(status.as_u16(), body.message, body.result));
+        }
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        let parser =
+            tokio::task::spawn_blocking(move || listing::parse(ChunkReader::new(rx), convert));
+        let mut transport = None;
+        loop {
+            match resp.chunk().await {
+                Ok(Some(chunk)) => {
+                    if tx.send(chunk).await.is_err() {
+                        break; // the parser stopped at an error
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    transport = Some(self.transport_error(e));
+                    break;
+                }
+            }
+        }
+        drop(tx);
+        let parsed = parser
+            .await
+            .map_err(|e| ClientError::BadResponse(format!("rule list parser: {e}")))?;
+        if let Some(e) = transport {
+            return Err(e);
+        }
+        parsed.map_err(|e| ClientError::BadResponse(format!("rule list: {e}")))
     }
 
     async fn send_once<B: Serialize>(
@@ -273,10 +377,7 @@ impl LoxilbClient {
         url: Url,
         body: Option<&B>,
     ) -> Result<Answer, ClientError> {
-        let mut req = self.http.request(method, url.clone());
-        if let Some(token) = &self.cfg.token {
-            req = req.header(reqwest::header::AUTHORIZATION, token);
-        }
+        let mut req = self.request(method, url);
         if let Some(body) = body {
             // `.json()` sets `Content-Type: application/json`, without which loxilb answers 415.
             req = req.json(body);
@@ -287,11 +388,7 @@ impl LoxilbClient {
         if status == StatusCode::OK {
             return Ok(Answer::Ok(bytes));
         }
-        let body: ResultBody = serde_json::from_slice(&bytes).unwrap_or_else(|_| ResultBody {
-            message: Some(String::from_utf8_lossy(&bytes).trim().to_string()),
-            ..Default::default()
-        });
-        Ok(Answer::Status(status, body))
+        Ok(Answer::Status(status, error_body(&bytes)))
     }
 
     fn transport_error(&self, e: reqwest::Error) -> ClientError {
@@ -314,6 +411,14 @@ impl LoxilbClient {
             }
         }
     }
+}
+
+/// The body of a non-200 answer; one that is not JSON is kept as the message.
+fn error_body(bytes: &[u8]) -> ResultBody {
+    serde_json::from_slice(bytes).unwrap_or_else(|_| ResultBody {
+        message: Some(String::from_utf8_lossy(bytes).trim().to_string()),
+        ..Default::default()
+    })
 }
 
 fn body_mentions(body: &ResultBody, needle: &str) -> bool {

@@ -120,11 +120,23 @@ pub struct AllowedSource {
     pub prefix: String,
 }
 
-/// `GET /config/loadbalancer/all`.
+/// One cluster instance's HA state (`POST /config/cistate`, `GET /config/cistate/all`,
+/// CONTRACT.md §3.2).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CiState {
+    pub instance: String,
+    /// `MASTER`, `BACKUP`, `FAULT`, `STOP` or `NOT_DEFINED`.
+    pub state: String,
+    /// Always sent (`0.0.0.0` when none): a missing VIP is stored as nil.
+    pub vip: String,
+}
+
+/// `GET /config/cistate/all`.
 #[derive(Debug, Clone, Default, Deserialize)]
-pub(crate) struct RuleList {
-    #[serde(rename = "lbAttr", default, deserialize_with = "null_as_default")]
-    pub rules: Vec<LoadbalanceEntry>,
+pub(crate) struct CiStateList {
+    #[serde(rename = "Attr", default, deserialize_with = "null_as_default")]
+    pub states: Vec<CiState>,
 }
 
 /// `GET /version`.
@@ -155,14 +167,14 @@ mod tests {
         let body = r#"{"lbAttr":[{"serviceArguments":{"externalIP":"192.0.2.1","port":80,
             "protocol":"tcp","inactiveTimeOut":240,"unknownField":1},
             "endpoints":null,"secondaryIPs":null,"allowedSources":null}]}"#;
-        let list: RuleList = serde_json::from_str(body).unwrap();
-        let r = &list.rules[0];
+        let list = crate::listing::parse(body.as_bytes(), Some).unwrap();
+        let r = &list.items[0];
         assert_eq!(r.service_arguments.external_ip, "192.0.2.1");
         assert_eq!(r.service_arguments.inactive_timeout, 240);
         assert!(!r.service_arguments.monitor);
         assert!(r.endpoints.is_empty() && r.secondary_ips.is_empty());
-        let empty: RuleList = serde_json::from_str(r#"{"lbAttr":null}"#).unwrap();
-        assert!(empty.rules.is_empty());
+        let empty = crate::listing::parse(&br#"{"lbAttr":null}"#[..], Some).unwrap();
+        assert!(empty.items.is_empty());
     }
 
     #[test]

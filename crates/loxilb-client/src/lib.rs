@@ -5,11 +5,14 @@ mod client;
 pub mod convert;
 pub mod dto;
 mod error;
+pub mod listing;
 
 pub use client::{
     ClientConfig, DeleteOutcome, LoxilbClient, RetryPolicy, WriteOutcome, install_crypto_provider,
 };
 pub use dto::{
-    AllowedSource, EndpointEntry, LoadbalanceEntry, SecondaryIp, ServiceArguments, VersionInfo,
+    AllowedSource, CiState, EndpointEntry, LoadbalanceEntry, SecondaryIp, ServiceArguments,
+    VersionInfo,
 };
 pub use error::ClientError;
+pub use listing::Listing;
