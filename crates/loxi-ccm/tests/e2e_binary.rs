@@ -272,6 +272,27 @@ async fn apply_shipped_manifests(cp: &testenv::ControlPlane) -> std::path::PathB
     sa_kc
 }
 
+/// A control plane with the shipped manifests, one Ready Node and a simulator: what the
+/// two-process tests start from (the kubeconfig is the shipped ServiceAccount's).
+async fn two_process_setup(
+    node: &str,
+    ip: &str,
+) -> (
+    testenv::ControlPlane,
+    std::path::PathBuf,
+    kube::Client,
+    Simulator,
+) {
+    let cp = testenv::ControlPlane::start().await.expect("control plane");
+    let sa_kc = apply_shipped_manifests(&cp).await;
+    let admin = cp.admin_client().await.unwrap();
+    add_node(&admin, node, ip).await;
+    let sim = Simulator::start("127.0.0.1:0".parse().unwrap(), SimConfig::default())
+        .await
+        .unwrap();
+    (cp, sa_kc, admin, sim)
+}
+
 async fn add_node(admin: &kube::Client, name: &str, ip: &str) {
     let nodes: Api<Node> = Api::all(admin.clone());
     nodes
@@ -299,13 +320,7 @@ async fn add_node(admin: &kube::Client, name: &str, ip: &str) {
 /// Service only, and each Service ends with exactly one claimed address.
 #[tokio::test]
 async fn two_processes_without_leader_election_never_duplicate() {
-    let cp = testenv::ControlPlane::start().await.expect("control plane");
-    let sa_kc = apply_shipped_manifests(&cp).await;
-    let admin = cp.admin_client().await.unwrap();
-    add_node(&admin, "race-a", "10.8.1.1").await;
-    let sim = Simulator::start("127.0.0.1:0".parse().unwrap(), SimConfig::default())
-        .await
-        .unwrap();
+    let (cp, sa_kc, admin, sim) = two_process_setup("race-a", "10.8.1.1").await;
     let start = |name: &str| {
         KillOnDrop(
             Command::new(env!("CARGO_BIN_EXE_loxi-ccm"))
@@ -407,13 +422,7 @@ async fn two_processes_without_leader_election_never_duplicate() {
 /// and no orphaned rule.
 #[tokio::test]
 async fn leader_failover_between_two_processes() {
-    let cp = testenv::ControlPlane::start().await.expect("control plane");
-    let sa_kc = apply_shipped_manifests(&cp).await;
-    let admin = cp.admin_client().await.unwrap();
-    add_node(&admin, "fo-a", "10.8.0.1").await;
-    let sim = Simulator::start("127.0.0.1:0".parse().unwrap(), SimConfig::default())
-        .await
-        .unwrap();
+    let (cp, sa_kc, admin, sim) = two_process_setup("fo-a", "10.8.0.1").await;
 
     let start = |name: &str| {
         let port = testenv::free_port().unwrap();

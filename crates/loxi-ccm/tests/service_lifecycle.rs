@@ -692,11 +692,14 @@ async fn a_repeated_event_is_one_event_with_a_count() {
         list
     };
     let count = |e: &K8sEvent| e.series.as_ref().map_or(1, |s| s.count);
+    let publish = |note: &'static str, svc: &k8s_openapi::api::core::v1::Service| {
+        let reference = svc.object_ref(&());
+        let event = warn(note);
+        let recorder = &recorder;
+        async move { recorder.publish(&event, &reference).await.unwrap() }
+    };
 
-    recorder
-        .publish(&warn("pool full"), &svc.object_ref(&()))
-        .await
-        .unwrap();
+    publish("pool full", &svc).await;
     // A later version of the Service: still the same Event.
     let newer = w
         .services
@@ -711,19 +714,13 @@ async fn a_repeated_event_is_one_event_with_a_count() {
         newer.metadata.resource_version,
         svc.metadata.resource_version
     );
-    recorder
-        .publish(&warn("pool full"), &newer.object_ref(&()))
-        .await
-        .unwrap();
+    publish("pool full", &newer).await;
     let list = ours().await;
     assert_eq!(list.len(), 1, "{list:?}");
     assert_eq!(count(&list[0]), 2);
     assert_eq!(recorder.cached(), 1);
 
-    recorder
-        .publish(&warn("pool gone"), &newer.object_ref(&()))
-        .await
-        .unwrap();
+    publish("pool gone", &newer).await;
     let list = ours().await;
     assert_eq!(list.len(), 2, "{list:?}");
 
@@ -737,10 +734,7 @@ async fn a_repeated_event_is_one_event_with_a_count() {
             .await
             .unwrap();
     }
-    recorder
-        .publish(&warn("pool full"), &newer.object_ref(&()))
-        .await
-        .unwrap();
+    publish("pool full", &newer).await;
     let list = ours().await;
     assert_eq!(list.len(), 1, "{list:?}");
     assert_eq!(count(&list[0]), 1);

@@ -21,6 +21,15 @@ pub struct Listing<T> {
     pub skipped: usize,
 }
 
+impl<T> Default for Listing<T> {
+    fn default() -> Self {
+        Listing {
+            items: Vec::new(),
+            skipped: 0,
+        }
+    }
+}
+
 /// Blocking `Read` over body chunks sent from the async side; end of stream when the sender
 /// is dropped.
 pub(crate) struct ChunkReader {
@@ -91,10 +100,7 @@ impl<'de, T> Visitor<'de> for ListSeed<T> {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Listing<T>, A::Error> {
-        let mut listing = Listing {
-            items: Vec::new(),
-            skipped: 0,
-        };
+        let mut listing = Listing::default();
         while let Some(key) = map.next_key::<String>()? {
             if key == "lbAttr" {
                 listing = map.next_value_seed(EntriesSeed {
@@ -130,10 +136,7 @@ impl<'de, T> Visitor<'de> for EntriesSeed<T> {
     }
 
     fn visit_none<E: serde::de::Error>(self) -> Result<Listing<T>, E> {
-        Ok(Listing {
-            items: Vec::new(),
-            skipped: 0,
-        })
+        Ok(Listing::default())
     }
 
     fn visit_unit<E: serde::de::Error>(self) -> Result<Listing<T>, E> {
