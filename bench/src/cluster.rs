@@ -1,7 +1,7 @@
 //! The cluster side of the benchmark: Nodes, Services, a watch that timestamps what the
 //! controller publishes, and the loxilb simulator.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -281,6 +281,8 @@ struct TrackState {
     last_change: Option<Instant>,
     /// Adds and modifications seen after the initial listing (each is one write).
     changes: usize,
+    /// Names seen by a re-list in progress.
+    relisted: Option<HashSet<String>>,
 }
 
 /// Watches the Services of one namespace and timestamps, per Service, when its create was
@@ -309,6 +311,9 @@ impl Tracker {
                             st.changes += 1;
                         }
                         let name = svc.metadata.name.clone().unwrap_or_default();
+                        if let Some(listed) = st.relisted.as_mut() {
+                            listed.insert(name.clone());
+                        }
                         if first_ingress_ip(&svc).is_some() {
                             let t = st.items.entry(name).or_default();
                             if t.ip_seen.is_none() {
@@ -326,8 +331,35 @@ impl Tracker {
                             st.deleted += 1;
                         }
                     }
-                    Ok(watcher::Event::InitDone) => st.synced = true,
-                    Ok(watcher::Event::Init) => {}
+                    Ok(watcher::Event::InitDone) => {
+                        // A re-list after a broken watch: what it no longer holds was
+                        // deleted meanwhile (no Delete event comes for it).
+                        if let Some(listed) = st.relisted.take() {
+                            let gone: Vec<String> = st
+                                .items
+                                .iter()
+                                .filter(|(name, t)| {
+                                    t.sent.is_some()
+                                        && t.deleted.is_none()
+                                        && !listed.contains(*name)
+                                })
+                                .map(|(name, _)| name.clone())
+                                .collect();
+                            for name in gone {
+                                if let Some(t) = st.items.get_mut(&name) {
+                                    t.deleted = Some(now);
+                                }
+                                st.deleted += 1;
+                            }
+                        }
+                        st.synced = true;
+                    }
+                    Ok(watcher::Event::Init) => {
+                        if st.synced {
+                            eprintln!("loxi-bench: service watch restarted (re-list)");
+                            st.relisted = Some(HashSet::new());
+                        }
+                    }
                     Err(e) => eprintln!("loxi-bench: service watch error: {e}"),
                 }
             }

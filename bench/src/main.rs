@@ -496,12 +496,29 @@ async fn teardown(
     cluster::delete_all(api, names, env.args.create_concurrency).await?;
     let mut rules_at = None;
     let mut gone_at = None;
+    let mut listed_at = Instant::now();
     loop {
         if rules_at.is_none() && env.sim.rule_count().await? == 0 {
             rules_at = Some(t0.elapsed());
         }
         if gone_at.is_none() && tracker.deleted() >= names.len() {
             gone_at = Some(t0.elapsed());
+        }
+        // Once a second after the rules are gone, ask the API server too: a watch that
+        // stalls without an error (seen once: no Delete event at all) must not hang the run.
+        if gone_at.is_none() && rules_at.is_some() && listed_at.elapsed() > Duration::from_secs(1) {
+            listed_at = Instant::now();
+            let left = api
+                .list_metadata(&kube::api::ListParams::default().limit(1))
+                .await?;
+            if left.items.is_empty() {
+                eprintln!(
+                    "loxi-bench: teardown: the Service watch saw {} of {} deletions; objects gone by a list (1 s resolution)",
+                    tracker.deleted(),
+                    names.len()
+                );
+                gone_at = Some(t0.elapsed());
+            }
         }
         if let (Some(r), Some(g)) = (rules_at, gone_at) {
             return Ok((r, g));

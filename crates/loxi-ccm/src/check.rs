@@ -178,7 +178,8 @@ async fn kube_client(kubeconfig: Option<&Path>) -> anyhow::Result<(kube::Client,
     config.connect_timeout = Some(Duration::from_secs(5));
     config.read_timeout = Some(KUBE_TIMEOUT);
     let url = config.cluster_url.to_string();
-    let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
+    let client = crate::kube_api::from_config(config, crate::kube_api::RateLimit::NONE)
+        .context("building the Kubernetes client")?;
     Ok((client, url.trim_end_matches('/').to_string()))
 }
 

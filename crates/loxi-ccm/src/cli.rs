@@ -266,6 +266,27 @@ pub struct RunArgs {
     #[arg(long, env = "LOXI_CCM_CONCURRENCY", default_value_t = 16)]
     pub concurrency: u16,
 
+    /// Client-side limit on Kubernetes API requests per second (client-go's QPS); 0, the
+    /// default, sets none: the API server protects itself (API Priority and Fairness) and
+    /// answers 429 when it must, which the client retries. Set a limit to cap what this
+    /// controller may ask of a shared API server; a burst of new Services costs about five
+    /// requests per Service. Requests held back for a second or more are logged.
+    #[arg(
+        long = "kube-api-qps",
+        env = "LOXI_CCM_KUBE_API_QPS",
+        default_value_t = 0.0
+    )]
+    pub kube_api_qps: f64,
+
+    /// Requests allowed at once above --kube-api-qps before the limit applies (client-go's
+    /// Burst). Only used with a --kube-api-qps above 0.
+    #[arg(
+        long = "kube-api-burst",
+        env = "LOXI_CCM_KUBE_API_BURST",
+        default_value_t = 100
+    )]
+    pub kube_api_burst: u32,
+
     /// Rules one loxilb instance holds at most (loxilb's own limit is 2048). A Service whose
     /// rules would not fit gets the condition reason CapacityExceeded instead of a retry storm,
     /// and is programmed as soon as room frees.

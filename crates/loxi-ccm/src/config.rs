@@ -90,6 +90,8 @@ pub struct Config {
     pub health_interval: Duration,
     pub drift_interval: Duration,
     pub concurrency: u16,
+    /// Client-side Kubernetes API rate limit (used when the client is built, in main).
+    pub kube_api: crate::kube_api::RateLimit,
     /// Rules one loxilb instance holds at most.
     pub loxilb_max_rules: usize,
     /// `None`: leader election off (this replica is always the leader).
@@ -737,6 +739,20 @@ impl Config {
         if args.concurrency == 0 {
             return Err(bad("concurrency", "0", "must be at least 1"));
         }
+        if !args.kube_api_qps.is_finite() || args.kube_api_qps < 0.0 {
+            return Err(bad(
+                "kube_api_qps",
+                &args.kube_api_qps.to_string(),
+                "must be 0 (no limit) or a positive number of requests per second",
+            ));
+        }
+        if args.kube_api_qps > 0.0 && args.kube_api_burst == 0 {
+            return Err(bad(
+                "kube_api_burst",
+                "0",
+                "must be at least 1 when --kube-api-qps sets a limit",
+            ));
+        }
         for (id, d) in [
             ("loxilb_timeout", args.loxilb_timeout),
             ("health_interval", args.health_interval),
@@ -862,6 +878,10 @@ impl Config {
             health_interval: args.health_interval,
             drift_interval: args.drift_interval,
             concurrency: args.concurrency,
+            kube_api: crate::kube_api::RateLimit {
+                qps: args.kube_api_qps,
+                burst: args.kube_api_burst,
+            },
             loxilb_max_rules: args.loxilb_max_rules,
             leader: args.leader_elect.then(|| {
                 let mut lease = LeaseConfig::new(
@@ -1389,6 +1409,50 @@ mod tests {
         ));
         assert!(
             e.ends_with("key \"lbMode\": expects one value, got a list of 2"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn kube_api_rate_limit_layers_and_bounds() {
+        let cidr = "--external-cidr=192.0.2.0/24";
+        let cfg = run(&[BASE[0], cidr], &env_of(&[]))
+            .unwrap()
+            .config()
+            .unwrap();
+        assert_eq!(
+            cfg.kube_api,
+            crate::kube_api::RateLimit {
+                qps: 0.0,
+                burst: 100
+            }
+        );
+        let file = temp_file("qps", "kubeApiQps: 50\nkubeApiBurst: 20\n");
+        let cfg = run(
+            &[BASE[0], cidr, "--kube-api-burst=30"],
+            &env_of(&[("LOXI_CCM_CONFIG", file.to_str().unwrap())]),
+        )
+        .unwrap()
+        .config()
+        .unwrap();
+        assert_eq!(
+            cfg.kube_api,
+            crate::kube_api::RateLimit {
+                qps: 50.0,
+                burst: 30
+            }
+        );
+        let e = err(run(&[BASE[0], cidr, "--kube-api-qps=-1"], &env_of(&[])));
+        assert!(
+            e.starts_with("flag --kube-api-qps: invalid value \"-1\""),
+            "{e}"
+        );
+        let e = err(run(
+            &[BASE[0], cidr, "--kube-api-qps=5"],
+            &env_of(&[("LOXI_CCM_KUBE_API_BURST", "0")]),
+        ));
+        assert!(
+            e.starts_with("environment LOXI_CCM_KUBE_API_BURST: invalid value \"0\""),
             "{e}"
         );
     }

@@ -214,8 +214,9 @@ pub async fn run(
         controller: "loxi-ccm".into(),
         instance: std::env::var("POD_NAME").ok(),
     };
+    let metrics = Metrics::new();
     let ctx = Arc::new(Context {
-        recorder: EventRecorder::new(client.clone(), reporter),
+        recorder: EventRecorder::new(client.clone(), reporter, metrics.events_dropped()),
         selection,
         ipam: Mutex::new(Allocator::new(cfg.pools.clone())),
         pools: crate::pools::Pools::new(
@@ -234,7 +235,7 @@ pub async fn run(
         claims: claim_store,
         claims_api,
         fleet,
-        metrics: Metrics::new(),
+        metrics,
         synced: false.into(),
         ready: false.into(),
         ready_rx,
@@ -315,6 +316,10 @@ pub async fn run(
         })
         .await;
     ctx.running.store(false, Ordering::Relaxed);
+    // The last Events (a deletion's RulesDeleted) are still on their way.
+    if !ctx.recorder.flush(Duration::from_secs(2)).await {
+        warn!("stopping with Events not yet published");
+    }
     // Release the Lease only once no reconcile runs any more, so the next leader never
     // overlaps with this one.
     let _ = elector_stop_tx.send(true);

@@ -8,13 +8,20 @@
 //! `ObjectReference`, and scans the whole map on every publish: with 1,000 Services
 //! (two Events each when they get their address, one when deleted) that map was the largest
 //! single item of the controller's heap (17.7 MB of a 27.6 MB peak, heaptrack, see
-//! docs/BENCHMARKS.md). Here an entry is the object's UID, the event's type, reason, action
-//! and a hash of its note, mapped to the Event's name and count; expired entries
-//! are dropped at most once a minute.
+//! docs/BENCHMARKS.md). Here an entry is one hash of the object's UID and the event's type,
+//! reason, action and note, mapped to the Event's name and count; expired entries are
+//! dropped at most once a minute.
 //!
 //! Keying on the UID (not on the `resourceVersion` the `ObjectReference` carries) also
 //! means a warning repeated on every retry of one Service becomes one Event with a growing
 //! count, not one Event per version of the Service.
+//!
+//! Publishing is asynchronous, as with client-go's event broadcaster: `publish` puts the
+//! Event on a bounded queue and returns at once; one background task writes the queue in
+//! order. Events are diagnostics, so a reconcile never waits for them: during a burst of
+//! new Services the API server's time goes to addresses and conditions first, and the
+//! Events follow. A full queue (an API server too slow for a storm of Events) drops the
+//! Event, counts it in `loxi_ccm_events_dropped_total` and logs it, as client-go does.
 
 use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;
@@ -28,23 +35,26 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Reporter};
+use prometheus_client::metrics::counter::Counter;
 use serde_json::json;
+use std::sync::Arc;
+use tokio::sync::{mpsc, watch};
+use tracing::warn;
 
 /// How long a published Event is patched instead of created again (client-go's and
 /// kube-runtime's value).
 const REPEAT_WINDOW: Duration = Duration::from_secs(6 * 60);
 /// How often expired cache entries are dropped.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
+/// Events waiting to be written. A burst of 1,000 new Services makes 2,000 Events within
+/// seconds; client-go keeps 1,000.
+const QUEUE: usize = 4096;
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct Key {
-    /// The object's UID (or namespace/name when it has none).
-    regarding: String,
-    warning: bool,
-    reason: String,
-    action: String,
-    note: u64,
-}
+/// Which Events count as the same: a hash of the object's UID (or kind/namespace/name when
+/// it has none), the event's type, reason, action and note. A hash rather than the strings
+/// themselves keeps an entry small; a collision (odds ~1e-11 with 10,000 entries) would at
+/// worst count an Event as a repeat of another.
+type Key = u64;
 
 #[derive(Debug, Clone)]
 struct Published {
@@ -60,29 +70,96 @@ struct Cache {
 
 /// Publishes Events on behalf of one controller (see the module docs).
 pub struct EventRecorder {
-    client: Client,
-    reporter: Reporter,
-    cache: std::sync::Mutex<Cache>,
+    queue: mpsc::Sender<(Event, ObjectReference)>,
+    /// Events queued and not yet written (or given up on).
+    pending: Arc<watch::Sender<usize>>,
+    dropped: Counter,
+    writer: Arc<Writer>,
 }
 
 impl EventRecorder {
-    pub fn new(client: Client, reporter: Reporter) -> EventRecorder {
-        EventRecorder {
+    /// Starts the writer task: call inside the Tokio runtime. `dropped` counts the Events
+    /// a full queue refused.
+    pub fn new(client: Client, reporter: Reporter, dropped: Counter) -> EventRecorder {
+        let writer = Arc::new(Writer {
             client,
             reporter,
             cache: std::sync::Mutex::new(Cache {
                 entries: HashMap::new(),
                 swept: Instant::now(),
             }),
+        });
+        let (queue, mut rx) = mpsc::channel::<(Event, ObjectReference)>(QUEUE);
+        let pending = Arc::new(watch::Sender::new(0usize));
+        {
+            let writer = writer.clone();
+            let pending = pending.clone();
+            // Ends when the recorder (the only sender) is dropped and the queue is empty.
+            tokio::spawn(async move {
+                while let Some((ev, regarding)) = rx.recv().await {
+                    if let Err(e) = writer.write(&ev, &regarding).await {
+                        warn!(
+                            error = %e,
+                            reason = %ev.reason,
+                            object = regarding.name.as_deref().unwrap_or_default(),
+                            "could not publish event"
+                        );
+                    }
+                    pending.send_modify(|n| *n = n.saturating_sub(1));
+                }
+            });
+        }
+        EventRecorder {
+            queue,
+            pending,
+            dropped,
+            writer,
         }
     }
 
-    /// Publishes `ev` about `regarding`: a new Event, or the next count of the same one.
-    pub async fn publish(
-        &self,
-        ev: &Event,
-        regarding: &ObjectReference,
-    ) -> Result<(), kube::Error> {
+    /// Queues `ev` about `regarding`; it becomes a new Event, or the next count of the same
+    /// one. Never waits (see the module docs).
+    pub fn publish(&self, ev: Event, regarding: ObjectReference) {
+        self.pending.send_modify(|n| *n += 1);
+        if let Err(e) = self.queue.try_send((ev, regarding)) {
+            self.pending.send_modify(|n| *n = n.saturating_sub(1));
+            self.dropped.inc();
+            let (ev, regarding) = match e {
+                mpsc::error::TrySendError::Full(v) | mpsc::error::TrySendError::Closed(v) => v,
+            };
+            warn!(
+                reason = %ev.reason,
+                object = regarding.name.as_deref().unwrap_or_default(),
+                "event dropped: the event queue is full"
+            );
+        }
+    }
+
+    /// Waits until every queued Event is written, at most `timeout`; false if some are
+    /// still waiting (at shutdown, so that the last Events are not lost; in tests).
+    pub async fn flush(&self, timeout: Duration) -> bool {
+        let mut rx = self.pending.subscribe();
+        tokio::time::timeout(timeout, rx.wait_for(|n| *n == 0))
+            .await
+            .is_ok()
+    }
+
+    /// Entries in the repeat cache (for tests).
+    pub fn cached(&self) -> usize {
+        self.writer.cache.lock().map_or(0, |c| c.entries.len())
+    }
+}
+
+/// Writes Events one at a time, remembering what it wrote for the repeat window.
+struct Writer {
+    client: Client,
+    reporter: Reporter,
+    cache: std::sync::Mutex<Cache>,
+}
+
+impl Writer {
+    /// Writes `ev` about `regarding`: a new Event, or the next count of the same one.
+    async fn write(&self, ev: &Event, regarding: &ObjectReference) -> Result<(), kube::Error> {
         let key = key_of(ev, regarding);
         let namespace = regarding
             .namespace
@@ -190,30 +267,17 @@ impl EventRecorder {
             ..K8sEvent::default()
         }
     }
-
-    /// Entries in the repeat cache (for tests).
-    pub fn cached(&self) -> usize {
-        self.cache.lock().map_or(0, |c| c.entries.len())
-    }
 }
 
 fn key_of(ev: &Event, regarding: &ObjectReference) -> Key {
-    let mut note = DefaultHasher::new();
-    ev.note.hash(&mut note);
-    Key {
-        regarding: regarding.uid.clone().unwrap_or_else(|| {
-            format!(
-                "{}/{}/{}",
-                regarding.kind.as_deref().unwrap_or_default(),
-                regarding.namespace.as_deref().unwrap_or_default(),
-                regarding.name.as_deref().unwrap_or_default()
-            )
-        }),
-        warning: matches!(ev.type_, EventType::Warning),
-        reason: ev.reason.clone(),
-        action: ev.action.clone(),
-        note: note.finish(),
+    let mut h = DefaultHasher::new();
+    match &regarding.uid {
+        Some(uid) => uid.hash(&mut h),
+        None => (&regarding.kind, &regarding.namespace, &regarding.name).hash(&mut h),
     }
+    matches!(ev.type_, EventType::Warning).hash(&mut h);
+    (&ev.reason, &ev.action, &ev.note).hash(&mut h);
+    h.finish()
 }
 
 #[cfg(test)]
@@ -239,6 +303,29 @@ mod tests {
             resource_version: Some(version.into()),
             ..ObjectReference::default()
         }
+    }
+
+    /// `publish` never waits: beyond the queue's room an Event is dropped and counted, and
+    /// what was queued is still worked off (here against an API server that refuses
+    /// connections: each write fails and is logged).
+    #[tokio::test]
+    async fn a_full_queue_drops_and_counts_and_publish_never_waits() {
+        let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
+        let client = Client::try_from(config).unwrap();
+        let dropped = Counter::<u64>::default();
+        let reporter = Reporter {
+            controller: "test".into(),
+            instance: None,
+        };
+        let recorder = EventRecorder::new(client, reporter, dropped.clone());
+        // The writer task cannot run before this loop yields (current-thread runtime).
+        for i in 0..QUEUE + 10 {
+            recorder.publish(event(&format!("e{i}")), reference("u1", "1"));
+        }
+        assert_eq!(dropped.get(), 10);
+        assert!(recorder.flush(Duration::from_secs(60)).await);
+        assert_eq!(*recorder.pending.borrow(), 0);
+        assert_eq!(recorder.cached(), 0, "nothing was written");
     }
 
     #[test]

@@ -61,13 +61,14 @@ async fn run(loaded: Loaded) -> ExitCode {
     if let Some(path) = &loaded.config_file {
         tracing::info!(file = %path.display(), "configuration file read");
     }
-    let client = match loxi_ccm::kube_client(loaded.args.kubeconfig.as_deref()).await {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("error: Kubernetes client: {e:#}");
-            return ExitCode::FAILURE;
-        }
-    };
+    let client =
+        match loxi_ccm::kube_api::client(loaded.args.kubeconfig.as_deref(), cfg.kube_api).await {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("error: Kubernetes client: {e:#}");
+                return ExitCode::FAILURE;
+            }
+        };
     match loxi_ccm::controller::run(client, cfg, Some(loaded.args.admin_addr), shutdown_signal())
         .await
     {
@@ -86,12 +87,24 @@ async fn run(loaded: Loaded) -> ExitCode {
 /// 1,000 Services from 47.5 to 39.7 MiB for no measurable CPU (docs/BENCHMARKS.md). Small
 /// allocations still go through per-thread caches, so the shared arena is not a hot lock.
 /// An operator's `MALLOC_ARENA_MAX` wins.
+///
+/// glibc also raises its mmap threshold to the size of the largest block freed (up to
+/// 32 MiB) and keeps twice that free at the top of the heap: after one large list page or
+/// loxilb listing, megabytes freed stay resident. Fixed thresholds (128 KiB: larger blocks
+/// are mapped and unmapped on their own; 512 KiB kept at most) return them. An operator's
+/// `GLIBC_TUNABLES` wins.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn limit_malloc_arenas() {
+    // SAFETY: mallopt only sets allocator parameters; no other thread exists yet.
     if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
-        // SAFETY: mallopt only sets an allocator parameter; no other thread exists yet.
         unsafe {
             libc::mallopt(libc::M_ARENA_MAX, 1);
+        }
+    }
+    if std::env::var_os("GLIBC_TUNABLES").is_none() {
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
+            libc::mallopt(libc::M_TRIM_THRESHOLD, 512 * 1024);
         }
     }
 }

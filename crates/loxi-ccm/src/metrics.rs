@@ -59,6 +59,7 @@ pub struct Metrics {
     loxilb_replays: Family<InstanceReasonLabels, Counter>,
     pool_addresses: Family<PoolLabels, Gauge<i64, AtomicI64>>,
     endpoints_dropped: Gauge,
+    events_dropped: Counter,
     leader: Gauge,
 }
 
@@ -141,6 +142,12 @@ impl Metrics {
             "Candidate endpoints left out by loxilb's 32-endpoint limit, summed over Services",
             endpoints_dropped.clone(),
         );
+        let events_dropped = Counter::default();
+        registry.register(
+            "events_dropped",
+            "Kubernetes Events not published because the event queue was full",
+            events_dropped.clone(),
+        );
         let leader = Gauge::default();
         registry.register(
             "leader",
@@ -161,6 +168,7 @@ impl Metrics {
             loxilb_replays,
             pool_addresses,
             endpoints_dropped,
+            events_dropped,
         }
     }
 
@@ -250,6 +258,11 @@ impl Metrics {
 
     pub fn set_endpoints_dropped(&self, n: usize) {
         self.endpoints_dropped.set(n as i64);
+    }
+
+    /// The counter the Service controller's `EventRecorder` increments.
+    pub fn events_dropped(&self) -> Counter {
+        self.events_dropped.clone()
     }
 
     pub fn encode(&self) -> String {

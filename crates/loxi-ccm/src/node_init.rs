@@ -504,7 +504,7 @@ struct Ctx {
 }
 
 impl Ctx {
-    async fn publish(&self, node: &Node, type_: EventType, reason: &str, note: String) {
+    fn publish(&self, node: &Node, type_: EventType, reason: &str, note: String) {
         let event = Event {
             type_,
             reason: reason.to_string(),
@@ -512,20 +512,17 @@ impl Ctx {
             action: "InitializeNode".into(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&event, &node.object_ref(&())).await {
-            warn!(node = %node.name_any(), error = %e, reason, "could not publish event");
-        }
+        self.recorder.publish(event, node.object_ref(&()));
     }
 
-    async fn warn_once(&self, node: &Node, reason: &str, message: &str) {
+    fn warn_once(&self, node: &Node, reason: &str, message: &str) {
         let key = (reason.to_string(), message.to_string());
         let new = match self.warned.lock() {
             Ok(mut w) => w.insert(node.name_any(), key.clone()) != Some(key),
             Err(_) => true,
         };
         if new {
-            self.publish(node, EventType::Warning, reason, message.to_string())
-                .await;
+            self.publish(node, EventType::Warning, reason, message.to_string());
         }
     }
 
@@ -593,7 +590,8 @@ pub async fn run(
         instance: std::env::var("POD_NAME").ok(),
     };
     let ctx = Arc::new(Ctx {
-        recorder: crate::events::EventRecorder::new(client.clone(), reporter),
+        // Node initialization has no metrics endpoint of its own: drops are logged only.
+        recorder: crate::events::EventRecorder::new(client.clone(), reporter, Default::default()),
         client,
         nodes,
         source,
@@ -661,8 +659,7 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Ctx>) -> Result<Action, NodeInitErr
             // change) re-triggers every Node: no point retrying until then.
             warn!(node = %name, error = %e, "inventory invalid: not initializing");
             if has_taint(&node, TAINT_UNINITIALIZED) {
-                ctx.warn_once(&node, REASON_INVENTORY_INVALID, &e.to_string())
-                    .await;
+                ctx.warn_once(&node, REASON_INVENTORY_INVALID, &e.to_string());
             }
             return Ok(Action::await_change());
         }
@@ -671,7 +668,7 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Ctx>) -> Result<Action, NodeInitErr
     match &plan.warning {
         Some(w) => {
             warn!(node = %name, reason = w.reason, "{}", w.message);
-            ctx.warn_once(&node, w.reason, &w.message).await;
+            ctx.warn_once(&node, w.reason, &w.message);
         }
         None => ctx.clear_warning(&name),
     }
@@ -765,8 +762,7 @@ async fn apply(node: &Node, plan: &NodePlan, ctx: &Ctx) -> Result<(), NodeInitEr
             EventType::Normal,
             "NodeInitialized",
             format!("initialized from {entry}: {topology}"),
-        )
-        .await;
+        );
     }
     match plan.shutdown_taint {
         Some(true) => {
@@ -779,8 +775,7 @@ async fn apply(node: &Node, plan: &NodePlan, ctx: &Ctx) -> Result<(), NodeInitEr
                     "inventory entry {} marks the node retired: taint {TAINT_SHUTDOWN}:NoSchedule added",
                     plan.entry.unwrap_or_default()
                 ),
-            )
-            .await;
+            );
         }
         Some(false) => {
             info!(node = %name, "node no longer retired: shutdown taint removed");
@@ -791,8 +786,7 @@ async fn apply(node: &Node, plan: &NodePlan, ctx: &Ctx) -> Result<(), NodeInitEr
                 format!(
                     "no inventory entry marks the node retired: taint {TAINT_SHUTDOWN} removed"
                 ),
-            )
-            .await;
+            );
         }
         None => {}
     }

@@ -553,9 +553,7 @@ async fn warn_on_change(
             action: "Validate".to_string(),
             secondary: None,
         };
-        if let Err(e) = ctx.recorder.publish(&event, &pool.object_ref(&())).await {
-            warn!(error = %e, reason, "could not publish event");
-        }
+        ctx.recorder.publish(event, pool.object_ref(&()));
     }
 }
 

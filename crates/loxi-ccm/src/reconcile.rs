@@ -258,8 +258,7 @@ async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<Outcome, Reco
             "AddressAllocated",
             "Allocate",
             format!("allocated {}", text.join(", ")),
-        )
-        .await;
+        );
     }
     let address_cond = Cond::new(COND_ADDRESS, true, "Allocated", described.join(", "));
 
@@ -425,8 +424,7 @@ async fn apply_everywhere(svc: &Service, ctx: &Context, rules: &[Rule]) -> (Cond
             "RulesProgrammed",
             "Program",
             format!("{} rule(s) on {ok}/{total} loxilb instance(s)", rules.len()),
-        )
-        .await;
+        );
     } else if changes > 0 {
         tracing::debug!(rules = rules.len(), updated, "rules updated in place");
     }
@@ -490,8 +488,7 @@ async fn apply_everywhere(svc: &Service, ctx: &Context, rules: &[Rule]) -> (Cond
             &cond.reason,
             "Program",
             cond.message.clone(),
-        )
-        .await;
+        );
     }
     (cond, retry)
 }
@@ -1026,8 +1023,7 @@ async fn report_problem(
             problem.reason(),
             "Reconcile",
             problem.to_string(),
-        )
-        .await;
+        );
         status::write(&services_api(ctx, svc), svc, &want).await?;
         supersede(svc, ctx);
     }
@@ -1074,8 +1070,7 @@ async fn cleanup(svc: &Service, ctx: &Context) -> Result<(), ReconcileError> {
                     e.category(),
                     "Cleanup",
                     format!("{}: {e}", inst.url()),
-                )
-                .await;
+                );
                 return Err(ReconcileError::Loxilb(format!("{}: {e}", inst.url())));
             }
         }
@@ -1088,8 +1083,7 @@ async fn cleanup(svc: &Service, ctx: &Context) -> Result<(), ReconcileError> {
             "RulesDeleted",
             "Cleanup",
             format!("deleted {removed} rule(s)"),
-        )
-        .await;
+        );
     }
     release_addresses(svc, ctx).await?;
     if svc.metadata.deletion_timestamp.is_none() {
@@ -1278,7 +1272,7 @@ fn services_api(ctx: &Context, svc: &Service) -> Api<Service> {
 }
 
 /// Publishes an Event; failing to do so is logged, never fatal.
-pub async fn publish(
+pub fn publish(
     ctx: &Context,
     svc: &Service,
     type_: EventType,
@@ -1293,7 +1287,5 @@ pub async fn publish(
         action: action.to_string(),
         secondary: None,
     };
-    if let Err(e) = ctx.recorder.publish(&event, &svc.object_ref(&())).await {
-        warn!(error = %e, reason, "could not publish event");
-    }
+    ctx.recorder.publish(event, svc.object_ref(&()));
 }

@@ -63,6 +63,12 @@ async fn shipped_manifests_and_rbac_run_the_binary_end_to_end() {
                 &format!("127.0.0.1:{admin_port}"),
                 "--log-format",
                 "json",
+                // A tight client-side limit: start-up's lists and watches exceed the burst,
+                // so requests really wait for tokens, through the real TLS + token stack.
+                "--kube-api-qps",
+                "20",
+                "--kube-api-burst",
+                "5",
             ])
             .stdout(std::fs::File::create(&log_path).unwrap())
             .stderr(Stdio::inherit())

@@ -588,11 +588,14 @@ async fn sctp_rules_carry_claimed_secondary_addresses() {
     w.create(&greedy).await;
     let msg = wait_address(&w, "greedy", "False", "InvalidAnnotation").await;
     assert!(msg.contains("loxilb.io/num-secondary-networks"), "{msg}");
-    assert!(
+    // Events are published asynchronously: the condition can be there first.
+    wait_for("the InvalidAnnotation Event", WAIT, || async {
         w.event_reasons("greedy")
             .await
             .contains(&"InvalidAnnotation".to_string())
-    );
+            .then_some(())
+    })
+    .await;
     assert_eq!(secondaries_on(&w, &vip, 38412), secondaries);
 
     // A controller restart rebuilds the index from the claims: nothing moves.

@@ -664,12 +664,14 @@ async fn a_repeated_event_is_one_event_with_a_count() {
     let svc = w
         .create(&World::lb_service("web", Some(CLASS), &[(80, "TCP")]))
         .await;
+    let dropped = prometheus_client::metrics::counter::Counter::<u64>::default();
     let recorder = EventRecorder::new(
         w.client.clone(),
         Reporter {
             controller: "loxi-ccm".into(),
             instance: None,
         },
+        dropped.clone(),
     );
     let warn = |note: &str| Event {
         type_: EventType::Warning,
@@ -696,7 +698,11 @@ async fn a_repeated_event_is_one_event_with_a_count() {
         let reference = svc.object_ref(&());
         let event = warn(note);
         let recorder = &recorder;
-        async move { recorder.publish(&event, &reference).await.unwrap() }
+        // Queued: written by the recorder's task, in order; flush waits for it.
+        async move {
+            recorder.publish(event, reference);
+            assert!(recorder.flush(WAIT).await, "event not written");
+        }
     };
 
     publish("pool full", &svc).await;
@@ -739,5 +745,6 @@ async fn a_repeated_event_is_one_event_with_a_count() {
     assert_eq!(list.len(), 1, "{list:?}");
     assert_eq!(count(&list[0]), 1);
     assert_eq!(list[0].note.as_deref(), Some("pool full"));
+    assert_eq!(dropped.get(), 0);
     w.finish().await;
 }

@@ -1,0 +1,251 @@
+//! The Kubernetes API client: kube's default stack (TLS, authentication, timeouts), built
+//! here for two settings kube's `Client::try_from` does not offer.
+//!
+//! - **A client-side rate limit** (`--kube-api-qps`, `--kube-api-burst`): a token bucket in
+//!   front of every request, as client-go's QPS/Burst. Off by default: the API server
+//!   protects itself with API Priority and Fairness, and a limit sized for a small cluster
+//!   throttles a burst of new Services needlessly (1,000 new Services make ~5,000 requests
+//!   within seconds). Operators who want a cap set one.
+//! - **A smaller HTTP/1 read buffer per connection** (16 KiB instead of hyper's ~400 KiB).
+//!   hyper grows a connection's read buffer while large bodies (list pages, busy watches)
+//!   arrive and keeps it as long as the connection lives; with 16 reconciles and the watches
+//!   in flight, 30 to 40 pooled connections held up to ~400 KiB each, several MB of a 17 to
+//!   19 MB heap peak (heaptrack, docs/BENCHMARKS.md). A smaller buffer costs more reads
+//!   per list page, each still far cheaper than parsing what it read.
+//!
+//! What kube's default stack has and this one leaves out: its debug-level HTTP trace spans
+//! (`RUST_LOG=kube=debug` no longer shows each request) and gzip, which kube's features
+//! as used here never enabled.
+
+use std::future::Future;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use kube::client::ConfigExt;
+use tokio::time::Instant;
+use tower::{BoxError, Service, ServiceBuilder};
+use tracing::info;
+
+/// hyper's read buffer limit per connection (its minimum is 8 KiB, its default ~400 KiB).
+const READ_BUFFER: usize = 16 * 1024;
+/// A request that waited this long for the rate limit is logged (client-go logs waits of
+/// over a second, "client-side throttling").
+const LOG_WAIT: Duration = Duration::from_secs(1);
+
+/// Client-side request rate limit; `qps` 0 means none.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RateLimit {
+    pub qps: f64,
+    pub burst: u32,
+}
+
+impl RateLimit {
+    pub const NONE: RateLimit = RateLimit { qps: 0.0, burst: 0 };
+}
+
+/// A client from an explicit kubeconfig, or the usual inference (in-cluster, then
+/// `$KUBECONFIG` / `~/.kube/config`).
+pub async fn client(kubeconfig: Option<&Path>, limit: RateLimit) -> anyhow::Result<kube::Client> {
+    loxilb_client::install_crypto_provider();
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
+        }
+        None => kube::Config::infer().await?,
+    };
+    from_config(config, limit)
+}
+
+/// The client for `config` (see the module docs for how it differs from kube's).
+pub fn from_config(config: kube::Config, limit: RateLimit) -> anyhow::Result<kube::Client> {
+    if let Some(proxy) = &config.proxy_url {
+        anyhow::bail!("the kubeconfig names a proxy ({proxy}): proxies are not supported");
+    }
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    let https = config
+        .rustls_https_connector_with_connector(http)
+        .context("TLS settings of the kubeconfig")?;
+    let mut connector = hyper_timeout::TimeoutConnector::new(https);
+    connector.set_connect_timeout(config.connect_timeout);
+    connector.set_read_timeout(config.read_timeout);
+    connector.set_write_timeout(config.write_timeout);
+    connector.set_reset_reader_on_write(config.reset_reader_on_write);
+    let hyper = hyper_util::client::legacy::Builder::new(TokioExecutor::new())
+        .http1_max_buf_size(READ_BUFFER)
+        .build(connector);
+    let throttled = Throttled {
+        inner: hyper,
+        bucket: TokenBucket::new(limit).map(|b| Arc::new(Mutex::new(b))),
+    };
+    // kube's default: 429 (API Priority and Fairness), 503 and 504 are retried with backoff.
+    let retry = config
+        .default_retry
+        .then(|| tower::retry::RetryLayer::new(kube::client::retry::RetryPolicy::server_retry()));
+    let service = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(retry)
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .map_err(BoxError::from)
+        .service(throttled);
+    Ok(kube::client::ClientBuilder::new(service, config.default_namespace).build())
+}
+
+/// A token bucket on Tokio's clock: `burst` requests at once, then `qps` per second. A
+/// request takes a token or reserves the next one and sleeps until it is due, so waiting
+/// requests go in arrival order.
+#[derive(Debug)]
+struct TokenBucket {
+    qps: f64,
+    burst: f64,
+    /// Negative when requests are waiting for future tokens.
+    tokens: f64,
+    at: Instant,
+}
+
+impl TokenBucket {
+    fn new(limit: RateLimit) -> Option<TokenBucket> {
+        (limit.qps > 0.0).then(|| {
+            let burst = f64::from(limit.burst.max(1));
+            TokenBucket {
+                qps: limit.qps,
+                burst,
+                tokens: burst,
+                at: Instant::now(),
+            }
+        })
+    }
+
+    /// Takes a token; returns how long the caller must wait before using it.
+    fn take(&mut self, now: Instant) -> Duration {
+        let refill = now.saturating_duration_since(self.at).as_secs_f64() * self.qps;
+        self.tokens = (self.tokens + refill).min(self.burst);
+        self.at = now;
+        self.tokens -= 1.0;
+        if self.tokens >= 0.0 {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64(-self.tokens / self.qps)
+        }
+    }
+}
+
+/// The innermost service: waits for the rate limit, then hands the request to hyper.
+#[derive(Clone)]
+struct Throttled<S> {
+    inner: S,
+    bucket: Option<Arc<Mutex<TokenBucket>>>,
+}
+
+impl<S, R> Service<R> for Throttled<S>
+where
+    S: Service<R> + Clone + Send + 'static,
+    S::Future: Send,
+    R: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: R) -> Self::Future {
+        let wait = self
+            .bucket
+            .as_ref()
+            .and_then(|b| b.lock().ok().map(|mut b| b.take(Instant::now())))
+            .unwrap_or_default();
+        if wait.is_zero() {
+            return Box::pin(self.inner.call(req));
+        }
+        // The ready service goes with this request; its clone serves the next one.
+        let clone = self.inner.clone();
+        let mut ready = std::mem::replace(&mut self.inner, clone);
+        Box::pin(async move {
+            if wait >= LOG_WAIT {
+                info!(
+                    waited_ms = wait.as_millis() as u64,
+                    "Kubernetes API request delayed by the client-side rate limit (--kube-api-qps)"
+                );
+            }
+            tokio::time::sleep(wait).await;
+            ready.call(req).await
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn limit(qps: f64, burst: u32) -> RateLimit {
+        RateLimit { qps, burst }
+    }
+
+    #[test]
+    fn no_qps_means_no_bucket() {
+        assert!(TokenBucket::new(RateLimit::NONE).is_none());
+        assert!(TokenBucket::new(limit(0.0, 10)).is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn burst_goes_at_once_then_qps_per_second_in_order() {
+        let mut b = TokenBucket::new(limit(10.0, 3)).unwrap();
+        let t0 = Instant::now();
+        let waits: Vec<Duration> = (0..6).map(|_| b.take(t0)).collect();
+        let ms: Vec<u128> = waits.iter().map(|w| w.as_millis()).collect();
+        assert_eq!(ms, vec![0, 0, 0, 100, 200, 300]);
+        // A second later the debt is paid and 7 tokens came back, capped at the burst.
+        let later = t0 + Duration::from_secs(2);
+        assert_eq!(b.take(later), Duration::ZERO);
+        assert_eq!(b.take(later), Duration::ZERO);
+        assert_eq!(b.take(later), Duration::ZERO);
+        assert!(b.take(later) > Duration::ZERO);
+    }
+
+    /// Through the service: 21 requests at 10 per second with a burst of 1 take 2 s of
+    /// (paused) time, and every request reaches the inner service.
+    #[tokio::test(start_paused = true)]
+    async fn the_service_delays_requests_beyond_the_burst() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let inner = {
+            let calls = calls.clone();
+            tower::service_fn(move |_: ()| {
+                let calls = calls.clone();
+                async move {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, std::convert::Infallible>(())
+                }
+            })
+        };
+        let mut svc = Throttled {
+            inner,
+            bucket: TokenBucket::new(limit(10.0, 1)).map(|b| Arc::new(Mutex::new(b))),
+        };
+        let t0 = Instant::now();
+        let futures: Vec<_> = (0..21).map(|_| svc.call(())).collect();
+        futures::future::try_join_all(futures).await.unwrap();
+        assert_eq!(calls.load(Ordering::SeqCst), 21);
+        assert_eq!(t0.elapsed().as_millis(), 2000);
+    }
+
+    #[tokio::test]
+    async fn without_a_limit_requests_pass_straight_through() {
+        let mut svc = Throttled {
+            inner: tower::service_fn(|x: u32| async move { Ok::<_, std::convert::Infallible>(x) }),
+            bucket: None,
+        };
+        assert_eq!(svc.call(7).await.unwrap(), 7);
+    }
+}
