@@ -170,7 +170,10 @@ impl RuleTable {
     }
 
     fn from_map(rules: HashMap<RuleKey, Rule>) -> RuleTable {
-        let mut table = RuleTable::default();
+        let mut table = RuleTable {
+            rules: HashMap::with_capacity(rules.len()),
+            by_service: HashMap::default(),
+        };
         for (_, rule) in rules {
             table.insert(rule);
         }
@@ -671,6 +674,11 @@ impl Instance {
         // Before the listing: a restart after it then always shows as a missing marker.
         self.place_marker(h, metrics).await?;
         let before = h.known.then(|| h.held());
+        // The old table goes before the listing arrives (with 2,000 rules, both at once were
+        // a few MB of the drift check's memory peak); until the listing is in, nothing is
+        // known.
+        h.known = false;
+        h.rules = RuleTable::default();
         let (rules, uncounted) = self.list(metrics).await?;
         h.rules = RuleTable::from_map(rules);
         h.uncounted = uncounted;
