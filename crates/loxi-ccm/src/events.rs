@@ -123,15 +123,20 @@ impl EventRecorder {
         self.pending.send_modify(|n| *n += 1);
         if let Err(e) = self.queue.try_send((ev, regarding)) {
             self.pending.send_modify(|n| *n = n.saturating_sub(1));
-            self.dropped.inc();
-            let (ev, regarding) = match e {
-                mpsc::error::TrySendError::Full(v) | mpsc::error::TrySendError::Closed(v) => v,
+            // Logged for the 1st, 2nd, 4th, 8th ... drop: a storm must not flood the log too.
+            let dropped = self.dropped.inc() + 1;
+            let (why, (ev, regarding)) = match e {
+                mpsc::error::TrySendError::Full(v) => ("the event queue is full", v),
+                mpsc::error::TrySendError::Closed(v) => ("the event writer stopped", v),
             };
-            warn!(
-                reason = %ev.reason,
-                object = regarding.name.as_deref().unwrap_or_default(),
-                "event dropped: the event queue is full"
-            );
+            if dropped.is_power_of_two() {
+                warn!(
+                    reason = %ev.reason,
+                    object = regarding.name.as_deref().unwrap_or_default(),
+                    dropped,
+                    "event dropped: {why}"
+                );
+            }
         }
     }
 
