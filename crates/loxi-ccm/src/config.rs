@@ -1416,31 +1416,18 @@ mod tests {
     #[test]
     fn kube_api_rate_limit_layers_and_bounds() {
         let cidr = "--external-cidr=192.0.2.0/24";
-        let cfg = run(&[BASE[0], cidr], &env_of(&[]))
-            .unwrap()
-            .config()
-            .unwrap();
-        assert_eq!(
-            cfg.kube_api,
-            crate::kube_api::RateLimit {
-                qps: 0.0,
-                burst: 100
-            }
-        );
+        let limit = |argv: &[&str], env: &dyn Fn(&str) -> Option<OsString>| {
+            let l = run(argv, env).unwrap().config().unwrap().kube_api;
+            (l.qps, l.burst)
+        };
+        assert_eq!(limit(&[BASE[0], cidr], &env_of(&[])), (0.0, 100));
         let file = temp_file("qps", "kubeApiQps: 50\nkubeApiBurst: 20\n");
-        let cfg = run(
-            &[BASE[0], cidr, "--kube-api-burst=30"],
-            &env_of(&[("LOXI_CCM_CONFIG", file.to_str().unwrap())]),
-        )
-        .unwrap()
-        .config()
-        .unwrap();
         assert_eq!(
-            cfg.kube_api,
-            crate::kube_api::RateLimit {
-                qps: 50.0,
-                burst: 30
-            }
+            limit(
+                &[BASE[0], cidr, "--kube-api-burst=30"],
+                &env_of(&[("LOXI_CCM_CONFIG", file.to_str().unwrap())]),
+            ),
+            (50.0, 30)
         );
         let e = err(run(&[BASE[0], cidr, "--kube-api-qps=-1"], &env_of(&[])));
         assert!(
