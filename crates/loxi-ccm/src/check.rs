@@ -382,6 +382,21 @@ async fn kube_checks(kubeconfig: Option<&Path>, cfg: &Config) -> Report {
             format!("listing Services in {scope}{who} failed: {e}"),
         ),
     }
+    // Informational: where the API server cannot filter, every Service is watched.
+    let by_type = one.clone().fields(crate::departures::TYPE_SELECTOR);
+    match with_timeout(services.list_metadata(&by_type)).await {
+        Ok(_) => r.pass(
+            "service watch",
+            format!(
+                "filtered by type ({}): other Services are never sent",
+                crate::departures::TYPE_SELECTOR
+            ),
+        ),
+        Err(e) => r.pass(
+            "service watch",
+            format!("every Service (the API server cannot filter by type: {e})"),
+        ),
+    }
     let nodes: Api<Node> = Api::all(client.clone());
     match with_timeout(nodes.list(&one)).await {
         Ok(list) => r.pass(

@@ -64,6 +64,8 @@ pub struct Context {
     pub node_generation: std::sync::atomic::AtomicU64,
     /// Asks the controller to reconcile a Service now.
     pub requeue: mpsc::UnboundedSender<ObjectRef<Service>>,
+    /// Services that left type LoadBalancer (crate::departures).
+    pub departures: crate::departures::Departures,
 }
 
 impl Context {

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::Api;
@@ -23,6 +23,7 @@ use tracing::{info, warn};
 use crate::claims::AddressClaim;
 use crate::config::Config;
 use crate::context::Context;
+use crate::departures::{self, Departures, Injected};
 use crate::events::EventRecorder;
 use crate::fleet::Fleet;
 use crate::kube_view::{Selection, node_view, owner_key, published_addresses};
@@ -107,15 +108,47 @@ pub async fn run(
         ccm_mode: cfg.ccm_mode,
     };
     let (service_store, service_writer) = reflector::store::<Service>();
+    // Only Services of type LoadBalancer where the API server can filter them (crate::
+    // departures); the others would cost memory and CPU for nothing.
+    let filtered = departures::type_selector_supported(&services).await;
+    let (inject_tx, inject_rx) = mpsc::unbounded_channel::<Injected>();
+    let relisted = Arc::new(tokio::sync::Notify::new());
     let service_events = {
         let selection = selection.clone();
-        reflector(
-            service_writer,
-            watcher(services, crate::trim::list_config())
-                .default_backoff()
-                .modify(move |svc| crate::trim::service(svc, &selection)),
-        )
-        .applied_objects()
+        let list = if filtered {
+            crate::trim::list_config().fields(departures::TYPE_SELECTOR)
+        } else {
+            crate::trim::list_config()
+        };
+        let watched = watcher(services.clone(), list)
+            .default_backoff()
+            .modify({
+                let selection = selection.clone();
+                move |svc| crate::trim::service(svc, &selection)
+            })
+            .map_ok(move |event| {
+                if filtered {
+                    departures::on_watch_event(event, &selection)
+                } else {
+                    event
+                }
+            });
+        // Placeholders enter and leave through the stream, checked against the store right
+        // before it applies them.
+        let reader = service_store.clone();
+        let injected = tokio_stream_from(inject_rx).filter_map(move |event| {
+            let current = reader.get(&event.key());
+            let admitted = departures::admit(&event, current.as_deref());
+            futures::future::ready(admitted.then(|| Ok(departures::into_event(event))))
+        });
+        let relisted = relisted.clone();
+        reflector(service_writer, futures::stream::select(watched, injected))
+            .inspect_ok(move |event| {
+                if filtered && matches!(event, watcher::Event::InitDone) {
+                    relisted.notify_one();
+                }
+            })
+            .applied_objects()
     };
     let controller = Controller::for_stream(service_events, service_store.clone())
         .with_config(kube::runtime::controller::Config::default().concurrency(cfg.concurrency));
@@ -248,6 +281,7 @@ pub async fn run(
         node_generation: 0.into(),
         endpoints_dropped: Mutex::default(),
         requeue: requeue_tx,
+        departures: Departures::new(filtered, inject_tx.clone(), relisted.clone()),
         cfg,
     });
 
@@ -261,6 +295,15 @@ pub async fn run(
                 warn!(error = %e, "admin server stopped");
             }
         });
+    }
+    if filtered {
+        tasks.spawn(departures::sweep_loop(
+            services,
+            ctx.services.clone(),
+            ctx.selection.clone(),
+            inject_tx,
+            relisted,
+        ));
     }
     tasks.spawn(watch_nodes(ctx.clone(), node_events));
     tasks.spawn(watch_claims(ctx.clone(), claim_events));
@@ -561,6 +604,7 @@ async fn collect_claims(ctx: &Context) {
                         .is_none_or(|s| s.metadata.uid.as_deref() != Some(o.uid.as_str()))
             })
             .collect();
+        let orphans = confirm_gone(ctx, orphans).await;
         let expired = claim.expired(now) && in_scope(&claim.spec.service);
         if expired || orphans.len() == owners.len() {
             info!(address = %claim.spec.address, owner = %claim.owner_key(), expired, "releasing claim");
@@ -581,6 +625,31 @@ async fn collect_claims(ctx: &Context) {
             }
         }
     }
+}
+
+/// The owners among `candidates` (missing from the Service store) that are really gone.
+/// With the watch filtered by type, a Service missing from the store may have left
+/// LoadBalancer instead: its cleanup (which honours retention) releases its address, and a
+/// sweep finds it if nothing has yet.
+async fn confirm_gone<'a>(
+    ctx: &Context,
+    candidates: Vec<&'a crate::claims::ClaimedBy>,
+) -> Vec<&'a crate::claims::ClaimedBy> {
+    if !ctx.departures.filtered {
+        return candidates;
+    }
+    let mut gone = Vec::new();
+    for owner in candidates {
+        let api: Api<Service> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+        match api.get_opt(&owner.name).await {
+            Ok(Some(svc)) if svc.metadata.uid.as_deref() == Some(owner.uid.as_str()) => {
+                ctx.departures.sweep_soon();
+            }
+            Ok(_) => gone.push(owner),
+            Err(e) => warn!(owner = %owner.key(), error = %e, "could not check a claim's owner"),
+        }
+    }
+    gone
 }
 
 /// Waits until a store has seen its first full listing. kube-runtime 5's readiness signal

@@ -1095,7 +1095,8 @@ impl Instance {
         let wanted: HashSet<RuleKey> = desired.iter().map(|r| r.key).collect();
         // The diff sees this scope's rules plus whatever sits on the keys we want. For one
         // Service the index gives its rules (the scope is a subset of them).
-        let observed: Vec<Rule> = match service {
+        // Borrowed from the table: in a drift check that is every rule the instance holds.
+        let observed: Vec<&Rule> = match service {
             Some((namespace, name)) => {
                 let mut seen: HashSet<RuleKey> = HashSet::new();
                 h.rules
@@ -1103,7 +1104,6 @@ impl Instance {
                     .filter(|r| in_scope(r))
                     .chain(wanted.iter().filter_map(|k| h.rules.get(k)))
                     .filter(|r| seen.insert(r.key))
-                    .cloned()
                     .collect()
             }
             None => h
@@ -1111,11 +1111,10 @@ impl Instance {
                 .rules
                 .values()
                 .filter(|r| in_scope(r) || wanted.contains(&r.key))
-                .cloned()
                 .collect(),
         };
         let owned = |r: &Rule| RuleName::is_owned_by(&r.name, cluster);
-        let actions = diff_rules(desired, &observed, |r| {
+        let actions = diff_rules(desired, observed, |r| {
             owned(r) && (in_scope(r) || wanted.contains(&r.key))
         });
         let mut deletes = Vec::new();

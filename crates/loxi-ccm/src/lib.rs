@@ -9,6 +9,7 @@ pub mod config;
 pub mod context;
 pub mod controller;
 pub mod crds;
+pub mod departures;
 pub mod events;
 pub mod fleet;
 pub mod kube_api;

@@ -200,6 +200,9 @@ enum Outcome {
 }
 
 async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<Outcome, ReconcileError> {
+    if crate::departures::is_placeholder(svc) {
+        return departed(svc, ctx).await;
+    }
     let served = ctx.selection.serves(svc);
     let deleting = svc.metadata.deletion_timestamp.is_some();
     if !served || deleting {
@@ -1098,6 +1101,29 @@ async fn cleanup(svc: &Service, ctx: &Context) -> Result<(), ReconcileError> {
         patch_finalizers(ctx, svc, json!(remaining)).await?;
     }
     Ok(())
+}
+
+/// A Service that left the Service watch while carrying our finalizer (crate::departures):
+/// cleaned up as it is now, then its placeholder is dropped.
+async fn departed(placeholder: &Service, ctx: &Context) -> Result<Outcome, ReconcileError> {
+    let now = services_api(ctx, placeholder)
+        .get_opt(&placeholder.name_any())
+        .await?;
+    match now {
+        Some(now) if now.metadata.uid == placeholder.metadata.uid => {
+            if ctx.selection.serves(&now) && now.metadata.deletion_timestamp.is_none() {
+                // Back to LoadBalancer: the watch sends it again, which replaces the
+                // placeholder and reconciles it.
+                return Ok(Outcome::Done);
+            }
+            cleanup(&now, ctx).await?;
+        }
+        // Gone, or a new Service of that name: nothing of the old one left to write on. Its
+        // rules go with the next drift check, its claims with the claim collector.
+        _ => {}
+    }
+    ctx.departures.forget(placeholder);
+    Ok(Outcome::Done)
 }
 
 /// Addresses the Service shows right now, read from the API server rather than the store:

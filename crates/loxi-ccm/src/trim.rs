@@ -2,8 +2,8 @@
 //! life of the process, so fields the controller never reads are dropped as they arrive:
 //! `managedFields` everywhere (often the largest part of an object), Node images and volumes,
 //! EndpointSlice hints, and almost everything of the Services this controller does not
-//! serve. A cluster with 10,000 Services of which 1,000 are ours then pays for the other
-//! 9,000 only a name, a type and a class each.
+//! serve. Services of other types are not even sent where the API server filters by type
+//! (crate::departures); load balancers of other classes keep only a name, a type and a class.
 
 use k8s_openapi::api::core::v1::{Node, Service, ServiceSpec};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -11,8 +11,11 @@ use kube::core::ObjectMeta;
 
 use crate::kube_view::Selection;
 
-/// Objects per page of a watcher's initial list (kube's default).
-const LIST_PAGE: u32 = 500;
+/// Objects per page of a watcher's initial list. kube and client-go use 500; a page is read
+/// whole and parsed whole (with the `managedFields` trimmed only afterwards), so 500 Services
+/// were ~4 MB for a moment at every start-up and re-list. 100 keeps that under 1 MB for a few
+/// more requests (10 for 1,000 objects).
+const LIST_PAGE: u32 = 100;
 
 /// How every watcher lists: consistent lists in pages of [`LIST_PAGE`] objects. Not
 /// `any_semantic` (`resourceVersion=0`, served from the API server's cache): the watch cache

@@ -201,6 +201,7 @@ async fn good_configuration_passes_every_check() {
         "configuration",
         "kubernetes API",
         "kubernetes credentials",
+        "service watch: filtered by type",
         "kubernetes nodes",
         "cluster id",
         "permissions",

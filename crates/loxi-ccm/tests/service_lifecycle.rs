@@ -215,6 +215,106 @@ async fn classless_services_need_ccm_mode_and_get_the_standard_finalizer() {
     w.finish().await;
 }
 
+/// What a Service that stopped being a load balancer must look like once cleaned up: no
+/// finalizer, no address shown, no claim, no rule.
+async fn wait_cleaned_up(w: &World, name: &str, ip: &str) {
+    wait_for(
+        "cleanup of a Service that left LoadBalancer",
+        WAIT,
+        || async {
+            let s = w.get(name).await?;
+            let no_fin = s.metadata.finalizers.clone().unwrap_or_default().is_empty();
+            let no_ip = s
+                .status
+                .as_ref()
+                .and_then(|st| st.load_balancer.as_ref())
+                .and_then(|l| l.ingress.as_ref())
+                .is_none_or(|i| i.is_empty());
+            let no_claim = w.claims().await.iter().all(|c| c.spec.address != ip);
+            (no_fin && no_ip && no_claim && w.rules_for(ip).is_empty()).then_some(())
+        },
+    )
+    .await;
+}
+
+// The Service watch only sees type LoadBalancer (field selector): a type change arrives as a
+// deletion of a Service that still exists, with our finalizer.
+#[tokio::test]
+async fn a_service_leaving_load_balancer_is_cleaned_up_live_and_after_a_restart() {
+    // No drift check or claim collection within the test: the watch path alone must do it.
+    let opts = Options {
+        drift: "10m",
+        ..Options::default()
+    };
+    let mut w = World::with("departure", opts.clone()).await;
+    w.add_node("node-a", "10.0.4.1").await;
+    // Live: the controller sees the type change.
+    w.create(&World::lb_service("live", Some(CLASS), &[(80, "TCP")]))
+        .await;
+    let live_ip = w.wait_for_ip("live").await;
+    wait_for("rule", WAIT, || async {
+        (w.rules_for(&live_ip).len() == 1).then_some(())
+    })
+    .await;
+    let to_cluster_ip = Patch::Merge(serde_json::json!({"spec":{"type":"ClusterIP"}}));
+    w.services
+        .patch("live", &PatchParams::default(), &to_cluster_ip)
+        .await
+        .unwrap();
+    wait_cleaned_up(&w, "live", &live_ip).await;
+
+    // While no controller runs: found by the sweep after the new one's first listing.
+    w.create(&World::lb_service("offline", Some(CLASS), &[(80, "TCP")]))
+        .await;
+    let offline_ip = w.wait_for_ip("offline").await;
+    wait_for("rule", WAIT, || async {
+        (w.rules_for(&offline_ip).len() == 1).then_some(())
+    })
+    .await;
+    w.stop_controller().await;
+    w.services
+        .patch("offline", &PatchParams::default(), &to_cluster_ip)
+        .await
+        .unwrap();
+    w.start_controller(&opts).await;
+    wait_cleaned_up(&w, "offline", &offline_ip).await;
+
+    // Out and straight back in: served again, with an address and its rule.
+    w.services
+        .patch("live", &PatchParams::default(), &to_lb_of_class())
+        .await
+        .unwrap();
+    let back = w.wait_for_ip("live").await;
+    w.services
+        .patch("live", &PatchParams::default(), &to_cluster_ip)
+        .await
+        .unwrap();
+    w.services
+        .patch("live", &PatchParams::default(), &to_lb_of_class())
+        .await
+        .unwrap();
+    wait_for(
+        "served again after leaving and coming back",
+        WAIT,
+        || async {
+            let s = w.get("live").await?;
+            let ip = s.status?.load_balancer?.ingress?.first()?.ip.clone()?;
+            let fin = s.metadata.finalizers.unwrap_or_default();
+            (fin.iter().any(|f| f == "loxilb.io/loadbalancer-cleanup")
+                && w.rules_for(&ip).len() == 1
+                && w.claims().await.iter().any(|c| c.spec.address == ip))
+            .then_some(())
+        },
+    )
+    .await;
+    let _ = back;
+    w.finish().await;
+}
+
+fn to_lb_of_class() -> Patch<serde_json::Value> {
+    Patch::Merge(serde_json::json!({"spec":{"type":"LoadBalancer","loadBalancerClass":CLASS}}))
+}
+
 #[tokio::test]
 async fn classless_services_are_ignored_without_ccm_mode() {
     let w = World::new("noccm").await;

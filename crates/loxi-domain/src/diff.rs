@@ -55,12 +55,14 @@ fn change_set_differs(have: &Rule, want: &Rule) -> bool {
 
 /// Compares `desired` with `observed`. `observed` may hold rules of other Services and of
 /// other owners: only rules for which `owned` is true are ever deleted or replaced.
-pub fn diff_rules(
+pub fn diff_rules<'a>(
     desired: &[Rule],
-    observed: &[Rule],
+    observed: impl IntoIterator<Item = &'a Rule>,
     owned: impl Fn(&Rule) -> bool,
 ) -> Vec<Action> {
-    let by_key: HashMap<RuleKey, &Rule> = observed.iter().map(|r| (r.key, r)).collect();
+    // References only: in a drift check `observed` is every rule an instance holds.
+    let observed: Vec<&Rule> = observed.into_iter().collect();
+    let by_key: HashMap<RuleKey, &Rule> = observed.iter().map(|r| (r.key, *r)).collect();
     let mut actions = Vec::new();
     for want in desired {
         let want = want.clone().normalized();
@@ -89,7 +91,7 @@ pub fn diff_rules(
     let wanted: HashSet<RuleKey> = desired.iter().map(|r| r.key).collect();
     for have in observed {
         if owned(have) && !wanted.contains(&have.key) {
-            actions.push(Action::Delete(have.clone()));
+            actions.push(Action::Delete((*have).clone()));
         }
     }
     actions

@@ -79,9 +79,34 @@ pub enum DeleteOutcome {
     AlreadyAbsent,
 }
 
+/// An HTTP client for one loxilb instance; `pooled: false` keeps no idle connection.
+fn http_client(cfg: &ClientConfig, pooled: bool) -> Result<reqwest::Client, ClientError> {
+    let mut builder = reqwest::Client::builder()
+        .timeout(cfg.timeout)
+        .connect_timeout(cfg.timeout.min(Duration::from_secs(2)))
+        .pool_idle_timeout(Duration::from_secs(60));
+    if !pooled {
+        builder = builder.pool_max_idle_per_host(0);
+    }
+    if let Some(pem) = &cfg.ca_pem {
+        let certs = reqwest::Certificate::from_pem_bundle(pem)
+            .map_err(|e| ClientError::Config(format!("loxilb CA bundle: {e}")))?;
+        builder = builder.tls_certs_only(certs);
+    }
+    builder
+        .build()
+        .map_err(|e| ClientError::Config(format!("HTTP client: {e}")))
+}
+
 #[derive(Clone)]
 pub struct LoxilbClient {
     http: reqwest::Client,
+    /// For rule listings only: no idle connections kept. hyper grows a connection's read
+    /// buffer up to ~400 KiB while a multi-megabyte listing streams in and keeps it as long
+    /// as the connection lives; pooled, every connection that once carried a listing kept
+    /// one (heaptrack: ~4 MB of the controller's peak at 2,000 rules). A listing is rare
+    /// (start-up, drift check, after a restart): one more connection setup is nothing.
+    listing_http: reqwest::Client,
     base: Arc<Url>,
     display: Arc<str>,
     cfg: Arc<ClientConfig>,
@@ -117,20 +142,11 @@ impl LoxilbClient {
                 cfg.url
             )));
         }
-        let mut builder = reqwest::Client::builder()
-            .timeout(cfg.timeout)
-            .connect_timeout(cfg.timeout.min(Duration::from_secs(2)))
-            .pool_idle_timeout(Duration::from_secs(60));
-        if let Some(pem) = &cfg.ca_pem {
-            let certs = reqwest::Certificate::from_pem_bundle(pem)
-                .map_err(|e| ClientError::Config(format!("loxilb CA bundle: {e}")))?;
-            builder = builder.tls_certs_only(certs);
-        }
-        let http = builder
-            .build()
-            .map_err(|e| ClientError::Config(format!("HTTP client: {e}")))?;
+        let http = http_client(&cfg, true)?;
+        let listing_http = http_client(&cfg, false)?;
         Ok(LoxilbClient {
             http,
+            listing_http,
             display: trimmed.into(),
             base: Arc::new(base),
             cfg: Arc::new(cfg),
@@ -319,7 +335,10 @@ impl LoxilbClient {
     }
 
     fn request(&self, method: Method, url: Url) -> reqwest::RequestBuilder {
-        let req = self.http.request(method, url);
+        self.authorized(self.http.request(method, url))
+    }
+
+    fn authorized(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
         match &self.cfg.token {
             Some(token) => req.header(reqwest::header::AUTHORIZATION, token),
             None => req,
@@ -333,7 +352,7 @@ impl LoxilbClient {
         convert: fn(LoadbalanceEntry) -> Option<T>,
     ) -> Result<Listing<T>, ClientError> {
         let mut resp = self
-            .request(Method::GET, url)
+            .authorized(self.listing_http.get(url))
             .send()
             .await
             .map_err(|e| self.transport_error(e))?;

@@ -107,6 +107,7 @@ pub fn annotated(mut svc: Service, pairs: &[(&str, &str)]) -> Service {
     svc
 }
 
+#[derive(Clone)]
 pub struct Options {
     pub cidr: String,
     pub ccm_mode: bool,
