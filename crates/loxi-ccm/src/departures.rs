@@ -172,14 +172,15 @@ impl Departures {
 pub async fn type_selector_supported(api: &Api<Service>) -> bool {
     let probe = ListParams::default().fields(TYPE_SELECTOR).limit(1);
     for attempt in 1..=5u32 {
-        match api.list_metadata(&probe).await {
-            Ok(_) => return true,
-            Err(kube::Error::Api(e)) if e.code == 400 => {
-                warn!(error = %e.message, "the API server cannot filter Services by type (Kubernetes < 1.31): watching every Service");
+        let answer = api.list_metadata(&probe).await;
+        match (selector_answer(&answer), answer) {
+            (Some(true), _) => return true,
+            (Some(false), answer) => {
+                warn!(error = ?answer.err(), "the API server cannot filter Services by type (Kubernetes < 1.31): watching every Service");
                 return false;
             }
-            Err(e) => {
-                warn!(error = %e, attempt, "probing the Service type field selector");
+            (None, answer) => {
+                warn!(error = ?answer.err(), attempt, "probing the Service type field selector");
                 tokio::time::sleep(std::time::Duration::from_millis(200 * u64::from(attempt)))
                     .await;
             }
@@ -187,6 +188,16 @@ pub async fn type_selector_supported(api: &Api<Service>) -> bool {
     }
     warn!("no answer on the Service type field selector: watching every Service");
     false
+}
+
+/// What a probe's answer says: supported, not supported (400, "field label not supported"),
+/// or nothing yet (any other failure: ask again).
+fn selector_answer<T>(answer: &kube::Result<T>) -> Option<bool> {
+    match answer {
+        Ok(_) => Some(true),
+        Err(kube::Error::Api(status)) if status.code == 400 => Some(false),
+        Err(_) => None,
+    }
 }
 
 /// After every full listing of the filtered watch: finds Services with our finalizer that
@@ -291,6 +302,27 @@ mod tests {
             }),
             status: None,
         }
+    }
+
+    #[test]
+    fn only_a_400_means_the_selector_is_unsupported() {
+        let api = |code: u16, message: &str| -> kube::Result<()> {
+            Err(kube::Error::Api(
+                kube::core::Status {
+                    code,
+                    message: message.into(),
+                    ..Default::default()
+                }
+                .boxed(),
+            ))
+        };
+        assert_eq!(selector_answer(&Ok::<(), kube::Error>(())), Some(true));
+        assert_eq!(
+            selector_answer(&api(400, "field label not supported: spec.type")),
+            Some(false)
+        );
+        assert_eq!(selector_answer(&api(403, "forbidden")), None);
+        assert_eq!(selector_answer(&api(503, "unavailable")), None);
     }
 
     #[test]
