@@ -1,6 +1,6 @@
 //! Wiring: watches and stores, the reconcile loop, loxilb health and drift checks.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -15,7 +15,7 @@ use kube::runtime::controller::Controller;
 use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, ObjectRef, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
-use loxi_domain::{Allocator, ClusterId, NodeView, Rule};
+use loxi_domain::{Allocator, ClusterId, NodeView};
 use loxilb_client::LoxilbClient;
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
@@ -25,7 +25,7 @@ use crate::config::Config;
 use crate::context::Context;
 use crate::departures::{self, Departures, Injected};
 use crate::events::EventRecorder;
-use crate::fleet::Fleet;
+use crate::fleet::{Fleet, ServiceRules};
 use crate::kube_view::{Selection, node_view, owner_key, published_addresses};
 use crate::leader::LeaderElector;
 use crate::metrics::Metrics;
@@ -737,6 +737,7 @@ async fn drift_loop(ctx: Arc<Context>) {
         tick.tick().await;
         for i in 0..ctx.fleet.instances.len() {
             if ctx.fleet.instances[i].is_healthy() {
+                wait_quiet(&ctx.fleet.instances[i], ctx.cfg.drift_interval).await;
                 converge_instance(&ctx, i).await;
             }
         }
@@ -744,28 +745,38 @@ async fn drift_loop(ctx: Arc<Context>) {
     }
 }
 
-/// The rules of every served Service, from the stores, and the Services with a problem
-/// (they keep the rules they have).
-fn desired_everywhere(ctx: &Context) -> (Vec<Rule>, HashSet<(String, String)>) {
-    let mut desired = Vec::new();
-    let mut keep: HashSet<(String, String)> = HashSet::new();
-    for svc in ctx.services.state() {
-        if !ctx.selection.serves(&svc) || svc.metadata.deletion_timestamp.is_some() {
-            continue;
-        }
-        let id = (
-            svc.metadata.namespace.clone().unwrap_or_default(),
-            svc.metadata.name.clone().unwrap_or_default(),
-        );
-        match desired_rules(&svc, ctx) {
-            Ok(Some(plan)) => desired.extend(plan.rules),
-            Ok(None) => {}
-            Err(_) => {
-                keep.insert(id);
-            }
-        }
+/// How long an instance must have seen no write from a Service's own pass before a drift
+/// check lists it.
+const DRIFT_QUIET: Duration = Duration::from_secs(1);
+
+/// Waits (at most `limit`) until no Service's pass has written to `inst` for [`DRIFT_QUIET`].
+/// A drift check exists for changes made behind the controller's back; while the controller
+/// is itself busy (a wave of Node changes re-plans every Service) it would only list the
+/// instance mid-change and take the queued Services' work into one large pass under the
+/// instance lock (at 2,000 rules: ~1,200 changes at once, a few MB of memory).
+async fn wait_quiet(inst: &crate::fleet::Instance, limit: Duration) {
+    let started = tokio::time::Instant::now();
+    while inst.since_service_write().is_some_and(|d| d < DRIFT_QUIET) && started.elapsed() < limit {
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    (desired, keep)
+}
+
+/// The rules of every served Service, from the stores, one Service at a time; Services with
+/// a problem keep the rules they have.
+fn desired_everywhere(ctx: &Context) -> impl Iterator<Item = ServiceRules> + '_ {
+    ctx.services.state().into_iter().filter_map(move |svc| {
+        if !ctx.selection.serves(&svc) || svc.metadata.deletion_timestamp.is_some() {
+            return None;
+        }
+        match desired_rules(&svc, ctx) {
+            Ok(Some(plan)) => Some(ServiceRules::Want(plan.rules)),
+            Ok(None) => None,
+            Err(_) => Some(ServiceRules::Keep(
+                svc.metadata.namespace.clone().unwrap_or_default(),
+                svc.metadata.name.clone().unwrap_or_default(),
+            )),
+        }
+    })
 }
 
 /// Converges one instance to the rules of every served Service, from the stores. Services

@@ -314,6 +314,70 @@ impl Probe {
     }
 }
 
+/// One Service's part of a whole-instance pass (drift check, replay).
+#[derive(Debug)]
+pub enum ServiceRules {
+    /// The rules the Service wants.
+    Want(Vec<Rule>),
+    /// A Service with a problem (namespace, name): it keeps the rules it has.
+    Keep(String, String),
+}
+
+/// The whole-instance diff, one Service at a time: creates and changes as each Service's
+/// rules are compared with what sits on their keys, then deletes for the owned rules in
+/// scope (this cluster, `namespace` if set, not kept) that no Service wanted. The same
+/// decisions as diffing everything at once, holding one Service's rules at a time.
+fn decide_all(
+    h: &Holdings,
+    cluster: &ClusterId,
+    namespace: Option<&str>,
+    desired: impl Iterator<Item = ServiceRules>,
+    report: &mut ApplyReport,
+) -> (Vec<Rule>, Vec<Action>, Vec<Rule>) {
+    let owned = |r: &Rule| RuleName::is_owned_by(&r.name, cluster);
+    let mut wanted: HashSet<RuleKey> = HashSet::new();
+    let mut keep: HashSet<(String, String)> = HashSet::new();
+    let (mut changes, mut creates) = (Vec::new(), Vec::new());
+    for item in desired {
+        let rules = match item {
+            ServiceRules::Keep(ns, name) => {
+                keep.insert((ns, name));
+                continue;
+            }
+            ServiceRules::Want(rules) => rules,
+        };
+        wanted.extend(rules.iter().map(|r| r.key));
+        let observed = rules.iter().filter_map(|r| h.rules.get(&r.key));
+        for action in diff_rules(&rules, observed, owned) {
+            match action {
+                Action::Create(rule) => creates.push(rule),
+                a @ (Action::Update(_) | Action::Recreate(_)) => changes.push(a),
+                Action::Conflict {
+                    wanted,
+                    foreign_name,
+                } => report.conflicts.push((wanted.key, foreign_name)),
+                // Only rules on keys this Service wants were compared.
+                Action::Delete(_) => {}
+            }
+        }
+    }
+    let in_scope = |r: &Rule| {
+        RuleName::parse(&r.name).is_some_and(|n| {
+            n.cluster == cluster.as_str()
+                && namespace.is_none_or(|ns| n.namespace == ns)
+                && !keep.contains(&(n.namespace.clone(), n.service.clone()))
+        })
+    };
+    let deletes = h
+        .rules
+        .rules
+        .values()
+        .filter(|r| owned(r) && in_scope(r) && !wanted.contains(&r.key))
+        .cloned()
+        .collect();
+    (deletes, changes, creates)
+}
+
 pub struct Instance {
     pub client: LoxilbClient,
     /// The restart marker's cluster-instance entry (module docs).
@@ -329,6 +393,8 @@ pub struct Instance {
     /// How many Services' new rules a replay or drift repair sends at once.
     parallel_calls: AtomicUsize,
     holdings: Mutex<Holdings>,
+    /// When a Service's own pass last wrote here: drift checks wait for a quiet moment.
+    last_service_write: std::sync::Mutex<Option<Instant>>,
 }
 
 /// The outcome of applying rules to one instance. Only transport failures (the instance is
@@ -479,11 +545,26 @@ impl Instance {
             capacity: AtomicUsize::new(DEFAULT_CAPACITY),
             parallel_calls: AtomicUsize::new(DEFAULT_PARALLEL_CALLS),
             holdings: Mutex::new(Holdings::default()),
+            last_service_write: std::sync::Mutex::new(None),
         }
     }
 
     pub fn url(&self) -> &str {
         self.client.url()
+    }
+
+    /// How long ago a Service's own pass last wrote here (`None`: never).
+    pub fn since_service_write(&self) -> Option<std::time::Duration> {
+        self.last_service_write
+            .lock()
+            .ok()
+            .and_then(|t| t.map(|t| t.elapsed()))
+    }
+
+    fn note_service_write(&self) {
+        if let Ok(mut t) = self.last_service_write.lock() {
+            *t = Some(Instant::now());
+        }
     }
 
     /// Not known to be down: reachable at the last probe, or not probed yet.
@@ -724,7 +805,7 @@ impl Instance {
                 &h,
                 cluster,
                 desired,
-                Some((namespace, name)),
+                (namespace, name),
                 &in_scope,
                 &mut report,
             );
@@ -752,7 +833,13 @@ impl Instance {
         //    above only touched this Service's rules and the keys it wants).
         let reserved = work.creates.len();
         let touched = work.keys();
+        if !touched.is_empty() {
+            self.note_service_write();
+        }
         let (outcomes, transport) = self.call(work, metrics).await;
+        if !touched.is_empty() {
+            self.note_service_write();
+        }
         // 3. Record what happened, under the lock.
         let mut h = self.holdings.lock().await;
         h.reserved -= reserved;
@@ -852,6 +939,41 @@ impl Instance {
         Ok(())
     }
 
+    /// Debug log of what a whole-instance pass (drift check, replay) is about to change, rule by
+    /// rule, with the endpoints gained and lost against what the table holds.
+    fn log_repairs(
+        url: &str,
+        h: &Holdings,
+        deletes: &[Rule],
+        changes: &[Action],
+        creates: &[Rule],
+    ) {
+        for rule in deletes {
+            debug!(instance = url, key = %rule.key, name = %rule.name, "repair: delete");
+        }
+        for rule in creates {
+            debug!(instance = url, key = %rule.key, name = %rule.name, "repair: create");
+        }
+        for action in changes {
+            let (Action::Update(want) | Action::Recreate(want)) = action else {
+                continue;
+            };
+            let have = h.rules.get(&want.key);
+            let ips = |r: &Rule| r.endpoints.iter().map(|e| e.ip).collect::<HashSet<_>>();
+            let (gained, lost) = match have {
+                Some(have) => {
+                    let (w, o) = (ips(want), ips(have));
+                    (
+                        w.difference(&o).copied().collect::<Vec<_>>(),
+                        o.difference(&w).copied().collect::<Vec<_>>(),
+                    )
+                }
+                None => (Vec::new(), Vec::new()),
+            };
+            debug!(instance = url, key = %want.key, name = %want.name, ?gained, ?lost, recreate = matches!(action, Action::Recreate(_)), "repair: change");
+        }
+    }
+
     /// The calls of one Service's pass, in order: deletes (they make room), in-place updates
     /// and re-creations, then the new rules, all or none (a limit refusing one rolls the
     /// others back). Stops at the first transport failure, returned beside what was done.
@@ -935,29 +1057,26 @@ impl Instance {
     /// are deleted. Owned rules of Services in `keep` are left alone even when not desired
     /// (their Service has an error and keeps its existing rules until fixed).
     ///
-    /// `desired` is asked for (rules, Services to keep) only once this instance is locked:
-    /// computed earlier, it could re-create the rules of a Service whose cleanup ran in
-    /// between.
-    pub async fn converge_all(
+    /// `desired` is asked for only once this instance is locked: computed earlier, it could
+    /// re-create the rules of a Service whose cleanup ran in between. It yields one Service
+    /// at a time and each is compared with the table as it comes, so the rules of every
+    /// Service are never held at once (2,000 rules with 32 endpoints each are ~2.6 MB).
+    pub async fn converge_all<I>(
         &self,
         cluster: &ClusterId,
         namespace: Option<&str>,
-        desired: impl FnOnce() -> (Vec<Rule>, HashSet<(String, String)>),
+        desired: impl FnOnce() -> I,
         metrics: &Metrics,
-    ) -> Result<ApplyReport, ClientError> {
+    ) -> Result<ApplyReport, ClientError>
+    where
+        I: Iterator<Item = ServiceRules>,
+    {
         let mut h = self.holdings.lock().await;
         let refreshed = self.refresh(&mut h, metrics).await;
         let result = match refreshed {
             Ok(()) => {
-                let (desired, keep) = desired();
-                self.apply_locked(&mut h, cluster, &desired, metrics, |rule| {
-                    RuleName::parse(&rule.name).is_some_and(|n| {
-                        n.cluster == cluster.as_str()
-                            && namespace.is_none_or(|ns| n.namespace == ns)
-                            && !keep.contains(&(n.namespace.clone(), n.service.clone()))
-                    })
-                })
-                .await
+                self.apply_locked(&mut h, cluster, namespace, desired(), metrics)
+                    .await
             }
             Err(e) => Err(e),
         };
@@ -1015,16 +1134,30 @@ impl Instance {
         &self,
         h: &mut Holdings,
         cluster: &ClusterId,
-        desired: &[Rule],
+        namespace: Option<&str>,
+        desired: impl Iterator<Item = ServiceRules>,
         metrics: &Metrics,
-        in_scope: impl Fn(&Rule) -> bool,
     ) -> Result<ApplyReport, ClientError> {
         if !h.known {
             self.refresh(h, metrics).await?;
         }
         let mut report = ApplyReport::default();
-        let (deletes, changes, creates) =
-            self.decide(h, cluster, desired, None, &in_scope, &mut report);
+        let (mut deletes, mut changes, mut creates) =
+            decide_all(h, cluster, namespace, desired, &mut report);
+        // Keys a Service's own pass is changing right now are left to it: the listing may
+        // show them before or after its calls, and sending the same change again only
+        // doubles the writes. Its pass records what it did; anything it leaves wrong is
+        // there at the next check.
+        let busy = |key: &RuleKey| h.in_flight.contains(key);
+        deletes.retain(|r| !busy(&r.key));
+        creates.retain(|r| !busy(&r.key));
+        changes.retain(|a| match a {
+            Action::Update(r) | Action::Recreate(r) => !busy(&r.key),
+            _ => true,
+        });
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            Self::log_repairs(self.url(), h, &deletes, &changes, &creates);
+        }
         // Deletes and changes first: they make room for what is created below.
         let first = Work {
             deletes,
@@ -1088,31 +1221,21 @@ impl Instance {
         h: &Holdings,
         cluster: &ClusterId,
         desired: &[Rule],
-        service: Option<(&str, &str)>,
+        (namespace, name): (&str, &str),
         in_scope: &impl Fn(&Rule) -> bool,
         report: &mut ApplyReport,
     ) -> (Vec<Rule>, Vec<Action>, Vec<Rule>) {
         let wanted: HashSet<RuleKey> = desired.iter().map(|r| r.key).collect();
-        // The diff sees this scope's rules plus whatever sits on the keys we want. For one
-        // Service the index gives its rules (the scope is a subset of them).
-        // Borrowed from the table: in a drift check that is every rule the instance holds.
-        let observed: Vec<&Rule> = match service {
-            Some((namespace, name)) => {
-                let mut seen: HashSet<RuleKey> = HashSet::new();
-                h.rules
-                    .of_service(namespace, name)
-                    .filter(|r| in_scope(r))
-                    .chain(wanted.iter().filter_map(|k| h.rules.get(k)))
-                    .filter(|r| seen.insert(r.key))
-                    .collect()
-            }
-            None => h
-                .rules
-                .rules
-                .values()
-                .filter(|r| in_scope(r) || wanted.contains(&r.key))
-                .collect(),
-        };
+        // The diff sees this Service's rules (from the index, then the scope) plus whatever
+        // sits on the keys it wants.
+        let mut seen: HashSet<RuleKey> = HashSet::new();
+        let observed: Vec<&Rule> = h
+            .rules
+            .of_service(namespace, name)
+            .filter(|r| in_scope(r))
+            .chain(wanted.iter().filter_map(|k| h.rules.get(k)))
+            .filter(|r| seen.insert(r.key))
+            .collect();
         let owned = |r: &Rule| RuleName::is_owned_by(&r.name, cluster);
         let actions = diff_rules(desired, observed, |r| {
             owned(r) && (in_scope(r) || wanted.contains(&r.key))

@@ -311,6 +311,47 @@ async fn a_service_leaving_load_balancer_is_cleaned_up_live_and_after_a_restart(
     w.finish().await;
 }
 
+// A drift check lists loxilb while a Service's own pass may have writes under way: it must
+// leave those rules to that pass instead of sending the same change again.
+#[tokio::test]
+async fn a_drift_check_leaves_rules_with_writes_under_way_alone() {
+    let opts = Options {
+        drift: "200ms",
+        ..Options::default()
+    };
+    let w = World::with("inflight", opts).await;
+    w.add_node("node-a", "10.0.5.1").await;
+    w.create(&World::lb_service("web", Some(CLASS), &[(80, "TCP")]))
+        .await;
+    let ip = w.wait_for_ip("web").await;
+    wait_for("rule with one endpoint", WAIT, || async {
+        (w.rules_for(&ip).first()?.2.len() == 1).then_some(())
+    })
+    .await;
+    // Writes now take 2 s while listings stay fast: about ten drift checks see the old rule
+    // while the reconcile's update is on its way.
+    w.sim.set_write_latency(std::time::Duration::from_secs(2));
+    let posts = w.sim.rule_posts();
+    w.add_node("node-b", "10.0.5.2").await;
+    wait_for("rule with both endpoints", WAIT, || async {
+        (w.rules_for(&ip).first()?.2.len() == 2).then_some(())
+    })
+    .await;
+    // A few more drift checks (health probes and drift listings are all counted).
+    let seen = w.sim.request_count();
+    wait_for("more drift checks", WAIT, || async {
+        (w.sim.request_count() >= seen + 10).then_some(())
+    })
+    .await;
+    w.sim.set_write_latency(std::time::Duration::ZERO);
+    assert_eq!(
+        w.sim.rule_posts() - posts,
+        1,
+        "one update for one endpoint change, not one per drift check"
+    );
+    w.finish().await;
+}
+
 fn to_lb_of_class() -> Patch<serde_json::Value> {
     Patch::Merge(serde_json::json!({"spec":{"type":"LoadBalancer","loadBalancerClass":CLASS}}))
 }

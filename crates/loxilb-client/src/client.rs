@@ -362,7 +362,10 @@ impl LoxilbClient {
             let body = error_body(&bytes);
             return Err(classify(status.as_u16(), body.message, body.result));
         }
-        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        // Two chunks ahead of the parser at most: hyper hands out chunks of up to ~400 KiB
+        // from a fast local loxilb, so a deeper queue holds megabytes of a listing when the
+        // parser falls behind.
+        let (tx, rx) = tokio::sync::mpsc::channel(2);
         let parser =
             tokio::task::spawn_blocking(move || listing::parse(ChunkReader::new(rx), convert));
         let mut transport = None;

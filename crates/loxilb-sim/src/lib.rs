@@ -78,10 +78,15 @@ pub(crate) struct Shared {
     cfg: SimConfig,
     state: Mutex<state::SimState>,
     latency_nanos: AtomicU64,
+    /// Extra delay for writes only (everything but GET): lets a test hold a write in flight
+    /// while reads go through.
+    write_latency_nanos: AtomicU64,
     fault: Mutex<Option<Fault>>,
     fault_seen: AtomicU64,
     faults_injected: AtomicU64,
     requests: AtomicU64,
+    /// `POST /config/loadbalancer` calls received (creates and updates).
+    rule_posts: AtomicU64,
     restarts: AtomicU64,
 }
 
@@ -97,10 +102,12 @@ impl Shared {
             state: Mutex::new(state::SimState::new(cfg.max_rules)),
             cfg,
             latency_nanos: AtomicU64::new(0),
+            write_latency_nanos: AtomicU64::new(0),
             fault: Mutex::new(None),
             fault_seen: AtomicU64::new(0),
             faults_injected: AtomicU64::new(0),
             requests: AtomicU64::new(0),
+            rule_posts: AtomicU64::new(0),
             restarts: AtomicU64::new(0),
         }
     }
@@ -116,6 +123,19 @@ impl Shared {
     fn set_latency(&self, d: Duration) {
         let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         self.latency_nanos.store(nanos, Ordering::Relaxed);
+    }
+
+    pub(crate) fn write_latency(&self) -> Duration {
+        Duration::from_nanos(self.write_latency_nanos.load(Ordering::Relaxed))
+    }
+
+    fn set_write_latency(&self, d: Duration) {
+        let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.write_latency_nanos.store(nanos, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_rule_post(&self) {
+        self.rule_posts.fetch_add(1, Ordering::Relaxed);
     }
 
     fn set_fault(&self, f: Option<Fault>) {
@@ -291,6 +311,17 @@ impl Simulator {
     /// Delay added before every API (not admin) call is handled.
     pub fn set_latency(&self, d: Duration) {
         self.inner.shared.set_latency(d);
+    }
+
+    /// Delay added, on top of [`Simulator::set_latency`], before every write (any API call
+    /// but GET) is handled.
+    pub fn set_write_latency(&self, d: Duration) {
+        self.inner.shared.set_write_latency(d);
+    }
+
+    /// `POST /config/loadbalancer` calls received since start (not reset by a restart).
+    pub fn rule_posts(&self) -> u64 {
+        self.inner.shared.rule_posts.load(Ordering::Relaxed)
     }
 
     /// Sets or clears fault injection (resets the deterministic counter).

@@ -322,7 +322,13 @@ fn go_u32(f: f64) -> u32 {
 async fn api_entry(State(app): State<AppState>, req: Request) -> Response {
     let shared = &app.shared;
     shared.count_request();
-    let latency = shared.latency();
+    let mut latency = shared.latency();
+    if req.method() != Method::GET {
+        latency += shared.write_latency();
+    }
+    if req.method() == Method::POST && req.uri().path().ends_with("/config/loadbalancer") {
+        shared.count_rule_post();
+    }
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
     }
