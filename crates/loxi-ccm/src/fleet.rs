@@ -323,6 +323,26 @@ pub enum ServiceRules {
     Keep(String, String),
 }
 
+/// A diff's actions as (deletes, changes, creates); conflicts go to `report`.
+fn split_actions(
+    actions: Vec<Action>,
+    report: &mut ApplyReport,
+) -> (Vec<Rule>, Vec<Action>, Vec<Rule>) {
+    let (mut deletes, mut changes, mut creates) = (Vec::new(), Vec::new(), Vec::new());
+    for action in actions {
+        match action {
+            Action::Delete(rule) => deletes.push(rule),
+            Action::Create(rule) => creates.push(rule),
+            a @ (Action::Update(_) | Action::Recreate(_)) => changes.push(a),
+            Action::Conflict {
+                wanted,
+                foreign_name,
+            } => report.conflicts.push((wanted.key, foreign_name)),
+        }
+    }
+    (deletes, changes, creates)
+}
+
 /// The whole-instance diff, one Service at a time: creates and changes as each Service's
 /// rules are compared with what sits on their keys, then deletes for the owned rules in
 /// scope (this cluster, `namespace` if set, not kept) that no Service wanted. The same
@@ -348,18 +368,10 @@ fn decide_all(
         };
         wanted.extend(rules.iter().map(|r| r.key));
         let observed = rules.iter().filter_map(|r| h.rules.get(&r.key));
-        for action in diff_rules(&rules, observed, owned) {
-            match action {
-                Action::Create(rule) => creates.push(rule),
-                a @ (Action::Update(_) | Action::Recreate(_)) => changes.push(a),
-                Action::Conflict {
-                    wanted,
-                    foreign_name,
-                } => report.conflicts.push((wanted.key, foreign_name)),
-                // Only rules on keys this Service wants were compared.
-                Action::Delete(_) => {}
-            }
-        }
+        // Only rules on keys this Service wants were compared: no deletes come out here.
+        let (_, c, n) = split_actions(diff_rules(&rules, observed, owned), report);
+        changes.extend(c);
+        creates.extend(n);
     }
     let in_scope = |r: &Rule| {
         RuleName::parse(&r.name).is_some_and(|n| {
@@ -1240,21 +1252,7 @@ impl Instance {
         let actions = diff_rules(desired, observed, |r| {
             owned(r) && (in_scope(r) || wanted.contains(&r.key))
         });
-        let mut deletes = Vec::new();
-        let mut changes = Vec::new();
-        let mut creates = Vec::new();
-        for action in actions {
-            match action {
-                Action::Delete(rule) => deletes.push(rule),
-                Action::Create(rule) => creates.push(rule),
-                a @ (Action::Update(_) | Action::Recreate(_)) => changes.push(a),
-                Action::Conflict {
-                    wanted,
-                    foreign_name,
-                } => report.conflicts.push((wanted.key, foreign_name)),
-            }
-        }
-        (deletes, changes, creates)
+        split_actions(actions, report)
     }
 
     /// Whether a Service's new rules would hit a limit; nothing is sent then.

@@ -249,13 +249,7 @@ async fn a_service_leaving_load_balancer_is_cleaned_up_live_and_after_a_restart(
     let mut w = World::with("departure", opts.clone()).await;
     w.add_node("node-a", "10.0.4.1").await;
     // Live: the controller sees the type change.
-    w.create(&World::lb_service("live", Some(CLASS), &[(80, "TCP")]))
-        .await;
-    let live_ip = w.wait_for_ip("live").await;
-    wait_for("rule", WAIT, || async {
-        (w.rules_for(&live_ip).len() == 1).then_some(())
-    })
-    .await;
+    let live_ip = w.serve_one_port("live", 80).await;
     let to_cluster_ip = Patch::Merge(serde_json::json!({"spec":{"type":"ClusterIP"}}));
     w.services
         .patch("live", &PatchParams::default(), &to_cluster_ip)
@@ -264,13 +258,7 @@ async fn a_service_leaving_load_balancer_is_cleaned_up_live_and_after_a_restart(
     wait_cleaned_up(&w, "live", &live_ip).await;
 
     // While no controller runs: found by the sweep after the new one's first listing.
-    w.create(&World::lb_service("offline", Some(CLASS), &[(80, "TCP")]))
-        .await;
-    let offline_ip = w.wait_for_ip("offline").await;
-    wait_for("rule", WAIT, || async {
-        (w.rules_for(&offline_ip).len() == 1).then_some(())
-    })
-    .await;
+    let offline_ip = w.serve_one_port("offline", 80).await;
     w.stop_controller().await;
     w.services
         .patch("offline", &PatchParams::default(), &to_cluster_ip)

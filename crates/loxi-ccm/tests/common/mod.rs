@@ -361,6 +361,19 @@ impl World {
     }
 
     /// The simulator's rules for `ip`, as (port, protocol, sorted "ip:port" endpoints).
+    /// Creates a one-port LoadBalancer Service of our class and waits until it shows an
+    /// address and its rule is in the simulator; returns the address.
+    pub async fn serve_one_port(&self, name: &str, port: i32) -> String {
+        self.create(&World::lb_service(name, Some(CLASS), &[(port, "TCP")]))
+            .await;
+        let ip = self.wait_for_ip(name).await;
+        wait_for("rule", WAIT, || async {
+            (self.rules_for(&ip).len() == 1).then_some(())
+        })
+        .await;
+        ip
+    }
+
     pub fn rules_for(&self, ip: &str) -> Vec<(u16, String, Vec<String>)> {
         let mut rules: Vec<_> = self
             .sim
