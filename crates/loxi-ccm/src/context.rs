@@ -44,6 +44,9 @@ pub struct Context {
     pub ready_rx: watch::Receiver<bool>,
     /// True while this replica holds the leader Lease.
     pub leader_rx: watch::Receiver<bool>,
+    /// Asked right before every write: whether the Lease is still held at this moment
+    /// (`crate::leader::WriteLease`).
+    pub write_lease: crate::leader::WriteLease,
     /// The reconcile loop is running (for /healthz).
     pub running: AtomicBool,
     /// Consecutive failures per Service, for per-object exponential backoff reset on success.

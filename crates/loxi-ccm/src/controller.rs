@@ -1,6 +1,5 @@
 //! Wiring: watches and stores, the reconcile loop, loxilb health and drift checks.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -15,7 +14,7 @@ use kube::runtime::controller::Controller;
 use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, ObjectRef, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
-use loxi_domain::{Allocator, ClusterId, NodeView};
+use loxi_domain::{Allocator, ClusterId};
 use loxilb_client::LoxilbClient;
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
@@ -26,8 +25,8 @@ use crate::context::Context;
 use crate::departures::{self, Departures, Injected};
 use crate::events::EventRecorder;
 use crate::fleet::{Fleet, ServiceRules};
-use crate::kube_view::{Selection, node_view, owner_key, published_addresses};
-use crate::leader::LeaderElector;
+use crate::kube_view::{Selection, owner_key, published_addresses};
+use crate::leader::{LeaderElector, WriteLease};
 use crate::metrics::Metrics;
 use crate::reconcile::{desired_rules, error_policy, reconcile};
 
@@ -66,9 +65,27 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let cluster = cluster_id(&client, &cfg).await?;
     info!(cluster = %cluster, "cluster identity");
+
+    // Leader election; without it this replica always leads.
+    let (elector_stop_tx, elector_stop_rx) = watch::channel(false);
+    let (leader_rx, write_lease, elector) = match &cfg.leader {
+        Some(lease) => {
+            let elector = LeaderElector::new(client.clone(), lease.clone());
+            (elector.subscribe(), elector.write_lease(), Some(elector))
+        }
+        None => (watch::channel(true).1, WriteLease::always(), None),
+    };
+    let elector_task = elector.map(|elector| {
+        let stop = Stop(elector_stop_rx);
+        tokio::spawn(elector.run(stop.wait()))
+    });
+
+    // Every loxilb write asks the Lease first, at the moment it is sent.
     let mut clients = Vec::new();
     for c in &cfg.loxilb {
-        clients.push(LoxilbClient::new(c.clone())?);
+        let lease = write_lease.clone();
+        clients
+            .push(LoxilbClient::new(c.clone())?.with_write_gate(Arc::new(move || lease.holds())));
     }
     let fleet = Fleet::with_capacity(clients, cfg.loxilb_max_rules, &cluster);
     fleet.set_parallel_calls(usize::from(cfg.concurrency));
@@ -84,17 +101,6 @@ pub async fn run(
         });
     }
 
-    // Leader election; without it this replica always leads.
-    let (elector_stop_tx, elector_stop_rx) = watch::channel(false);
-    let (leader_rx, elector_task) = match &cfg.leader {
-        Some(lease) => {
-            let elector = LeaderElector::new(client.clone(), lease.clone());
-            let rx = elector.subscribe();
-            let stop = Stop(elector_stop_rx);
-            (rx, Some(tokio::spawn(elector.run(stop.wait()))))
-        }
-        None => (watch::channel(true).1, None),
-    };
     let lost_leadership = Arc::new(AtomicBool::new(false));
 
     let services: Api<Service> = match &cfg.namespace {
@@ -154,13 +160,14 @@ pub async fn run(
         .with_config(kube::runtime::controller::Config::default().concurrency(cfg.concurrency));
 
     let (node_store, node_writer) = reflector::store::<Node>();
+    // Whole watch events, not touched objects: a deletion must be told from an update, and a
+    // listing from single changes (crate::node_watch).
     let node_events = reflector(
         node_writer,
         watcher(Api::<Node>::all(client.clone()), crate::trim::list_config())
             .modify(crate::trim::node),
     )
-    .default_backoff()
-    .touched_objects();
+    .default_backoff();
 
     // EndpointSlices: backends for externalTrafficPolicy Local and pod-network mode.
     let slices_api: Api<EndpointSlice> = match &cfg.namespace {
@@ -273,6 +280,7 @@ pub async fn run(
         ready: false.into(),
         ready_rx,
         leader_rx: leader_rx.clone(),
+        write_lease,
         running: true.into(),
         failures: Mutex::default(),
         waiting_for_address: Mutex::default(),
@@ -305,7 +313,7 @@ pub async fn run(
             relisted,
         ));
     }
-    tasks.spawn(watch_nodes(ctx.clone(), node_events));
+    tasks.spawn(crate::node_watch::watch_nodes(ctx.clone(), node_events));
     tasks.spawn(watch_claims(ctx.clone(), claim_events));
     if let Some(events) = pool_events {
         tasks.spawn(crate::pools::watch_pools(ctx.clone(), events));
@@ -339,25 +347,46 @@ pub async fn run(
         });
     }
     tasks.spawn(start_up(ctx.clone(), ready_tx, Stop(stop_rx.clone())));
+    let lost_notify = Arc::new(tokio::sync::Notify::new());
     tasks.spawn(watch_leadership(
         ctx.clone(),
         stop_tx.clone(),
         lost_leadership.clone(),
+        lost_notify.clone(),
     ));
     tasks.spawn(health_loop(ctx.clone()));
     tasks.spawn(drift_loop(ctx.clone()));
 
     let requeues = tokio_stream_from(requeue_rx);
-    controller
+    let reconciling = controller
         .reconcile_on(requeues)
-        .graceful_shutdown_on(Stop(stop_rx).wait())
+        .graceful_shutdown_on(Stop(stop_rx.clone()).wait())
         .run(reconcile, error_policy, ctx.clone())
         .for_each(|result| async move {
             if let Err(e) = result {
                 tracing::debug!(error = %e, "controller event");
             }
-        })
-        .await;
+        });
+    // A shutdown lets the reconciles under way finish; a lost Lease cancels them at once
+    // (dropped at their next await), since another replica may already be writing. A
+    // shutdown before the stores synced ends at once: kube-runtime's graceful shutdown
+    // would wait for a store that nothing polls any more, and no reconcile has run yet.
+    let stopped_before_sync = {
+        let ctx = ctx.clone();
+        async move {
+            Stop(stop_rx).wait().await;
+            if ctx.synced.load(Ordering::Relaxed) {
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        () = reconciling => {}
+        () = lost_notify.notified() => {
+            warn!("leadership lost: reconciles under way cancelled");
+        }
+        () = stopped_before_sync => {}
+    }
     ctx.running.store(false, Ordering::Relaxed);
     // The last Events (a deletion's RulesDeleted) are still on their way.
     if !ctx.recorder.flush(Duration::from_secs(2)).await {
@@ -381,6 +410,7 @@ async fn watch_leadership(
     ctx: Arc<Context>,
     stop: Arc<watch::Sender<bool>>,
     lost: Arc<AtomicBool>,
+    lost_notify: Arc<tokio::sync::Notify>,
 ) {
     let mut rx = ctx.leader_rx.clone();
     let mut led = false;
@@ -396,6 +426,7 @@ async fn watch_leadership(
             }
             warn!("leadership lost: stopping");
             lost.store(true, Ordering::Relaxed);
+            lost_notify.notify_one();
             let _ = stop.send(true);
             return;
         }
@@ -664,44 +695,6 @@ where
         match tokio::time::timeout(Duration::from_millis(100), store.wait_until_ready()).await {
             Ok(result) => return result,
             Err(_elapsed) => continue,
-        }
-    }
-}
-
-/// Re-plans the Services a Node change affects. In the default endpoint mode every served
-/// Service uses every eligible Node, so any change to what the planner reads of a Node
-/// (address, readiness, exclusion, deletion) re-queues them all; heartbeats and other
-/// status noise do not.
-async fn watch_nodes(
-    ctx: Arc<Context>,
-    events: impl futures::Stream<Item = Result<Node, watcher::Error>>,
-) {
-    let mut seen: HashMap<String, NodeView> = HashMap::new();
-    let mut events = std::pin::pin!(events);
-    while let Some(event) = events.next().await {
-        let node = match event {
-            Ok(n) => n,
-            Err(e) => {
-                warn!(error = %e, "node watch error");
-                continue;
-            }
-        };
-        let name = node.metadata.name.clone().unwrap_or_default();
-        // The store already holds the state after this event; `None` means deleted.
-        let changed = match ctx.nodes.get(&ObjectRef::new(&name)) {
-            Some(current) => {
-                let view = node_view(&current);
-                seen.insert(name, view.clone()) != Some(view)
-            }
-            None => seen.remove(&name).is_some(),
-        };
-        if changed {
-            // Before any re-queue: the reconciles it triggers must not reuse older views
-            // (heartbeats and other changes the views do not show keep the cache).
-            ctx.node_generation.fetch_add(1, Ordering::SeqCst);
-            if ctx.ready.load(Ordering::Relaxed) {
-                ctx.requeue_all_served();
-            }
         }
     }
 }

@@ -630,6 +630,12 @@ impl Instance {
             // before trusting anything, and let waiting Services try again.
             h.known = false;
             h.learned_capacity = None;
+            // A loxilb that was away may have restarted and lost the marker with everything
+            // else: placed again before the replay's listing, or the first probe after the
+            // replay would find it missing and replay a second time. (A refusal stands.)
+            if h.marker == Marker::Placed {
+                h.marker = Marker::NotPlaced;
+            }
             h.room_freed();
             info!(instance = self.url(), "loxilb reachable: replaying rules");
             metrics.replayed(self.url(), "came_back");
@@ -1657,6 +1663,36 @@ mod tests {
         assert_eq!(inst.probe(&c, &m).await, Probe::Down);
         sim.come_up().await.unwrap();
         assert_eq!(inst.probe(&c, &m).await, Probe::CameBack);
+    }
+
+    #[tokio::test]
+    async fn a_restart_while_down_is_replayed_once() {
+        let (sim, inst) = sim(2048).await;
+        let m = Metrics::new();
+        let c = cluster();
+        let a = [rule("a", "192.0.2.1", 80, &[])];
+        assert_eq!(inst.probe(&c, &m).await, Probe::CameBack);
+        inst.apply_service(&c, "ns", "a", &a, &m, None)
+            .await
+            .unwrap();
+        assert_eq!(inst.probe(&c, &m).await, Probe::Up);
+        sim.go_down().await;
+        assert_eq!(inst.probe(&c, &m).await, Probe::WentDown);
+        sim.restart();
+        sim.come_up().await.unwrap();
+        assert_eq!(inst.probe(&c, &m).await, Probe::CameBack);
+        // The replay (as the health loop runs it after CameBack).
+        inst.apply_service(&c, "ns", "a", &a, &m, None)
+            .await
+            .unwrap();
+        assert_eq!(sim.rules().len(), 1);
+        for _ in 0..3 {
+            assert_eq!(
+                inst.probe(&c, &m).await,
+                Probe::Up,
+                "replayed a second time"
+            );
+        }
     }
 
     /// Successful rule listings so far, from the call counter.

@@ -188,11 +188,57 @@ impl FirstSeen {
     }
 }
 
+/// Whether this replica may write right now, judged at the moment of asking on the local
+/// monotonic clock against the renew deadline of its last successful Lease write.
+///
+/// The published flag ([`LeaderElector::subscribe`]) is not enough before a write: a process
+/// that was frozen (SIGSTOP, a stalled VM) past its deadline and then resumed runs whatever
+/// task the scheduler picks first, and a reconcile that was waiting on a loxilb answer may
+/// send its next call before the elector's task has stepped down. Asking this guard right
+/// before each call closes that window: the clock has moved on even if no task has.
+#[derive(Clone, Debug)]
+pub struct WriteLease {
+    until: Option<std::sync::Arc<std::sync::Mutex<Option<std::time::Instant>>>>,
+}
+
+impl WriteLease {
+    /// Without leader election: this replica always writes.
+    pub fn always() -> WriteLease {
+        WriteLease { until: None }
+    }
+
+    fn elected() -> WriteLease {
+        WriteLease {
+            until: Some(Default::default()),
+        }
+    }
+
+    /// True while the renew deadline of the last successful Lease write lies ahead.
+    pub fn holds(&self) -> bool {
+        let Some(until) = &self.until else {
+            return true;
+        };
+        until
+            .lock()
+            .map(|u| u.is_some_and(|u| std::time::Instant::now() < u))
+            .unwrap_or(false)
+    }
+
+    fn set(&self, until: Option<std::time::Instant>) {
+        if let Some(cell) = &self.until
+            && let Ok(mut u) = cell.lock()
+        {
+            *u = until;
+        }
+    }
+}
+
 /// Runs the election for one replica; see the module docs.
 pub struct LeaderElector {
     api: Api<Lease>,
     cfg: LeaseConfig,
     tx: watch::Sender<bool>,
+    lease: WriteLease,
 }
 
 impl LeaderElector {
@@ -217,7 +263,13 @@ impl LeaderElector {
             api: Api::namespaced(client, &cfg.namespace),
             cfg,
             tx: watch::Sender::new(false),
+            lease: WriteLease::elected(),
         }
+    }
+
+    /// The guard every write asks right before it is sent ([`WriteLease`]).
+    pub fn write_lease(&self) -> WriteLease {
+        self.lease.clone()
     }
 
     /// `true` while this replica leads. It turns `false` before leadership can pass to anyone
@@ -234,6 +286,7 @@ impl LeaderElector {
             api: self.api,
             cfg: self.cfg,
             tx: self.tx,
+            lease: self.lease,
             seen: FirstSeen::default(),
             leading_since_write: None,
             may_hold: false,
@@ -292,6 +345,7 @@ struct State {
     api: Api<Lease>,
     cfg: LeaseConfig,
     tx: watch::Sender<bool>,
+    lease: WriteLease,
     seen: FirstSeen,
     /// While leading: when the last successful write was *sent* (the server may have applied
     /// it any time after that, so the deadline counts from there).
@@ -313,6 +367,7 @@ impl State {
 
     fn step_down(&mut self, reason: &str) {
         // Publish first: whatever the leader does must stop before anyone can take over.
+        self.lease.set(None);
         self.tx.send_replace(false);
         if self.leading_since_write.take().is_some() {
             info!(identity = %self.cfg.identity, reason, "lost leadership");
@@ -320,6 +375,8 @@ impl State {
     }
 
     fn lead(&mut self, sent: Instant) {
+        self.lease
+            .set(Some((sent + self.cfg.renew_deadline).into_std()));
         if self.leading_since_write.replace(sent).is_none() {
             info!(identity = %self.cfg.identity, "became leader");
         }

@@ -17,6 +17,7 @@ pub mod kube_view;
 pub mod leader;
 pub mod metrics;
 pub mod node_init;
+pub mod node_watch;
 pub mod pools;
 pub mod reconcile;
 pub mod status;

@@ -35,6 +35,9 @@ pub enum ReconcileError {
     /// loxilb failed in a way that may pass (unreachable, timeout, 5xx): retried with backoff.
     #[error("loxilb: {0}")]
     Loxilb(String),
+    /// This replica no longer holds the leader Lease: nothing more is written or retried.
+    #[error("no longer the leader")]
+    NotLeader,
 }
 
 /// Why a Service cannot have rules right now; each becomes a Warning Event and a condition.
@@ -107,6 +110,16 @@ pub fn desired_rules_for(
 
 pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
     ctx.wait_ready().await;
+    // The Service as the store holds it now: a standby's reconciles wait above for
+    // leadership with the object they were queued with, and a Service deleted meanwhile
+    // must never be claimed or programmed from that old copy.
+    let Some(svc) = ctx.services.get(&ObjectRef::from_obj(&*svc)) else {
+        tracing::debug!(service = %owner_key(&svc), "gone from the store: nothing to do");
+        return Ok(Action::await_change());
+    };
+    if !ctx.write_lease.holds() {
+        return Err(ReconcileError::NotLeader);
+    }
     if is_superseded(&svc, &ctx) {
         tracing::debug!(service = %owner_key(&svc), "store behind our own write: skipped");
         return Ok(Action::await_change());
@@ -178,6 +191,9 @@ fn service_endpoints(svc: &Service, ctx: &Context) -> Vec<loxi_domain::EndpointV
 
 /// Per-Service exponential backoff (0.5 s doubling to 5 min), reset on success.
 pub fn error_policy(svc: Arc<Service>, err: &ReconcileError, ctx: Arc<Context>) -> Action {
+    if matches!(err, ReconcileError::NotLeader) {
+        return Action::await_change();
+    }
     let n = match ctx.failures.lock() {
         Ok(mut f) => {
             let n = f.entry(ObjectRef::from_obj(&*svc)).or_insert(0);
@@ -283,6 +299,10 @@ async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<Outcome, Reco
 
     let endpoints_cond = endpoint_limit_condition(svc, ctx, &plan);
     let (programmed, retry) = apply_everywhere(svc, ctx, &plan.rules).await;
+    if !ctx.write_lease.holds() {
+        // What the calls met (writes stopped) is not the Service's state to report.
+        return Err(ReconcileError::NotLeader);
+    }
     if retry.is_none() {
         // Addresses no longer wanted (an edited annotation, a lost race) go back only now
         // that their rules are gone.

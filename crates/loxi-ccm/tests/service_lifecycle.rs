@@ -656,7 +656,15 @@ async fn endpoint_slices_drive_local_policy_and_pod_network_mode() {
 
 #[tokio::test]
 async fn more_than_32_nodes_use_a_stable_subset_and_say_so() {
-    let w = World::new("many").await;
+    let admin_port = testenv::free_port().unwrap();
+    let w = World::with(
+        "many",
+        Options {
+            admin_port: Some(admin_port),
+            ..Options::default()
+        },
+    )
+    .await;
     for i in 1..=40 {
         w.add_node(&format!("n{i:02}"), &format!("10.2.0.{i}"))
             .await;
@@ -696,6 +704,126 @@ async fn more_than_32_nodes_use_a_stable_subset_and_say_so() {
     let kept = second.iter().filter(|e| first.contains(e)).count();
     assert_eq!(kept, 31, "one member replaced: {first:?} -> {second:?}");
     assert!(first.iter().all(|e| e.starts_with("10.2.0.")));
+    // A node outside the subset leaves: one candidate fewer is left out, the subset stays.
+    wait_for("7 candidates left out", WAIT, || async {
+        (World::metric(admin_port, "loxi_ccm_endpoints_dropped").await? == 7.0).then_some(())
+    })
+    .await;
+    let outside = (1..=40)
+        .map(|i| format!("10.2.0.{i}"))
+        .find(|ip| ip != &gone_ip && !second.iter().any(|e| e.starts_with(&format!("{ip}:"))))
+        .unwrap();
+    let name = format!(
+        "n{:02}",
+        outside.rsplit('.').next().unwrap().parse::<u32>().unwrap()
+    );
+    w.nodes.delete(&name, &Default::default()).await.unwrap();
+    wait_for(
+        "6 left out after a node outside the subset left",
+        WAIT,
+        || async {
+            (World::metric(admin_port, "loxi_ccm_endpoints_dropped").await? == 6.0).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        w.rules_for(&ip)[0].2,
+        second,
+        "subset changed though a node outside it left"
+    );
+    w.finish().await;
+}
+
+/// Nodes that were there when the controller started, and never changed since, are followed
+/// as closely as new ones: deleted, made unready, excluded by label, each reflected in the
+/// rules by the Node event (the drift check is 10 minutes away), and the last eligible Node
+/// gone turns Programmed False with a Warning.
+#[tokio::test]
+async fn nodes_present_at_start_up_are_followed_by_their_events() {
+    let opts = Options {
+        drift: "10m",
+        ..Options::default()
+    };
+    let mut w = World::with("nodesatstart", opts.clone()).await;
+    w.stop_controller().await;
+    for (name, ip) in [
+        ("start-a", "10.4.0.1"),
+        ("start-b", "10.4.0.2"),
+        ("start-c", "10.4.0.3"),
+        ("start-d", "10.4.0.4"),
+    ] {
+        w.add_node(name, ip).await;
+    }
+    let svc = w
+        .create(&World::lb_service("web", Some(CLASS), &[(80, "TCP")]))
+        .await;
+    let node_port = svc.spec.unwrap().ports.unwrap()[0].node_port.unwrap();
+    w.start_controller(&opts).await;
+    let ip = w.wait_for_ip("web").await;
+    let endpoints =
+        |ips: &[&str]| -> Vec<String> { ips.iter().map(|i| format!("{i}:{node_port}")).collect() };
+    let wait_endpoints = |what: &'static str, want: Vec<String>| {
+        let w = &w;
+        let ip = ip.clone();
+        async move {
+            let started = std::time::Instant::now();
+            wait_for(what, WAIT, || async {
+                let r = w.rules_for(&ip);
+                (r.len() == 1 && r[0].2 == want).then_some(())
+            })
+            .await;
+            eprintln!("{what}: in the rules after {:?}", started.elapsed());
+        }
+    };
+    wait_endpoints(
+        "all four nodes",
+        endpoints(&["10.4.0.1", "10.4.0.2", "10.4.0.3", "10.4.0.4"]),
+    )
+    .await;
+
+    w.nodes
+        .delete("start-a", &Default::default())
+        .await
+        .unwrap();
+    wait_endpoints(
+        "deleted node out",
+        endpoints(&["10.4.0.2", "10.4.0.3", "10.4.0.4"]),
+    )
+    .await;
+    w.set_node_status("start-b", "10.4.0.2", false).await;
+    wait_endpoints("unready node out", endpoints(&["10.4.0.3", "10.4.0.4"])).await;
+    w.nodes
+        .patch(
+            "start-c",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {
+                "node.kubernetes.io/exclude-from-external-load-balancers": ""
+            }}})),
+        )
+        .await
+        .unwrap();
+    wait_endpoints("excluded node out", endpoints(&["10.4.0.4"])).await;
+
+    // The last eligible Node goes: nothing to forward to.
+    let started = std::time::Instant::now();
+    w.nodes
+        .delete("start-d", &Default::default())
+        .await
+        .unwrap();
+    let (_, reason, _) = wait_for("Programmed=False", WAIT, || async {
+        let s = w.get("web").await?;
+        World::condition(&s, "loxilb.io/Programmed").filter(|c| c.0 == "False")
+    })
+    .await;
+    eprintln!("no eligible node: reported after {:?}", started.elapsed());
+    assert_eq!(reason, "NoEndpoints");
+    wait_for("a Warning NoEndpoints", WAIT, || async {
+        w.event_reasons("web")
+            .await
+            .contains(&"NoEndpoints".to_string())
+            .then_some(())
+    })
+    .await;
     w.finish().await;
 }
 

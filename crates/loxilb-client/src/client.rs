@@ -110,7 +110,13 @@ pub struct LoxilbClient {
     base: Arc<Url>,
     display: Arc<str>,
     cfg: Arc<ClientConfig>,
+    /// Asked right before every write is sent (see [`LoxilbClient::with_write_gate`]).
+    write_gate: Option<WriteGate>,
 }
+
+/// Decides, at the moment a write is about to be sent, whether it may be: `false` stops it
+/// with [`ClientError::WritesStopped`]. Reads are never gated.
+pub type WriteGate = Arc<dyn Fn() -> bool + Send + Sync>;
 
 impl std::fmt::Debug for LoxilbClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -150,7 +156,16 @@ impl LoxilbClient {
             display: trimmed.into(),
             base: Arc::new(base),
             cfg: Arc::new(cfg),
+            write_gate: None,
         })
+    }
+
+    /// Every later write (any method but GET, each retry included) first asks `gate`; a
+    /// controller passes "do I still hold the leader Lease", so that a replica that lost it
+    /// never writes again, whatever it had under way.
+    pub fn with_write_gate(mut self, gate: WriteGate) -> LoxilbClient {
+        self.write_gate = Some(gate);
+        self
     }
 
     /// The URL this client talks to, as configured (for logs, metrics, reports).
@@ -399,6 +414,14 @@ impl LoxilbClient {
         url: Url,
         body: Option<&B>,
     ) -> Result<Answer, ClientError> {
+        if method != Method::GET
+            && let Some(gate) = &self.write_gate
+            && !gate()
+        {
+            return Err(ClientError::WritesStopped {
+                url: self.display.to_string(),
+            });
+        }
         let mut req = self.request(method, url);
         if let Some(body) = body {
             // `.json()` sets `Content-Type: application/json`, without which loxilb answers 415.

@@ -29,6 +29,9 @@ pub enum ClientError {
     /// The client itself could not be built (bad URL, unreadable CA).
     #[error("invalid loxilb client configuration: {0}")]
     Config(String),
+    /// Not sent: the write gate said this process may not write (it no longer leads).
+    #[error("write to loxilb at {url} not sent: this replica may no longer write")]
+    WritesStopped { url: String },
 }
 
 impl ClientError {
@@ -53,6 +56,7 @@ impl ClientError {
             ClientError::Server { .. } => "LoxilbServerError",
             ClientError::BadResponse(_) => "LoxilbBadResponse",
             ClientError::Config(_) => "LoxilbConfig",
+            ClientError::WritesStopped { .. } => "NotLeader",
         }
     }
 }

@@ -8,7 +8,8 @@ mod error;
 pub mod listing;
 
 pub use client::{
-    ClientConfig, DeleteOutcome, LoxilbClient, RetryPolicy, WriteOutcome, install_crypto_provider,
+    ClientConfig, DeleteOutcome, LoxilbClient, RetryPolicy, WriteGate, WriteOutcome,
+    install_crypto_provider,
 };
 pub use dto::{
     AllowedSource, CiState, EndpointEntry, LoadbalanceEntry, SecondaryIp, ServiceArguments,

@@ -87,6 +87,8 @@ pub(crate) struct Shared {
     requests: AtomicU64,
     /// `POST /config/loadbalancer` calls received (creates and updates).
     rule_posts: AtomicU64,
+    /// API calls other than GET received (every write, whatever its path).
+    writes: AtomicU64,
     restarts: AtomicU64,
 }
 
@@ -108,6 +110,7 @@ impl Shared {
             faults_injected: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             rule_posts: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
             restarts: AtomicU64::new(0),
         }
     }
@@ -136,6 +139,10 @@ impl Shared {
 
     pub(crate) fn count_rule_post(&self) {
         self.rule_posts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_write(&self) {
+        self.writes.fetch_add(1, Ordering::Relaxed);
     }
 
     fn set_fault(&self, f: Option<Fault>) {
@@ -322,6 +329,12 @@ impl Simulator {
     /// `POST /config/loadbalancer` calls received since start (not reset by a restart).
     pub fn rule_posts(&self) -> u64 {
         self.inner.shared.rule_posts.load(Ordering::Relaxed)
+    }
+
+    /// API calls other than GET received since start (not reset by a restart), counted on
+    /// arrival: what a test reads to tell whether anybody wrote.
+    pub fn writes(&self) -> u64 {
+        self.inner.shared.writes.load(Ordering::Relaxed)
     }
 
     /// Sets or clears fault injection (resets the deterministic counter).

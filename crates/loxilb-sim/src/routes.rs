@@ -325,6 +325,7 @@ async fn api_entry(State(app): State<AppState>, req: Request) -> Response {
     let mut latency = shared.latency();
     if req.method() != Method::GET {
         latency += shared.write_latency();
+        shared.count_write();
     }
     if req.method() == Method::POST && req.uri().path().ends_with("/config/loadbalancer") {
         shared.count_rule_post();

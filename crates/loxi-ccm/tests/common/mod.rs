@@ -114,6 +114,8 @@ pub struct Options {
     pub drift: &'static str,
     pub leader_elect: bool,
     pub extra_args: Vec<String>,
+    /// Serve /metrics, /healthz and /readyz on 127.0.0.1 at this port.
+    pub admin_port: Option<u16>,
 }
 
 impl Default for Options {
@@ -124,6 +126,7 @@ impl Default for Options {
             drift: "30s",
             leader_elect: true,
             extra_args: Vec::new(),
+            admin_port: None,
         }
     }
 }
@@ -229,7 +232,10 @@ impl World {
         let cfg = self.config(opts);
         let (tx, rx) = oneshot::channel::<()>();
         let client = self.client.clone();
-        let handle = tokio::spawn(loxi_ccm::controller::run(client, cfg, None, async {
+        let admin = opts
+            .admin_port
+            .map(|port| std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+        let handle = tokio::spawn(loxi_ccm::controller::run(client, cfg, admin, async {
             let _ = rx.await;
         }));
         (tx, handle)
@@ -392,6 +398,18 @@ impl World {
             .collect();
         rules.sort();
         rules
+    }
+
+    /// The value of an unlabelled metric served on `127.0.0.1:port/metrics`.
+    pub async fn metric(port: u16, name: &str) -> Option<f64> {
+        let body = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        body.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
     }
 
     pub fn condition(svc: &Service, type_: &str) -> Option<(String, String, String)> {
