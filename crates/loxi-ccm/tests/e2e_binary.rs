@@ -553,3 +553,267 @@ async fn leader_failover_between_two_processes() {
         let _ = child.0.wait();
     }
 }
+
+/// One replica of the binary with leader election (6 s Lease) and the drift check out of the
+/// way, so that every loxilb write a test sees comes from a Service's own pass.
+fn start_replica(
+    cp: &testenv::ControlPlane,
+    sa_kc: &Path,
+    sim: &Simulator,
+    name: &str,
+) -> (KillOnDrop, u16) {
+    let port = testenv::free_port().unwrap();
+    let child = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_loxi-ccm"))
+            .env("POD_NAME", name)
+            .args(["run", "--kubeconfig"])
+            .arg(sa_kc)
+            .args([
+                "--loxilb-url",
+                &sim.url(),
+                "--external-cidr",
+                "198.51.100.0/24",
+                "--admin-addr",
+                &format!("127.0.0.1:{port}"),
+                "--leader-elect-lease-duration",
+                "6s",
+                "--drift-interval",
+                "10m",
+            ])
+            .stdout(std::fs::File::create(cp.dir().join(format!("{name}.log"))).unwrap())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    (child, port)
+}
+
+async fn role(port: u16) -> String {
+    reqwest_get(&format!("http://127.0.0.1:{port}/readyz")).await
+}
+
+fn one_port_service(name: &str) -> Service {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"type": "LoadBalancer", "loadBalancerClass": "loxilb.io/loxilb",
+                 "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}
+    }))
+    .unwrap()
+}
+
+/// Name -> first ingress IP of every Service of `default` that shows one.
+async fn shown(services: &Api<Service>) -> std::collections::BTreeMap<String, String> {
+    services
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|s| {
+            Some((
+                s.metadata.name?,
+                s.status?.load_balancer?.ingress?.first()?.ip.clone()?,
+            ))
+        })
+        .collect()
+}
+
+/// The leader is frozen (SIGSTOP) with rule writes in flight, long enough for the standby to
+/// take over, serve new Services and delete old ones; once resumed (SIGCONT) the old leader
+/// must not write to loxilb at all: its Lease ran out while it was frozen, and every write
+/// asks the Lease at the moment it is sent.
+#[tokio::test]
+async fn a_frozen_leader_once_resumed_writes_nothing_to_loxilb() {
+    let (cp, sa_kc, admin, sim) = two_process_setup("pause-a", "10.8.2.1").await;
+    let mut replicas = vec![
+        start_replica(&cp, &sa_kc, &sim, "pause-1"),
+        start_replica(&cp, &sa_kc, &sim, "pause-2"),
+    ];
+    let leader = wait_for("a leader", || async {
+        for (i, (_, port)) in replicas.iter().enumerate() {
+            if role(*port).await.contains("(leader") {
+                return Some(i);
+            }
+        }
+        None
+    })
+    .await;
+    let services: Api<Service> = Api::namespaced(admin.clone(), "default");
+    for i in 0..6 {
+        services
+            .create(&PostParams::default(), &one_port_service(&format!("p{i}")))
+            .await
+            .unwrap();
+    }
+    wait_for("6 Services served", || async {
+        (shown(&services).await.len() == 6 && sim.rules().len() == 6).then_some(())
+    })
+    .await;
+
+    // Writes now take 1.5 s: the next Services' rule POSTs are in flight at the freeze.
+    sim.set_write_latency(Duration::from_millis(1500));
+    let writes_before = sim.writes();
+    for i in 6..12 {
+        services
+            .create(&PostParams::default(), &one_port_service(&format!("p{i}")))
+            .await
+            .unwrap();
+    }
+    wait_for("a rule write in flight", || async {
+        (sim.writes() > writes_before).then_some(())
+    })
+    .await;
+    let (frozen, _) = replicas.remove(leader);
+    let (_, standby_port) = replicas[0];
+    unsafe {
+        libc_kill(frozen.0.id() as i32, 19); // SIGSTOP
+    }
+    sim.set_write_latency(Duration::ZERO);
+    wait_for("the standby leads", || async {
+        role(standby_port).await.contains("(leader").then_some(())
+    })
+    .await;
+    wait_for("12 Services served by the new leader", || async {
+        (shown(&services).await.len() == 12 && sim.rules().len() == 12).then_some(())
+    })
+    .await;
+    for i in 0..6 {
+        services
+            .delete(&format!("p{i}"), &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    let claims: Api<loxi_ccm::claims::AddressClaim> = Api::all(admin.clone());
+    wait_for("the deleted Services' rules and claims gone", || async {
+        let claims = claims.list(&Default::default()).await.ok()?.items.len();
+        (sim.rules().len() == 6 && claims == 6).then_some(())
+    })
+    .await;
+    let live: std::collections::BTreeSet<String> = shown(&services).await.into_values().collect();
+    let rules_before = sim.rules();
+    let writes_before = sim.writes();
+
+    let mut frozen = frozen;
+    unsafe {
+        libc_kill(frozen.0.id() as i32, 18); // SIGCONT
+    }
+    // It finds its Lease lost and exits (a restart brings it back as a standby).
+    let exited = Instant::now();
+    loop {
+        if frozen.0.try_wait().unwrap().is_some() {
+            break;
+        }
+        assert!(
+            exited.elapsed() < Duration::from_secs(60),
+            "the resumed old leader did not exit"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        sim.writes(),
+        writes_before,
+        "the resumed old leader wrote to loxilb"
+    );
+    assert_eq!(sim.rules(), rules_before);
+    let ips: std::collections::BTreeSet<String> =
+        sim.rules().into_iter().map(|r| r.external_ip).collect();
+    assert_eq!(ips, live, "rules for exactly the live Services");
+    let log = std::fs::read_to_string(
+        cp.dir()
+            .join(format!("pause-{}.log", if leader == 0 { 1 } else { 2 })),
+    )
+    .unwrap_or_default();
+    eprintln!(
+        "old leader after SIGCONT: {} write(s) stopped by the Lease check",
+        log.matches("may no longer write").count()
+    );
+}
+
+/// A standby started while Services existed, which then saw them deleted by the leader, is
+/// promoted: it must only ever clean up, never claim or program a Service that is gone (its
+/// reconciles queued at start-up hold the old objects while they wait for leadership).
+#[tokio::test]
+async fn a_promoted_standby_never_brings_back_services_deleted_while_it_stood_by() {
+    let (cp, sa_kc, admin, sim) = two_process_setup("promo-a", "10.8.3.1").await;
+    let (mut first, first_port) = start_replica(&cp, &sa_kc, &sim, "promo-1");
+    wait_for("a leader", || async {
+        role(first_port).await.contains("(leader").then_some(())
+    })
+    .await;
+    let services: Api<Service> = Api::namespaced(admin.clone(), "default");
+    for i in 0..4 {
+        services
+            .create(&PostParams::default(), &one_port_service(&format!("q{i}")))
+            .await
+            .unwrap();
+    }
+    wait_for("4 Services served", || async {
+        (shown(&services).await.len() == 4 && sim.rules().len() == 4).then_some(())
+    })
+    .await;
+    let (_second, second_port) = start_replica(&cp, &sa_kc, &sim, "promo-2");
+    wait_for("a synced standby", || async {
+        role(second_port).await.contains("(standby").then_some(())
+    })
+    .await;
+    for i in 0..4 {
+        services
+            .delete(&format!("q{i}"), &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    let claims: Api<loxi_ccm::claims::AddressClaim> = Api::all(admin.clone());
+    wait_for("all gone", || async {
+        let gone = !services
+            .list(&Default::default())
+            .await
+            .ok()?
+            .items
+            .iter()
+            .any(|s| {
+                s.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with('q'))
+            });
+        let claims = claims.list(&Default::default()).await.ok()?.items.len();
+        (gone && claims == 0 && sim.rules().is_empty()).then_some(())
+    })
+    .await;
+    unsafe {
+        libc_kill(first.0.id() as i32, 15);
+    }
+    let _ = first.0.wait();
+    wait_for("the standby leads", || async {
+        role(second_port).await.contains("(leader").then_some(())
+    })
+    .await;
+    // A Service created after the promotion is served after the reconciles queued before it.
+    services
+        .create(&PostParams::default(), &one_port_service("q9"))
+        .await
+        .unwrap();
+    let ip = wait_for("q9 served", || async {
+        let ip = shown(&services).await.get("q9").cloned()?;
+        sim.rules()
+            .iter()
+            .any(|r| r.external_ip == ip)
+            .then_some(ip)
+    })
+    .await;
+    let claimed: Vec<String> = claims
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|c| c.spec.service.name)
+        .collect();
+    assert_eq!(
+        claimed,
+        vec!["q9".to_string()],
+        "claims for deleted Services"
+    );
+    let ips: Vec<String> = sim.rules().into_iter().map(|r| r.external_ip).collect();
+    assert_eq!(ips, vec![ip], "rules for deleted Services");
+}
