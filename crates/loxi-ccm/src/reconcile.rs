@@ -243,9 +243,29 @@ async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<Outcome, Reco
             {
                 w.insert(ObjectRef::from_obj(svc));
             }
-            let cond = Cond::new(COND_ADDRESS, false, problem.reason(), problem.to_string());
-            let programmed = Cond::new(COND_PROGRAMMED, false, problem.reason(), "no address");
-            report_problem(svc, ctx, &problem, vec![], vec![cond, programmed]).await?;
+            // The addresses it shows and still holds stay published, with their rules, until
+            // the owner fixes what stops a new decision (docs/annotations.md).
+            let kept = kept_addresses(svc, ctx);
+            let conditions = if kept.is_empty() {
+                vec![
+                    Cond::new(COND_ADDRESS, false, problem.reason(), problem.to_string()),
+                    Cond::new(COND_PROGRAMMED, false, problem.reason(), "no address"),
+                ]
+            } else {
+                let shown: Vec<String> = kept.iter().map(IpAddr::to_string).collect();
+                let mut conditions = vec![Cond::new(
+                    COND_ADDRESS,
+                    false,
+                    problem.reason(),
+                    format!(
+                        "{problem}; keeps {} and its rules until this is fixed",
+                        shown.join(", ")
+                    ),
+                )];
+                conditions.extend(carried_over(svc, &[COND_PROGRAMMED, COND_ENDPOINTS]));
+                conditions
+            };
+            report_problem(svc, ctx, &problem, kept, conditions).await?;
             return Ok(Outcome::Problem);
         }
     };
@@ -292,7 +312,9 @@ async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<Outcome, Reco
                 problem.reason(),
                 problem.to_string(),
             );
-            report_problem(svc, ctx, &problem, addresses, vec![address_cond, cond]).await?;
+            let mut conditions = vec![address_cond, cond];
+            conditions.extend(carried_over(svc, &[COND_ENDPOINTS]));
+            report_problem(svc, ctx, &problem, addresses, conditions).await?;
             return Ok(Outcome::Problem);
         }
     };
@@ -322,6 +344,36 @@ async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<Outcome, Reco
         Some(e) => Err(ReconcileError::Loxilb(e)),
         None => Ok(Outcome::Done),
     }
+}
+
+/// The addresses the Service shows whose claims still list it (not as a reservation).
+fn kept_addresses(svc: &Service, ctx: &Context) -> Vec<IpAddr> {
+    let ns = svc.namespace().unwrap_or_default();
+    let name = svc.name_any();
+    let uid = svc.uid().unwrap_or_default();
+    published_addresses(svc)
+        .into_iter()
+        .filter(|ip| {
+            ctx.claims
+                .get(&ObjectRef::new(&claims::claim_name(ip)))
+                .is_some_and(|c| {
+                    c.spec.retain_until.is_none()
+                        && c.owner(&ns, &name).is_some_and(|o| o.uid == uid)
+                })
+        })
+        .collect()
+}
+
+/// The Service's current conditions of these types, unchanged (a status write names every
+/// condition it keeps: server-side apply drops the ones it leaves out).
+fn carried_over(svc: &Service, types: &[&'static str]) -> Vec<Cond> {
+    types
+        .iter()
+        .filter_map(|t| {
+            let c = status::current_condition(svc, t)?;
+            Some(Cond::new(t, c.status == "True", &c.reason, c.message.clone()))
+        })
+        .collect()
 }
 
 /// loxilb takes at most 32 endpoints per rule: say so on the Service and in the metric when

@@ -1005,3 +1005,60 @@ async fn a_repeated_event_is_one_event_with_a_count() {
     assert_eq!(dropped.get(), 0);
     w.finish().await;
 }
+
+/// A bad address annotation added to a served Service: it keeps its address (status, claim)
+/// and its rules, and the AddressAllocated condition says what is wrong until it is fixed.
+#[tokio::test]
+async fn a_bad_address_annotation_keeps_the_served_address() {
+    let w = World::new("badaddrann").await;
+    w.add_node("node-a", "10.5.0.1").await;
+    let ip = w.serve_one_port("web", 80).await;
+    let rules = w.rules_for(&ip);
+    for (annotation, value) in [
+        ("loxilb.io/staticIP", "not-an-ip"),
+        ("loxilb.io/ipam", "ipv5"),
+    ] {
+        w.services
+            .patch(
+                "web",
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+                    "loxilb.io/staticIP": null, "loxilb.io/ipam": null, annotation: value
+                }}})),
+            )
+            .await
+            .unwrap();
+        let s = wait_for("AddressAllocated=False", WAIT, || async {
+            let s = w.get("web").await?;
+            World::condition(&s, "loxilb.io/AddressAllocated")
+                .filter(|c| c.0 == "False" && c.2.contains(value))
+                .map(|_| s)
+        })
+        .await;
+        let (_, reason, message) = World::condition(&s, "loxilb.io/AddressAllocated").unwrap();
+        assert_eq!(reason, "InvalidAnnotation");
+        assert!(message.contains(annotation) && message.contains(&ip), "{message}");
+        assert_eq!(w.published().await.get("web"), Some(&ip), "address unpublished");
+        let programmed = World::condition(&s, "loxilb.io/Programmed").unwrap();
+        assert_eq!(programmed.0, "True", "{programmed:?}");
+        assert_eq!(w.rules_for(&ip), rules);
+        assert_eq!(w.claims().await.len(), 1);
+    }
+    w.services
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+                "loxilb.io/ipam": null
+            }}})),
+        )
+        .await
+        .unwrap();
+    wait_for("AddressAllocated=True again", WAIT, || async {
+        let s = w.get("web").await?;
+        World::condition(&s, "loxilb.io/AddressAllocated").filter(|c| c.0 == "True")
+    })
+    .await;
+    assert_eq!(w.published().await.get("web"), Some(&ip));
+    w.finish().await;
+}
