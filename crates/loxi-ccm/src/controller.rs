@@ -28,7 +28,7 @@ use crate::fleet::{Fleet, ServiceRules};
 use crate::kube_view::{Selection, owner_key, published_addresses};
 use crate::leader::{LeaderElector, WriteLease};
 use crate::metrics::Metrics;
-use crate::reconcile::{desired_rules, error_policy, reconcile};
+use crate::reconcile::{Desired, desired_rules, error_policy, reconcile};
 
 /// Reads the cluster identity: configured, or from the kube-system namespace UID.
 async fn cluster_id(client: &kube::Client, cfg: &Config) -> anyhow::Result<ClusterId> {
@@ -762,9 +762,9 @@ fn desired_everywhere(ctx: &Context) -> impl Iterator<Item = ServiceRules> + '_ 
             return None;
         }
         match desired_rules(&svc, ctx) {
-            Ok(Some(plan)) => Some(ServiceRules::Want(plan.rules)),
-            Ok(None) => None,
-            Err(_) => Some(ServiceRules::Keep(
+            Desired::Rules(plan) => Some(ServiceRules::Want(plan.rules)),
+            Desired::Nothing => None,
+            Desired::Keep => Some(ServiceRules::Keep(
                 svc.metadata.namespace.clone().unwrap_or_default(),
                 svc.metadata.name.clone().unwrap_or_default(),
             )),

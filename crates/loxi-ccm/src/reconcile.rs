@@ -49,6 +49,10 @@ pub enum Problem {
     Address(#[from] AllocError),
     #[error(transparent)]
     Plan(#[from] PlanError),
+    /// The API server refused to store the address's claim (a policy, a quota, a webhook):
+    /// without it the address is neither published nor programmed.
+    #[error("the AddressClaim for {ip} was refused by the API server: {message}")]
+    ClaimRefused { ip: IpAddr, message: String },
 }
 
 impl Problem {
@@ -57,13 +61,35 @@ impl Problem {
             Problem::Annotation(e) => e.reason(),
             Problem::Address(e) => e.reason(),
             Problem::Plan(e) => e.reason(),
+            Problem::ClaimRefused { .. } => "AddressClaimRefused",
         }
     }
 }
 
+/// A claim write the API server will refuse again as it is (unlike a conflict, a throttle or
+/// an outage): its message, for the Service's condition.
+fn refusal(e: &kube::Error) -> Option<String> {
+    match e {
+        kube::Error::Api(status) if matches!(status.code, 400 | 403 | 422) => {
+            Some(status.message.clone())
+        }
+        _ => None,
+    }
+}
+
+/// What a whole-instance pass (drift check, replay) should hold for one served Service.
+pub enum Desired {
+    Rules(Plan),
+    /// No address yet: no rules.
+    Nothing,
+    /// Leave its rules as they are: it has a problem only its owner can fix, or an address
+    /// that no claim in the store backs yet (being claimed, or refused).
+    Keep,
+}
+
 /// The rules a served Service should have, computed from the stores only (no allocation).
-/// `Ok(None)` when it has no address yet.
-pub fn desired_rules(svc: &Service, ctx: &Context) -> Result<Option<Plan>, Problem> {
+/// Only addresses backed by a claim that lists the Service are ever programmed from here.
+pub fn desired_rules(svc: &Service, ctx: &Context) -> Desired {
     let (addresses, secondaries): (Vec<IpAddr>, Vec<IpAddr>) = match ctx.ipam.lock() {
         Ok(ipam) => (
             ipam.addresses_of(&owner_key(svc)).to_vec(),
@@ -71,7 +97,28 @@ pub fn desired_rules(svc: &Service, ctx: &Context) -> Result<Option<Plan>, Probl
         ),
         Err(_) => (Vec::new(), Vec::new()),
     };
-    desired_rules_for(svc, ctx, &addresses, &secondaries)
+    if !addresses
+        .iter()
+        .chain(&secondaries)
+        .all(|ip| claimed_by(svc, ctx, ip))
+    {
+        return Desired::Keep;
+    }
+    match desired_rules_for(svc, ctx, &addresses, &secondaries) {
+        Ok(Some(plan)) => Desired::Rules(plan),
+        Ok(None) => Desired::Nothing,
+        Err(_) => Desired::Keep,
+    }
+}
+
+/// Whether the claim store holds a claim for `ip` that lists `svc` (this very Service).
+fn claimed_by(svc: &Service, ctx: &Context, ip: &IpAddr) -> bool {
+    let ns = svc.namespace().unwrap_or_default();
+    let name = svc.name_any();
+    let uid = svc.uid().unwrap_or_default();
+    ctx.claims
+        .get(&ObjectRef::new(&claims::claim_name(ip)))
+        .is_some_and(|c| c.owner(&ns, &name).is_some_and(|o| o.uid == uid))
 }
 
 /// The rules for `svc` on the VIPs `addresses`, SCTP rules with `secondaries`.
@@ -346,21 +393,11 @@ async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<Outcome, Reco
     }
 }
 
-/// The addresses the Service shows whose claims still list it (not as a reservation).
+/// The addresses the Service shows whose claims still list it.
 fn kept_addresses(svc: &Service, ctx: &Context) -> Vec<IpAddr> {
-    let ns = svc.namespace().unwrap_or_default();
-    let name = svc.name_any();
-    let uid = svc.uid().unwrap_or_default();
     published_addresses(svc)
         .into_iter()
-        .filter(|ip| {
-            ctx.claims
-                .get(&ObjectRef::new(&claims::claim_name(ip)))
-                .is_some_and(|c| {
-                    c.spec.retain_until.is_none()
-                        && c.owner(&ns, &name).is_some_and(|o| o.uid == uid)
-                })
-        })
+        .filter(|ip| claimed_by(svc, ctx, ip))
         .collect()
 }
 
@@ -371,7 +408,12 @@ fn carried_over(svc: &Service, types: &[&'static str]) -> Vec<Cond> {
         .iter()
         .filter_map(|t| {
             let c = status::current_condition(svc, t)?;
-            Some(Cond::new(t, c.status == "True", &c.reason, c.message.clone()))
+            Some(Cond::new(
+                t,
+                c.status == "True",
+                &c.reason,
+                c.message.clone(),
+            ))
         })
         .collect()
 }
@@ -777,7 +819,9 @@ async fn ensure_addresses_now(
                     held.newly.push(ip);
                 }
             }
-            Err(AllocError::UnknownPool(name)) if slot.pool.as_deref() == Some(name.as_str()) => {
+            Err(Problem::Address(AllocError::UnknownPool(name)))
+                if slot.pool.as_deref() == Some(name.as_str()) =>
+            {
                 let (annotation, reason) = match role {
                     Role::Vip => (
                         loxi_domain::addressing::ANN_POOL_SELECT,
@@ -798,7 +842,7 @@ async fn ensure_addresses_now(
                     reason: reason.into(),
                 })));
             }
-            Err(e) => return Ok(Err(Problem::Address(e))),
+            Err(problem) => return Ok(Err(problem)),
         }
     }
     Ok(Ok(held))
@@ -826,7 +870,7 @@ async fn ensure_address(
     svc: &Service,
     ctx: &Context,
     want: &Want<'_, '_>,
-) -> Result<Result<(IpAddr, bool), AllocError>, ReconcileError> {
+) -> Result<Result<(IpAddr, bool), Problem>, ReconcileError> {
     let Want {
         slot,
         sharing,
@@ -914,7 +958,7 @@ async fn ensure_address(
         };
         let (ip, source) = match picked {
             Ok(x) => x,
-            Err(e) => return Ok(Err(e)),
+            Err(e) => return Ok(Err(e.into())),
         };
         let occupies = match role {
             Role::Vip => sharing.clone(),
@@ -937,7 +981,23 @@ async fn ensure_address(
         let requested = source == Source::Requested;
         let may_join = role == Role::Vip
             && loxi_domain::sharing::may_join(ctx.cfg.unique_ip, requested, sharing);
-        match claims::claim(&ctx.claims_api, &ip, &pool, &me, may_join).await? {
+        let claimed = match claims::claim(&ctx.claims_api, &ip, &pool, &me, may_join).await {
+            Ok(claimed) => claimed,
+            Err(e) => {
+                // The pick may stay in the index only once its claim exists: the drift check
+                // and the replay program what the index holds.
+                if source != Source::Indexed
+                    && let Ok(mut ipam) = ctx.ipam.lock()
+                {
+                    ipam.release_from(&ip, &key);
+                }
+                return match refusal(&e) {
+                    Some(message) => Ok(Err(Problem::ClaimRefused { ip, message })),
+                    None => Err(e.into()),
+                };
+            }
+        };
+        match claimed {
             ClaimResult::Ours(written) => {
                 index_from_claim(ctx, &written);
                 if !written.spec.shared_with.is_empty() {
@@ -956,7 +1016,7 @@ async fn ensure_address(
                     .map(|o| o.key())
                     .unwrap_or_else(|| other.owner_key());
                 if matches!(source, Source::Published | Source::Requested) {
-                    return Ok(Err(AllocError::Taken { ip, owner }));
+                    return Ok(Err(AllocError::Taken { ip, owner }.into()));
                 }
                 warn!(%ip, %owner, "address claimed by someone else first; taking another");
             }
@@ -965,7 +1025,8 @@ async fn ensure_address(
     Ok(Err(AllocError::Exhausted {
         pool: slot.pool.clone().unwrap_or_default(),
         family: slot.family,
-    }))
+    }
+    .into()))
 }
 
 /// One address slot of a Service and what may fill it.

@@ -1037,8 +1037,15 @@ async fn a_bad_address_annotation_keeps_the_served_address() {
         .await;
         let (_, reason, message) = World::condition(&s, "loxilb.io/AddressAllocated").unwrap();
         assert_eq!(reason, "InvalidAnnotation");
-        assert!(message.contains(annotation) && message.contains(&ip), "{message}");
-        assert_eq!(w.published().await.get("web"), Some(&ip), "address unpublished");
+        assert!(
+            message.contains(annotation) && message.contains(&ip),
+            "{message}"
+        );
+        assert_eq!(
+            w.published().await.get("web"),
+            Some(&ip),
+            "address unpublished"
+        );
         let programmed = World::condition(&s, "loxilb.io/Programmed").unwrap();
         assert_eq!(programmed.0, "True", "{programmed:?}");
         assert_eq!(w.rules_for(&ip), rules);
@@ -1060,5 +1067,125 @@ async fn a_bad_address_annotation_keeps_the_served_address() {
     })
     .await;
     assert_eq!(w.published().await.get("web"), Some(&ip));
+    w.finish().await;
+}
+
+/// An address whose AddressClaim the API server refuses (here a ValidatingAdmissionPolicy)
+/// is reported on the Service and never programmed: not by its reconcile, not by the drift
+/// check, not by the replay after loxilb restarted empty.
+#[tokio::test]
+async fn an_address_whose_claim_is_refused_is_reported_and_never_programmed() {
+    use kube::api::{Api, DynamicObject, PostParams};
+    use kube::discovery::ApiResource;
+
+    let admin_port = testenv::free_port().unwrap();
+    let w = World::with(
+        "claimrefused",
+        Options {
+            drift: "1s",
+            admin_port: Some(admin_port),
+            ..Options::default()
+        },
+    )
+    .await;
+    w.add_node("node-a", "10.6.0.1").await;
+    let refused = "192.0.2.77";
+    let policy_name = format!("refuse-{}", w.ns);
+    let policy = |kind: &str, plural: &str, spec: serde_json::Value| {
+        let ar = ApiResource {
+            group: "admissionregistration.k8s.io".into(),
+            version: "v1".into(),
+            api_version: "admissionregistration.k8s.io/v1".into(),
+            kind: kind.into(),
+            plural: plural.into(),
+        };
+        let obj: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": kind,
+            "metadata": {"name": policy_name},
+            "spec": spec,
+        }))
+        .unwrap();
+        (Api::<DynamicObject>::all_with(w.client.clone(), &ar), obj)
+    };
+    let (policies, p) = policy(
+        "ValidatingAdmissionPolicy",
+        "validatingadmissionpolicies",
+        serde_json::json!({
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": ["ipam.loxilb.io"], "apiVersions": ["*"],
+                "operations": ["CREATE", "UPDATE"], "resources": ["addressclaims"]
+            }]},
+            "validations": [{
+                "expression": format!("object.spec.address != '{refused}'"),
+                "message": format!("{refused} is kept out of every pool by policy")
+            }]
+        }),
+    );
+    policies.create(&PostParams::default(), &p).await.unwrap();
+    let (bindings, b) = policy(
+        "ValidatingAdmissionPolicyBinding",
+        "validatingadmissionpolicybindings",
+        serde_json::json!({"policyName": policy_name, "validationActions": ["Deny"]}),
+    );
+    bindings.create(&PostParams::default(), &b).await.unwrap();
+    // The API server enforces a new policy after a moment: until a dry run is refused.
+    let claims: Api<loxi_ccm::claims::AddressClaim> = Api::all(w.client.clone());
+    let probe: loxi_ccm::claims::AddressClaim = serde_json::from_value(serde_json::json!({
+        "apiVersion": "ipam.loxilb.io/v1alpha1", "kind": "AddressClaim",
+        "metadata": {"name": refused},
+        "spec": {"address": refused, "service": {"namespace": w.ns, "name": "web"}}
+    }))
+    .unwrap();
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    wait_for("the policy in force", WAIT, || async {
+        claims.create(&dry_run, &probe).await.is_err().then_some(())
+    })
+    .await;
+
+    w.create(&common::annotated(
+        World::lb_service("web", Some(CLASS), &[(80, "TCP")]),
+        &[("loxilb.io/staticIP", refused)],
+    ))
+    .await;
+    let (_, reason, message) = wait_for("AddressAllocated=False", WAIT, || async {
+        let s = w.get("web").await?;
+        World::condition(&s, "loxilb.io/AddressAllocated").filter(|c| c.0 == "False")
+    })
+    .await;
+    assert_eq!(reason, "AddressClaimRefused", "{message}");
+    assert!(message.contains("kept out of every pool"), "{message}");
+    wait_for("a Warning AddressClaimRefused", WAIT, || async {
+        w.event_reasons("web")
+            .await
+            .contains(&"AddressClaimRefused".to_string())
+            .then_some(())
+    })
+    .await;
+    // Drift checks (every second) and a replay after loxilb restarted empty come and go.
+    let lists = || World::metric_sum(admin_port, "loxi_ccm_loxilb_calls_total", &["op=\"list\""]);
+    let before = lists().await.unwrap_or(0.0);
+    wait_for("two more listings", WAIT, || async {
+        (lists().await? >= before + 2.0).then_some(())
+    })
+    .await;
+    w.sim.restart();
+    let before = lists().await.unwrap_or(0.0);
+    wait_for("the replay and a drift check", WAIT, || async {
+        (lists().await? >= before + 2.0).then_some(())
+    })
+    .await;
+    assert!(
+        w.rules_for(refused).is_empty(),
+        "an unclaimed address programmed"
+    );
+    assert!(w.claims().await.is_empty());
+    assert_eq!(w.published().await.get("web"), None);
+    let _ = bindings.delete(&policy_name, &Default::default()).await;
+    let _ = policies.delete(&policy_name, &Default::default()).await;
     w.finish().await;
 }

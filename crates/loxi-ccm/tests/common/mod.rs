@@ -400,6 +400,25 @@ impl World {
         rules
     }
 
+    /// The sum of a metric's series served on `127.0.0.1:port/metrics` whose labels contain
+    /// every one of `labels` (e.g. `op="list"`).
+    pub async fn metric_sum(port: u16, name: &str, labels: &[&str]) -> Option<f64> {
+        let body = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        Some(
+            body.lines()
+                .filter_map(|l| l.strip_prefix(name)?.strip_prefix('{'))
+                .filter_map(|l| l.split_once("} "))
+                .filter(|(series, _)| labels.iter().all(|want| series.contains(want)))
+                .filter_map(|(_, value)| value.trim().parse::<f64>().ok())
+                .sum(),
+        )
+    }
+
     /// The value of an unlabelled metric served on `127.0.0.1:port/metrics`.
     pub async fn metric(port: u16, name: &str) -> Option<f64> {
         let body = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
