@@ -190,6 +190,19 @@ pub struct RunArgs {
     )]
     pub monitor: bool,
 
+    /// Whether loxilb rules carry spec.loadBalancerSourceRanges as allowed sources: enforce or
+    /// ignore. loxilb stops load-balanced traffic to every address while any rule has allowed
+    /// sources (loxilb issue #1036, seen on v0.9.8); with ignore, rules carry none and each
+    /// Service that sets source ranges says so in its loxilb.io/SourceRangesEnforced condition
+    /// (docs/annotations.md).
+    #[arg(
+        long = "source-ranges",
+        env = "LOXI_CCM_SOURCE_RANGES",
+        default_value = "enforce",
+        value_parser = ["enforce", "ignore"]
+    )]
+    pub source_ranges: String,
+
     /// Send traffic straight to pod IPs and target ports (from EndpointSlices) instead of node
     /// InternalIPs and NodePorts, for Services without loxilb.io/usepodnetwork.
     /// (kube-loxilb: --usePodNetwork)

@@ -85,6 +85,8 @@ pub struct Config {
     pub class: String,
     pub ccm_mode: bool,
     pub defaults: Defaults,
+    /// `--source-ranges`: rules carry the Services' source ranges (else they are left out).
+    pub enforce_source_ranges: bool,
     pub cluster_id: Option<ClusterId>,
     pub namespace: Option<String>,
     pub health_interval: Duration,
@@ -873,6 +875,7 @@ impl Config {
                 monitor: args.monitor,
                 use_pod_network: args.use_pod_network,
             },
+            enforce_source_ranges: args.source_ranges == "enforce",
             cluster_id,
             namespace: args.namespace.clone(),
             health_interval: args.health_interval,

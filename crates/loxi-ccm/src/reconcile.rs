@@ -25,7 +25,9 @@ use crate::kube_view::{
     SERVICE_NAME_LABEL, endpoint_views, owner_key, published_addresses, secondary_owner_key,
     service_view,
 };
-use crate::status::{self, COND_ADDRESS, COND_ENDPOINTS, COND_PROGRAMMED, Cond, DesiredStatus};
+use crate::status::{
+    self, COND_ADDRESS, COND_ENDPOINTS, COND_PROGRAMMED, COND_SOURCE_RANGES, Cond, DesiredStatus,
+};
 use loxi_domain::addressing::{AddressInput, AddressSlot, address_slots};
 
 #[derive(Debug, Error)]
@@ -136,6 +138,10 @@ pub fn desired_rules_for(
     let nodes = ctx.node_views();
     let mut view = service_view(svc);
     view.secondary_ips = secondaries.to_vec();
+    if !ctx.cfg.enforce_source_ranges {
+        // --source-ranges=ignore: said on the Service (source_ranges_condition).
+        view.source_ranges.clear();
+    }
     // Only externalTrafficPolicy Local and pod-network mode read endpoints: the others are
     // planned from Nodes alone, without a pass over every EndpointSlice.
     let needs_endpoints =
@@ -378,9 +384,11 @@ async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<Outcome, Reco
         release_addresses_except(svc, ctx, &owner_key(svc), &addresses).await?;
         release_addresses_except(svc, ctx, &secondary_owner_key(svc), &secondaries).await?;
     }
+    let mut conditions = vec![address_cond, programmed, endpoints_cond];
+    conditions.extend(source_ranges_condition(svc, ctx));
     let want = DesiredStatus {
         addresses: addresses.clone(),
-        conditions: vec![address_cond, programmed, endpoints_cond],
+        conditions,
         ingress: status::IngressMode::for_service(svc, ctx.cfg.defaults),
     };
     if !status::is_current(svc, &want) {
@@ -391,6 +399,32 @@ async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<Outcome, Reco
         Some(e) => Err(ReconcileError::Loxilb(e)),
         None => Ok(Outcome::Done),
     }
+}
+
+/// For a Service with source ranges: whether its rules enforce them (`--source-ranges`).
+fn source_ranges_condition(svc: &Service, ctx: &Context) -> Option<Cond> {
+    let ranges = svc
+        .spec
+        .as_ref()?
+        .load_balancer_source_ranges
+        .as_ref()
+        .filter(|r| !r.is_empty())?;
+    Some(if ctx.cfg.enforce_source_ranges {
+        Cond::new(
+            COND_SOURCE_RANGES,
+            true,
+            "Enforced",
+            format!("loxilb accepts connections only from {}", ranges.join(", ")),
+        )
+    } else {
+        Cond::new(
+            COND_SOURCE_RANGES,
+            false,
+            "SourceRangesIgnored",
+            "not enforced: the controller runs with --source-ranges=ignore (loxilb issue \
+             #1036), so loxilb accepts connections from every source",
+        )
+    })
 }
 
 /// The addresses the Service shows whose claims still list it.

@@ -35,6 +35,9 @@ pub const COND_ADDRESS: &str = "loxilb.io/AddressAllocated";
 pub const COND_PROGRAMMED: &str = "loxilb.io/Programmed";
 /// False when loxilb's 32-endpoint limit left candidates out.
 pub const COND_ENDPOINTS: &str = "loxilb.io/EndpointsComplete";
+/// Only on Services with `spec.loadBalancerSourceRanges`: whether loxilb enforces them
+/// (`--source-ranges`).
+pub const COND_SOURCE_RANGES: &str = "loxilb.io/SourceRangesEnforced";
 
 /// How the Service's addresses are published: `vip`, `proxy` or `hostname`.
 pub const ANN_INGRESS_MODE: &str = "loxilb.io/ingress-mode";
@@ -247,6 +250,15 @@ fn status_word(ok: bool) -> &'static str {
 /// True when the Service already shows exactly `want` (no write needed).
 pub fn is_current(svc: &Service, want: &DesiredStatus) -> bool {
     if current_ingress(svc) != ingress_entries(svc, want) {
+        return false;
+    }
+    // A condition that exists only for some Services must also go when it no longer applies.
+    if current_condition(svc, COND_SOURCE_RANGES).is_some()
+        && !want
+            .conditions
+            .iter()
+            .any(|c| c.type_ == COND_SOURCE_RANGES)
+    {
         return false;
     }
     let generation = svc.metadata.generation;

@@ -788,3 +788,105 @@ async fn loxilb_down_for_thirty_seconds_then_back() {
     assert!(w.rules_for(&new_ip).iter().any(|(port, _, _)| *port == 82));
     w.finish().await;
 }
+
+/// loxilb applies no change of `allowedSources` to a list of the same length (it answers 409
+/// "exists"): source-range changes are a DELETE then a POST, and once converged nothing is
+/// re-sent. With `--source-ranges=ignore` rules carry none and the Service says so.
+#[tokio::test]
+async fn source_range_changes_reach_loxilb_and_can_be_left_out() {
+    let admin_port = testenv::free_port().unwrap();
+    let opts = Options {
+        drift: "1s",
+        admin_port: Some(admin_port),
+        ..Options::default()
+    };
+    let mut w = World::with("srcchange", opts.clone()).await;
+    w.add_node("node-a", "10.2.4.1").await;
+    let mut svc = World::lb_service("web", Some(CLASS), &[(80, "TCP")]);
+    svc.spec.as_mut().unwrap().load_balancer_source_ranges = Some(vec!["198.51.100.0/24".into()]);
+    w.create(&svc).await;
+    let ip = w.wait_for_ip("web").await;
+    let sim = w.sim.clone();
+    let sources = || {
+        sim.rules()
+            .into_iter()
+            .find(|r| r.external_ip == ip && r.port == 80)
+            .map(|r| {
+                let mut s = r.allowed_sources;
+                s.sort();
+                s
+            })
+    };
+    for ranges in [
+        vec!["198.51.100.0/24"],
+        vec!["203.0.113.0/24"],
+        vec!["203.0.113.0/24", "192.0.2.128/25"],
+        vec!["10.10.0.0/16", "10.20.0.0/16"],
+    ] {
+        w.services
+            .patch(
+                "web",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"loadBalancerSourceRanges": ranges}})),
+            )
+            .await
+            .unwrap();
+        let mut want: Vec<String> = ranges.iter().map(|r| r.to_string()).collect();
+        want.sort();
+        wait_for("the new source ranges on loxilb", WAIT, || async {
+            (sources()? == want).then_some(())
+        })
+        .await;
+    }
+    let s = w.get("web").await.unwrap();
+    let (status, reason, _) = World::condition(&s, "loxilb.io/SourceRangesEnforced").unwrap();
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "Enforced"));
+    // Converged: drift checks come and go, nothing is sent again.
+    let lists = || World::metric_sum(admin_port, "loxi_ccm_loxilb_calls_total", &["op=\"list\""]);
+    let posts = w.sim.rule_posts();
+    let before = lists().await.unwrap_or(0.0);
+    wait_for("two drift checks", WAIT, || async {
+        (lists().await? >= before + 2.0).then_some(())
+    })
+    .await;
+    assert_eq!(w.sim.rule_posts(), posts, "a converged rule was re-sent");
+
+    // Left out on purpose (loxilb issue #1036), and said so.
+    w.stop_controller().await;
+    w.start_controller(&Options {
+        extra_args: vec!["--source-ranges=ignore".into()],
+        ..opts
+    })
+    .await;
+    wait_for("no source ranges on loxilb", WAIT, || async {
+        sources()?.is_empty().then_some(())
+    })
+    .await;
+    let (status, reason, message) = wait_for("SourceRangesEnforced=False", WAIT, || async {
+        let s = w.get("web").await?;
+        World::condition(&s, "loxilb.io/SourceRangesEnforced").filter(|c| c.0 == "False")
+    })
+    .await;
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "SourceRangesIgnored")
+    );
+    assert!(message.contains("every source"), "{message}");
+    // A Service without source ranges has no such condition.
+    w.services
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"loadBalancerSourceRanges": null}})),
+        )
+        .await
+        .unwrap();
+    wait_for("the condition gone", WAIT, || async {
+        let s = w.get("web").await?;
+        World::condition(&s, "loxilb.io/SourceRangesEnforced")
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    w.finish().await;
+}
