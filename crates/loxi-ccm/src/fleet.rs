@@ -50,7 +50,7 @@
 //! listing showing fewer rules, a restart). Services waiting for room register a requeue
 //! sender and are woken then, so a full instance costs no calls and no retry storm.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -240,8 +240,8 @@ struct Holdings {
     learned_capacity: Option<usize>,
     /// Rules refused for a limit, exactly as sent: not sent again unchanged until room frees.
     refused: HashMap<RuleKey, (Rule, Blocked)>,
-    /// Services waiting for room here.
-    waiters: HashMap<ObjectRef<Service>, Requeue>,
+    /// Services waiting for room here, in the order they started waiting.
+    waiters: Waiters,
     /// New rules being created right now (their room is taken before the calls are made).
     reserved: usize,
     /// Keys with a call under way (`Instance::apply_service` makes its calls without the
@@ -277,10 +277,102 @@ impl Holdings {
     /// Room freed (a rule deleted, a restart): limits hit before may pass now.
     fn room_freed(&mut self) {
         self.refused.clear();
-        for (svc, tx) in self.waiters.drain() {
-            let _ = tx.send(svc);
+        self.waiters.wake_all(Instant::now());
+    }
+}
+
+/// How long room that frees is kept for the Services that waited for it, in their order,
+/// after they were woken: long enough for their passes to come round, short enough that a
+/// waiter whose Service went away unnoticed holds nobody back for long.
+const TURN_HOLD: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Services waiting for room on one instance, first come, first served: when room frees,
+/// every waiter is woken (in the order it started waiting), and for a while the room goes to
+/// the waiters in that order (each one whose rules fit in what is left), before any Service
+/// behind them or new.
+#[derive(Debug, Default)]
+struct Waiters {
+    next: u64,
+    order: BTreeMap<u64, ObjectRef<Service>>,
+    by_service: HashMap<ObjectRef<Service>, Waiter>,
+    /// Until then, room is kept for the waiters woken last.
+    turns_until: Option<Instant>,
+}
+
+#[derive(Debug)]
+struct Waiter {
+    /// Its place in the queue, kept while it waits (also across wake-ups).
+    seq: u64,
+    /// New rules it needs here.
+    need: usize,
+    requeue: Requeue,
+}
+
+impl Waiters {
+    /// `svc` waits for room for `need` rules (keeping its place if it already waits).
+    fn wait(&mut self, svc: ObjectRef<Service>, need: usize, requeue: Requeue) {
+        if let Some(w) = self.by_service.get_mut(&svc) {
+            w.need = need;
+            w.requeue = requeue;
+            return;
+        }
+        let seq = self.next;
+        self.next += 1;
+        self.order.insert(seq, svc.clone());
+        self.by_service.insert(svc, Waiter { seq, need, requeue });
+    }
+
+    /// `svc` no longer waits (served, gone, or wants nothing new).
+    fn done(&mut self, svc: &ObjectRef<Service>) {
+        if let Some(w) = self.by_service.remove(svc) {
+            self.order.remove(&w.seq);
         }
     }
+
+    fn wake_all(&mut self, now: Instant) {
+        for svc in self.order.values() {
+            if let Some(w) = self.by_service.get(svc) {
+                let _ = w.requeue.send(svc.clone());
+            }
+        }
+        if !self.order.is_empty() {
+            self.turns_until = Some(now + TURN_HOLD);
+        }
+    }
+
+    /// Of `free` rules of room, how many are kept for waiters ahead of `svc` (all waiters,
+    /// for a Service that does not wait): each one in order whose need fits in what is left,
+    /// while their turn lasts.
+    fn kept_ahead(&self, svc: &ObjectRef<Service>, free: usize, now: Instant) -> usize {
+        if self.turns_until.is_none_or(|until| now >= until) {
+            return 0;
+        }
+        let mine = self.by_service.get(svc).map(|w| w.seq);
+        let mut kept = 0;
+        for (seq, other) in &self.order {
+            if Some(*seq) == mine {
+                break;
+            }
+            let need = self.by_service.get(other).map_or(0, |w| w.need);
+            if kept + need <= free {
+                kept += need;
+            }
+        }
+        kept
+    }
+}
+
+/// New rules a held-back Service needs (0 when no capacity limit held it back).
+fn rules_needed(report: &ApplyReport) -> usize {
+    report
+        .blocked
+        .iter()
+        .map(|b| match b {
+            Blocked::Capacity { new, .. } => *new,
+            Blocked::SourceRanges { .. } => 0,
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 /// What one liveness probe found.
@@ -829,8 +921,11 @@ impl Instance {
             );
             let mut creates = creates;
             creates.sort_by_key(|r| r.allowed_sources.is_empty());
+            let me = ObjectRef::<Service>::new(name).within(namespace);
+            let free = self.effective_capacity(&h).saturating_sub(h.taken());
+            let kept = h.waiters.kept_ahead(&me, free, Instant::now());
             let held_back = (!creates.is_empty())
-                .then(|| self.check_limits(&h, &creates))
+                .then(|| self.check_limits(&h, &creates, kept))
                 .flatten();
             if let Some(b) = held_back {
                 metrics.limit_hit(self.url(), b.reason());
@@ -877,10 +972,10 @@ impl Instance {
         let svc = ObjectRef::<Service>::new(name).within(namespace);
         match (&result, requeue) {
             (Ok(report), Some(tx)) if !report.blocked.is_empty() => {
-                h.waiters.insert(svc, tx.clone());
+                h.waiters.wait(svc, rules_needed(report), tx.clone());
             }
             _ => {
-                h.waiters.remove(&svc);
+                h.waiters.done(&svc);
             }
         }
         self.note_failure(&mut h, &result);
@@ -1194,7 +1289,7 @@ impl Instance {
         let mut admitted = Vec::new();
         let mut taken = 0;
         for mut group in group_by_service(creates) {
-            if let Some(b) = self.check_limits(h, &group) {
+            if let Some(b) = self.check_limits(h, &group, 0) {
                 metrics.limit_hit(self.url(), b.reason());
                 report.blocked.push(b);
                 continue;
@@ -1262,9 +1357,11 @@ impl Instance {
     }
 
     /// Whether a Service's new rules would hit a limit; nothing is sent then.
-    fn check_limits(&self, h: &Holdings, group: &[Rule]) -> Option<Blocked> {
-        // Rules other Services are creating right now count as held.
-        let held = h.taken();
+    /// Whether `group` (one Service's new rules) may be created now; `kept` rules of room
+    /// are promised to Services that waited longer (`Waiters`).
+    fn check_limits(&self, h: &Holdings, group: &[Rule], kept: usize) -> Option<Blocked> {
+        // Rules other Services are creating right now, or are promised, count as held.
+        let held = h.taken() + kept;
         let capacity = self.effective_capacity(h);
         if held + group.len() > capacity {
             return Some(Blocked::Capacity {
@@ -1399,6 +1496,13 @@ impl Fleet {
         }
         warned.insert(svc.clone(), reason.to_string());
         true
+    }
+
+    /// `svc` is gone: it waits for room nowhere.
+    pub async fn forget_waiter(&self, svc: &ObjectRef<Service>) {
+        for inst in self.instances.iter() {
+            inst.holdings.lock().await.waiters.done(svc);
+        }
     }
 
     /// Probes every instance at once: one that times out must not delay noticing that
@@ -1663,6 +1767,40 @@ mod tests {
         assert_eq!(inst.probe(&c, &m).await, Probe::Down);
         sim.come_up().await.unwrap();
         assert_eq!(inst.probe(&c, &m).await, Probe::CameBack);
+    }
+
+    #[test]
+    fn room_goes_to_waiters_in_the_order_they_started_waiting() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let svc = |n: &str| ObjectRef::<Service>::new(n).within("ns");
+        let mut w = Waiters::default();
+        w.wait(svc("first"), 3, tx.clone());
+        w.wait(svc("second"), 1, tx.clone());
+        w.wait(svc("third"), 2, tx.clone());
+        w.wait(svc("first"), 3, tx.clone()); // waits again: keeps its place
+        let now = Instant::now();
+        assert_eq!(w.kept_ahead(&svc("new"), 4, now), 0, "nobody woken yet");
+        w.wake_all(now);
+        let woken: Vec<String> = std::iter::from_fn(|| rx.try_recv().ok())
+            .map(|r| r.name)
+            .collect();
+        assert_eq!(woken, ["first", "second", "third"]);
+        // 4 free: first (3) and second (1) fit in order; third (2) does not any more.
+        assert_eq!(w.kept_ahead(&svc("first"), 4, now), 0);
+        assert_eq!(w.kept_ahead(&svc("second"), 4, now), 3);
+        assert_eq!(w.kept_ahead(&svc("third"), 4, now), 4);
+        assert_eq!(
+            w.kept_ahead(&svc("new"), 4, now),
+            4,
+            "newcomers queue behind"
+        );
+        // 2 free: first (3) does not fit and holds nobody back.
+        assert_eq!(w.kept_ahead(&svc("second"), 2, now), 0);
+        assert_eq!(w.kept_ahead(&svc("third"), 2, now), 1);
+        w.done(&svc("first"));
+        assert_eq!(w.kept_ahead(&svc("third"), 4, now), 1);
+        // The turn is over: no room is kept any more.
+        assert_eq!(w.kept_ahead(&svc("third"), 4, now + TURN_HOLD), 0);
     }
 
     #[tokio::test]

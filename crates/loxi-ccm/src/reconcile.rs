@@ -168,6 +168,7 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, R
     // must never be claimed or programmed from that old copy.
     let Some(svc) = ctx.services.get(&ObjectRef::from_obj(&*svc)) else {
         tracing::debug!(service = %owner_key(&svc), "gone from the store: nothing to do");
+        ctx.fleet.forget_waiter(&ObjectRef::from_obj(&*svc)).await;
         return Ok(Action::await_change());
     };
     if !ctx.write_lease.holds() {

@@ -890,3 +890,50 @@ async fn source_range_changes_reach_loxilb_and_can_be_left_out() {
     .await;
     w.finish().await;
 }
+
+/// Services waiting for room on a full loxilb are programmed in the order they started
+/// waiting, whatever order their reconciles come round in.
+#[tokio::test]
+async fn services_waiting_for_capacity_are_served_in_the_order_they_waited() {
+    let w = World::with_sim(
+        "capacityorder",
+        Options::default(),
+        SimConfig {
+            max_rules: 3,
+            ..SimConfig::default()
+        },
+    )
+    .await;
+    w.add_node("node-a", "10.2.5.1").await;
+    for name in ["full0", "full1", "full2"] {
+        w.create(&World::lb_service(name, Some(CLASS), &[(80, "TCP")]))
+            .await;
+        wait_programmed(&w, name, "True", "Programmed").await;
+    }
+    for name in ["wait-c", "wait-a", "wait-b"] {
+        w.create(&World::lb_service(name, Some(CLASS), &[(80, "TCP")]))
+            .await;
+        wait_programmed(&w, name, "False", "CapacityExceeded").await;
+    }
+    for (freed, next, still) in [
+        ("full0", "wait-c", ["wait-a", "wait-b"]),
+        ("full1", "wait-a", ["wait-b", "wait-b"]),
+    ] {
+        w.services
+            .delete(freed, &DeleteParams::default())
+            .await
+            .unwrap();
+        wait_programmed(&w, next, "True", "Programmed").await;
+        for name in still {
+            let s = w.get(name).await.unwrap();
+            let (status, reason, _) = World::condition(&s, COND_PROGRAMMED).unwrap();
+            assert_eq!(
+                (status.as_str(), reason.as_str()),
+                ("False", "CapacityExceeded"),
+                "{name} served before {next}, which waited longer"
+            );
+        }
+        assert_eq!(w.sim.rules().len(), 3);
+    }
+    w.finish().await;
+}
