@@ -32,37 +32,55 @@ pub struct BenchNode {
 /// Creates `count` Nodes with an InternalIP and `Ready=True` (no kubelet runs: nothing
 /// else ever changes them).
 pub async fn create_nodes(client: &kube::Client, count: usize) -> Result<Vec<BenchNode>> {
-    let api: Api<Node> = Api::all(client.clone());
     let mut nodes = Vec::with_capacity(count);
     for i in 0..count {
         let name = format!("bench-node-{i:03}");
         let octet3 = u8::try_from(i / 250).context("too many nodes")?;
         let octet4 = u8::try_from(i % 250 + 1).context("too many nodes")?;
-        let ip = IpAddr::V4(Ipv4Addr::new(10, 240, octet3, octet4));
-        api.create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": LABEL}}
-            }))?,
-        )
-        .await
-        .with_context(|| format!("creating node {name}"))?;
-        api.patch_status(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {
-                "addresses": [
-                    {"type": "InternalIP", "address": ip.to_string()},
-                    {"type": "Hostname", "address": name},
-                ],
-                "conditions": [ready_condition(true)],
-            }})),
-        )
-        .await
-        .with_context(|| format!("node {name} status"))?;
-        nodes.push(BenchNode { name, ip });
+        let node = BenchNode {
+            name,
+            ip: IpAddr::V4(Ipv4Addr::new(10, 240, octet3, octet4)),
+        };
+        create_node(client, &node).await?;
+        nodes.push(node);
     }
     Ok(nodes)
+}
+
+/// Creates `node` as a Ready Node with its InternalIP (as a kubelet would report it).
+pub async fn create_node(client: &kube::Client, node: &BenchNode) -> Result<()> {
+    let api: Api<Node> = Api::all(client.clone());
+    let name = &node.name;
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": LABEL}}
+        }))?,
+    )
+    .await
+    .with_context(|| format!("creating node {name}"))?;
+    api.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {
+            "addresses": [
+                {"type": "InternalIP", "address": node.ip.to_string()},
+                {"type": "Hostname", "address": name},
+            ],
+            "conditions": [ready_condition(true)],
+        }})),
+    )
+    .await
+    .with_context(|| format!("node {name} status"))?;
+    Ok(())
+}
+
+pub async fn delete_node(client: &kube::Client, name: &str) -> Result<()> {
+    Api::<Node>::all(client.clone())
+        .delete(name, &Default::default())
+        .await
+        .with_context(|| format!("deleting node {name}"))?;
+    Ok(())
 }
 
 fn ready_condition(ready: bool) -> Value {

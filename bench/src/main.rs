@@ -820,6 +820,47 @@ async fn run_n(env: &Env, n: usize, flips: usize, run: &mut Value) -> Result<()>
         churn.p50_ms, churn.p99_ms, churn.max_ms
     ));
 
+    // 3b. Node deletions and re-creations: Nodes that were there when the controller
+    // started (a deletion the Node watch once missed).
+    let deletions = (flips / 5).max(2);
+    progress(&format!(
+        "churn: {deletions} node deletions and re-creations"
+    ));
+    let mut deleted_samples = Vec::new();
+    let mut created_samples = Vec::new();
+    for i in 0..deletions {
+        let node = candidates[i % candidates.len()];
+        let ip = node.ip.to_string();
+        for (present, samples) in [(false, &mut deleted_samples), (true, &mut created_samples)] {
+            let target = if present { base[&ip] } else { 0 };
+            let t0 = Instant::now();
+            if present {
+                cluster::create_node(client, node).await?;
+            } else {
+                cluster::delete_node(client, &node.name).await?;
+            }
+            while env.sim.rules_with_endpoint(&ip) != target {
+                if t0.elapsed() > Duration::from_secs(120) {
+                    bail!(
+                        "node {} {}: rules never followed",
+                        node.name,
+                        if present { "re-created" } else { "deleted" }
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(args.churn_poll_ms)).await;
+            }
+            samples.push(t0.elapsed());
+        }
+    }
+    let node_deleted = summarize(&deleted_samples);
+    run["churn"]["node_deletions"] = json!(deletions);
+    run["churn"]["node_deleted"] = summary_json(&node_deleted);
+    run["churn"]["node_created"] = summary_json(&summarize(&created_samples));
+    progress(&format!(
+        "churn: node deleted -> rules p50 {} ms p99 {} ms",
+        node_deleted.p50_ms, node_deleted.p99_ms
+    ));
+
     // Trailing writes of the churn (status updates after the rules) must not count as
     // restart rewrites: wait for quiet first.
     let quiet = settle(&tracker, Duration::from_secs(2), env.timeout).await?;

@@ -231,6 +231,21 @@ const ROWS: &[(&str, &str, &str)] = &[
         "Service writes per flip",
         "churn.service_writes_per_flip",
     ),
+    (
+        "3 churn",
+        "node deleted: all its rules updated p50 (ms)",
+        "churn.node_deleted.p50_ms",
+    ),
+    (
+        "3 churn",
+        "node deleted: all its rules updated p99 (ms)",
+        "churn.node_deleted.p99_ms",
+    ),
+    (
+        "3 churn",
+        "node re-created: all its rules updated p99 (ms)",
+        "churn.node_created.p99_ms",
+    ),
     ("3 churn", "loxi-ccm CPU, all flips (s)", "churn.ccm_cpu_s"),
     (
         "3 churn",
