@@ -9,6 +9,7 @@
 //! | `POST /admin/up` | – | no-op while up; unreachable while down (use `Simulator::come_up` or the timed down) |
 //! | `GET`/`PUT /admin/latency` | `{"ms":N}` | delay before every API call |
 //! | `GET`/`PUT`/`DELETE /admin/fault` | `{"status":500,"rate":1.0,"onlyWrites":true}` | error injection |
+//! | `POST /admin/endpoint-health` | `{"ip":"10.0.0.1","reachable":false}` | the address answers loxilb's health probes or not (`Simulator::set_endpoint_reachable`) |
 //! | `GET /admin/rules` | – | stored rules, same as `Simulator::rules()` |
 //! | `GET /admin/stats` | – | counters and knobs |
 
@@ -36,6 +37,7 @@ pub(crate) fn routes() -> Router<AppState> {
             "/admin/fault",
             put(set_fault).delete(clear_fault).get(get_fault),
         )
+        .route("/admin/endpoint-health", post(set_endpoint_health))
         .route("/admin/rules", get(rules))
         .route("/admin/stats", get(stats))
 }
@@ -117,6 +119,23 @@ async fn up() -> Response {
 #[derive(Deserialize)]
 struct LatencyReq {
     ms: u64,
+}
+
+#[derive(Deserialize)]
+struct EndpointHealthReq {
+    ip: std::net::IpAddr,
+    reachable: bool,
+}
+
+async fn set_endpoint_health(State(app): State<AppState>, body: Bytes) -> Response {
+    match parse::<EndpointHealthReq>(&body) {
+        Ok(Some(r)) => {
+            app.shared.reachability().set(r.ip, r.reachable);
+            ok(json!({"result": "Success"}))
+        }
+        Ok(None) => bad_request("body {\"ip\":\"...\",\"reachable\":bool} required"),
+        Err(e) => bad_request(e),
+    }
 }
 
 async fn set_latency(State(app): State<AppState>, body: Bytes) -> Response {

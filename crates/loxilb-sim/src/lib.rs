@@ -13,6 +13,7 @@
 
 mod admin;
 mod decode;
+mod endpoints;
 mod errors;
 mod routes;
 mod server;
@@ -89,6 +90,8 @@ pub(crate) struct Shared {
     rule_posts: AtomicU64,
     /// API calls other than GET received (every write, whatever its path).
     writes: AtomicU64,
+    /// Endpoint addresses a test made unreachable (kept across restarts: not loxilb state).
+    reachability: Mutex<endpoints::Reachability>,
     restarts: AtomicU64,
 }
 
@@ -111,6 +114,7 @@ impl Shared {
             requests: AtomicU64::new(0),
             rule_posts: AtomicU64::new(0),
             writes: AtomicU64::new(0),
+            reachability: Mutex::default(),
             restarts: AtomicU64::new(0),
         }
     }
@@ -139,6 +143,10 @@ impl Shared {
 
     pub(crate) fn count_rule_post(&self) {
         self.rule_posts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn reachability(&self) -> MutexGuard<'_, endpoints::Reachability> {
+        lock(&self.reachability)
     }
 
     pub(crate) fn count_write(&self) {
@@ -335,6 +343,13 @@ impl Simulator {
     /// arrival: what a test reads to tell whether anybody wrote.
     pub fn writes(&self) -> u64 {
         self.inner.shared.writes.load(Ordering::Relaxed)
+    }
+
+    /// Makes an endpoint address unreachable for loxilb's health probes (or reachable
+    /// again): with `monitor` on, its endpoints turn `inactive` once the probes give up
+    /// (probe interval × retries), and `active` again once it is reachable.
+    pub fn set_endpoint_reachable(&self, ip: IpAddr, reachable: bool) {
+        self.inner.shared.reachability().set(ip, reachable);
     }
 
     /// Sets or clears fault injection (resets the deterministic counter).

@@ -36,6 +36,9 @@ enum Op {
     LbDeleteTuple,
     CiList,
     CiSet,
+    EpList,
+    EpCreate,
+    EpDelete,
     /// BGP is disabled (loxilb's default): every BGP route answers 403.
     Bgp,
 }
@@ -84,6 +87,13 @@ const ROUTES: &[RouteDef] = &[
         "DELETE",
         "/config/loadbalancer/hosturl/{hosturl}/externalipaddress/{ip_address}/port/{port}/portmax/{portmax}/protocol/{proto}",
         Op::LbDeleteTuple,
+    ),
+    r("GET", "/config/endpoint/all", Op::EpList),
+    r("POST", "/config/endpoint", Op::EpCreate),
+    r(
+        "DELETE",
+        "/config/endpoint/epipaddress/{ip_address}",
+        Op::EpDelete,
     ),
     r("GET", "/config/cistate/all", Op::CiList),
     r("POST", "/config/cistate", Op::CiSet),
@@ -367,7 +377,20 @@ async fn handle(shared: &Shared, parts: &Parts, body: Body) -> Result<Response, 
             "buildInfo": "loxilb-sim",
         }))),
         Op::LbCreate => lb_create(shared, &bytes),
-        Op::LbList => Ok(ok_json(shared.state().list_api())),
+        Op::LbList => {
+            let reach = shared.reachability();
+            Ok(ok_json(shared.state().list_api(&reach)))
+        }
+        Op::EpList => {
+            let reach = shared.reachability();
+            Ok(ok_json(shared.state().list_endpoints(&reach)))
+        }
+        Op::EpCreate => {
+            let (key, object) = crate::endpoints::decode_post(&bytes)?;
+            shared.state().post_endpoint(key, object);
+            Ok(success())
+        }
+        Op::EpDelete => ep_delete(shared, &params, &query),
         Op::LbDeleteAll => {
             shared.state().delete_all();
             Ok(success())
@@ -442,6 +465,31 @@ fn lb_delete_tuple(
     shared
         .state()
         .delete_rule(&key)
+        .map_err(ApiError::Handler)?;
+    Ok(success())
+}
+
+/// `DELETE /config/endpoint/epipaddress/{ip}`: key `name`, else `<ip>_<probe_type>_<probe_port>`.
+fn ep_delete(
+    shared: &Shared,
+    params: &Params,
+    query: &HashMap<String, String>,
+) -> Result<Response, ApiError> {
+    let ip = params.get("ip_address").map_or("", String::as_str);
+    let port = match query.get("probe_port").filter(|v| !v.is_empty()) {
+        Some(raw) => go_u16(number_param("probe_port", "query", raw)?),
+        None => 0,
+    };
+    let key = match query.get("name").filter(|v| !v.is_empty()) {
+        Some(name) => name.clone(),
+        None => {
+            let kind = query.get("probe_type").map_or("", String::as_str);
+            format!("{ip}_{kind}_{port}")
+        }
+    };
+    shared
+        .state()
+        .delete_endpoint(&key)
         .map_err(ApiError::Handler)?;
     Ok(success())
 }

@@ -3,12 +3,14 @@
 //! simulated restart (CONTRACT.md §4). All methods are synchronous and run
 //! under the single state mutex, mirroring loxilb's global config lock.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, Ipv4Addr};
+use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
+use crate::endpoints::{EpObject, ImplicitEp, Reachability, implicit_key};
 use crate::validate::{Checked, LbRequest, MAX_ENDPOINTS};
 
 /// Allowed sources can only be installed on rules with internal index <= 28.
@@ -143,6 +145,38 @@ impl StoredRule {
         self.endpoints.iter().filter(|e| !e.hidden)
     }
 
+    /// `inactive` once loxilb's probes gave up on the endpoint (only with `monitor` on).
+    fn endpoint_state(&self, e: &StoredEp, reach: &Reachability, now: Instant) -> &'static str {
+        let retries = u64::try_from(self.probe_retries).unwrap_or(0);
+        if self.monitor && reach.failed(&e.ip, self.probe_timeout.into(), retries, now) {
+            "inactive"
+        } else {
+            "active"
+        }
+    }
+
+    /// The probe objects this rule's endpoints stand for (docs/loxilb-api.md#endpoint-health).
+    fn implicit_eps(&self) -> impl Iterator<Item = ImplicitEp> + '_ {
+        self.visible().map(|e| ImplicitEp {
+            key: implicit_key(&e.ip, &self.protocol, e.target_port),
+            host: e.ip,
+            probe: self.monitor.then(|| {
+                let kind = match (self.probetype.as_str(), self.protocol.as_str()) {
+                    ("", "icmp") => "ping".to_string(),
+                    ("", proto) => proto.to_string(),
+                    (kind, _) => kind.to_string(),
+                };
+                let port = if self.probeport != 0 {
+                    self.probeport
+                } else {
+                    e.target_port
+                };
+                let retries = u32::try_from(self.probe_retries).unwrap_or(0);
+                (kind, port, self.probe_timeout, retries)
+            }),
+        })
+    }
+
     fn snapshot(&self) -> SimRule {
         SimRule {
             external_ip: self.vip.to_string(),
@@ -179,7 +213,7 @@ impl StoredRule {
 
     /// `LoadbalanceEntry` as GET returns it: zero values omitted, `null` for
     /// empty arrays, hidden fields never emitted (§2.6).
-    fn to_api(&self) -> Value {
+    fn to_api(&self, reach: &Reachability, now: Instant) -> Value {
         let mut sa = Map::new();
         sa.insert("externalIP".into(), json!(self.vip.to_string()));
         sa.insert("port".into(), json!(self.port));
@@ -220,7 +254,7 @@ impl StoredRule {
                 m.insert("endpointIP".into(), json!(e.ip.to_string()));
                 m.insert("targetPort".into(), json!(e.target_port));
                 m.insert("weight".into(), json!(e.weight));
-                m.insert("state".into(), json!("active"));
+                m.insert("state".into(), json!(self.endpoint_state(e, reach, now)));
                 m.insert("counter".into(), json!("0:0"));
                 Value::Object(m)
             })
@@ -245,9 +279,15 @@ impl StoredRule {
     }
 }
 
-/// Sorts endpoints by IP (IPv4 numeric order, v4 before v6), stable.
+/// Sorts endpoints the way loxilb stores a new rule's endpoints: by address bytes compared
+/// from the last one (for IPv4 the last octet is the most significant; seen on a live
+/// loxilb: `[10.0.0.2, 10.0.1.1, 9.255.255.3]` is stored as `[10.0.1.1, 10.0.0.2,
+/// 9.255.255.3]`), IPv4 before IPv6. Not numeric order, so that no client can rely on it.
 fn sort_by_ip(eps: &mut [StoredEp]) {
-    eps.sort_by_key(|e| e.ip);
+    eps.sort_by_key(|e| match e.ip {
+        IpAddr::V4(v4) => (0, v4.octets().iter().rev().copied().collect::<Vec<u8>>()),
+        IpAddr::V6(v6) => (1, v6.octets().iter().rev().copied().collect::<Vec<u8>>()),
+    });
 }
 
 fn new_eps(list: &[(IpAddr, u16, u8)]) -> Vec<StoredEp> {
@@ -290,6 +330,8 @@ pub(crate) struct SimState {
     /// Freed indexes, reused LIFO.
     free: Vec<u32>,
     ci: HashMap<String, CiEntry>,
+    /// Probe objects posted with `POST /config/endpoint`, by key.
+    posted_eps: BTreeMap<String, EpObject>,
 }
 
 impl SimState {
@@ -308,6 +350,7 @@ impl SimState {
             next_index: 1,
             free: Vec::new(),
             ci,
+            posted_eps: BTreeMap::new(),
         }
     }
 
@@ -394,6 +437,7 @@ impl SimState {
             return Err("secIP modify error".into());
         }
         let (eps, eps_changed) = merge_endpoints(&rule.endpoints, &c.endpoints, r.oper);
+        let sources = compare_sources(&rule.allowed_sources, &c.allowed_sources);
         let others_changed = rule.probetype != r.probetype
             || rule.probeport != r.probeport
             || rule.probereq != r.probereq
@@ -401,10 +445,7 @@ impl SimState {
             || rule.sel != r.sel
             || rule.mode != r.mode
             || rule.proxyprotocolv2 != r.proxyprotocolv2
-            || rule.allowed_sources != c.allowed_sources
-            // loxilb's comparison of a non-empty allowedSources list is buggy:
-            // an identical re-POST always counts as a change.
-            || !c.allowed_sources.is_empty();
+            || sources.counts_as_change;
         if !eps_changed && !others_changed {
             return Err("lbrule-exists error".into());
         }
@@ -431,7 +472,9 @@ impl SimState {
         // NAT action is not re-derived by loxilb; only the field changes.
         rule.mode = r.mode;
         rule.proxyprotocolv2 = r.proxyprotocolv2;
-        rule.allowed_sources = c.allowed_sources;
+        if sources.applied {
+            rule.allowed_sources = c.allowed_sources;
+        }
         rule.inactive_timeout = c.inactive_timeout;
         if r.oper == 2 && rule.visible().next().is_none() {
             let index = rule.index;
@@ -476,9 +519,44 @@ impl SimState {
     }
 
     /// `{"lbAttr":[...]}` in HashMap (i.e. unspecified) order, on purpose.
-    pub(crate) fn list_api(&self) -> Value {
-        let attrs: Vec<Value> = self.rules.values().map(StoredRule::to_api).collect();
+    pub(crate) fn list_api(&self, reach: &Reachability) -> Value {
+        let now = Instant::now();
+        let attrs: Vec<Value> = self.rules.values().map(|r| r.to_api(reach, now)).collect();
         json!({ "lbAttr": attrs })
+    }
+
+    /// `GET /config/endpoint/all` (§3.1 of docs/loxilb-api.md#endpoint-health).
+    pub(crate) fn list_endpoints(&self, reach: &Reachability) -> Value {
+        let mut implicit: Vec<ImplicitEp> = self
+            .rules
+            .values()
+            .flat_map(StoredRule::implicit_eps)
+            .collect();
+        // One object per key: probed when any rule using it monitors it.
+        implicit.sort_by_key(|e| e.probe.is_none());
+        crate::endpoints::list(&implicit, &self.posted_eps, reach, Instant::now())
+    }
+
+    /// `POST /config/endpoint`: an existing key gets the new options.
+    pub(crate) fn post_endpoint(&mut self, key: String, object: EpObject) {
+        self.posted_eps.insert(key, object);
+    }
+
+    /// `DELETE /config/endpoint/epipaddress/{ip}`: a posted object goes; one a rule uses
+    /// cannot.
+    pub(crate) fn delete_endpoint(&mut self, key: &str) -> Result<(), String> {
+        let used = self
+            .rules
+            .values()
+            .flat_map(StoredRule::implicit_eps)
+            .any(|e| e.key == key);
+        if used {
+            return Err("lb rule-referred error".into());
+        }
+        match self.posted_eps.remove(key) {
+            Some(_) => Ok(()),
+            None => Err("host-notfound error".into()),
+        }
     }
 
     /// Rules with a visible endpoint at `ip`, counted in place (no copy of the table).
@@ -540,6 +618,37 @@ impl SimState {
     }
 }
 
+/// How loxilb's re-POST treats the `allowedSources` list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SourcesCompared {
+    /// Makes the re-POST an update (200) rather than 409 "exists".
+    counts_as_change: bool,
+    /// The new list replaces the stored one when the update is applied.
+    applied: bool,
+}
+
+/// loxilb's comparison of a re-POSTed source list with the stored one is inverted (seen on a
+/// live loxilb, docs/loxilb-api.md#source-ranges): a change of length counts and is applied;
+/// the same single prefix counts as a change (the same list of two or more does not); a
+/// different list of the same length does not count, and is not applied even when another
+/// field makes the re-POST an update.
+fn compare_sources(stored: &[String], requested: &[String]) -> SourcesCompared {
+    if stored.len() != requested.len() {
+        return SourcesCompared {
+            counts_as_change: true,
+            applied: true,
+        };
+    }
+    let mut a = stored.to_vec();
+    let mut b = requested.to_vec();
+    a.sort();
+    b.sort();
+    SourcesCompared {
+        counts_as_change: a == b && requested.len() == 1,
+        applied: false,
+    }
+}
+
 /// Endpoint merge per `oper` (§2.5). Returns the new internal list and
 /// whether anything endpoint-related changed.
 fn merge_endpoints(
@@ -567,9 +676,11 @@ fn merge_endpoints(
                 e.hidden = false;
                 e.weight = w;
             }
-            // add/replace hides endpoints missing from the request; attach keeps them.
+            // add/replace hides endpoints missing from the request; attach keeps them. Seen
+            // on a live loxilb: a hidden endpoint counts as a change on every later re-POST
+            // (200, not 409 "exists") until it is added back.
             None if oper == 0 => {
-                changed |= !e.hidden;
+                changed = true;
                 e.hidden = true;
             }
             None => {}
@@ -622,11 +733,55 @@ mod tests {
         assert!(changed);
         let visible: Vec<_> = out.iter().filter(|e| !e.hidden).map(|e| e.ip).collect();
         assert_eq!(visible, vec![ip("10.0.0.12"), ip("10.0.0.13")]);
-        let (_, changed) = merge_endpoints(
+        // The hidden 10.0.0.11 makes every re-POST a change, until it is added back.
+        let (out, changed) = merge_endpoints(
             &out,
             &[(ip("10.0.0.13"), 80, 1), (ip("10.0.0.12"), 80, 1)],
             0,
         );
+        assert!(changed);
+        let all = [
+            (ip("10.0.0.13"), 80, 1),
+            (ip("10.0.0.12"), 80, 1),
+            (ip("10.0.0.11"), 80, 1),
+        ];
+        let (out, changed) = merge_endpoints(&out, &all, 0);
+        assert!(changed, "re-activated");
+        let (_, changed) = merge_endpoints(&out, &all, 0);
         assert!(!changed);
+    }
+
+    #[test]
+    fn new_endpoints_are_stored_last_octet_first() {
+        let eps = new_eps(&[
+            (ip("10.0.0.2"), 80, 1),
+            (ip("10.0.1.1"), 80, 1),
+            (ip("9.255.255.3"), 80, 1),
+        ]);
+        let order: Vec<IpAddr> = eps.iter().map(|e| e.ip).collect();
+        assert_eq!(order, [ip("10.0.1.1"), ip("10.0.0.2"), ip("9.255.255.3")]);
+    }
+
+    #[test]
+    fn source_lists_compare_the_way_loxilb_does() {
+        let l = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let cmp = |a: &[&str], b: &[&str]| {
+            let c = compare_sources(&l(a), &l(b));
+            (c.counts_as_change, c.applied)
+        };
+        let a = "10.0.0.0/8";
+        let b = "192.168.0.0/16";
+        let c = "172.16.0.0/12";
+        assert_eq!(cmp(&[a], &[a]), (true, false), "same single prefix: 200");
+        assert_eq!(cmp(&[a, b], &[b, a]), (false, false), "same two: 409");
+        assert_eq!(cmp(&[a], &[b]), (false, false), "1 -> 1 other: 409, kept");
+        assert_eq!(
+            cmp(&[a, b], &[a, c]),
+            (false, false),
+            "2 -> 2 other: 409, kept"
+        );
+        assert_eq!(cmp(&[a], &[a, b]), (true, true), "length change: applied");
+        assert_eq!(cmp(&[a], &[]), (true, true));
+        assert_eq!(cmp(&[], &[]), (false, false));
     }
 }
