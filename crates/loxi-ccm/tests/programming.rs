@@ -937,3 +937,82 @@ async fn services_waiting_for_capacity_are_served_in_the_order_they_waited() {
     }
     w.finish().await;
 }
+
+/// What a live loxilb answers must not make the drift check loop: endpoints stored in
+/// loxilb's own order, a removed endpoint kept hidden (every later re-POST of the rule
+/// answers 200), and monitored endpoints turning `inactive` are all "converged".
+#[tokio::test]
+async fn the_drift_check_stays_quiet_on_loxilbs_real_answers() {
+    let admin_port = testenv::free_port().unwrap();
+    let w = World::with(
+        "driftquiet",
+        Options {
+            drift: "1s",
+            admin_port: Some(admin_port),
+            ..Options::default()
+        },
+    )
+    .await;
+    // Addresses whose numeric order differs from loxilb's (last octet first).
+    for (name, ip) in [
+        ("quiet-a", "10.2.6.3"),
+        ("quiet-b", "10.2.7.2"),
+        ("quiet-c", "10.2.8.1"),
+    ] {
+        w.add_node(name, ip).await;
+    }
+    w.create(&annotated(
+        World::lb_service("web", Some(CLASS), &[(80, "TCP")]),
+        &[
+            ("loxilb.io/liveness", "yes"),
+            ("loxilb.io/probetimeout", "1"),
+            ("loxilb.io/proberetries", "1"),
+        ],
+    ))
+    .await;
+    let ip = w.wait_for_ip("web").await;
+    wait_for("three endpoints", WAIT, || async {
+        let r = w.rules_for(&ip);
+        (r.len() == 1 && r[0].2.len() == 3).then_some(())
+    })
+    .await;
+    // A removed endpoint stays hidden in loxilb's rule.
+    w.nodes
+        .delete("quiet-b", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("two endpoints", WAIT, || async {
+        let r = w.rules_for(&ip);
+        (r.len() == 1 && r[0].2.len() == 2).then_some(())
+    })
+    .await;
+    // A monitored endpoint loxilb's probes give up on.
+    w.sim
+        .set_endpoint_reachable("10.2.8.1".parse().unwrap(), false);
+    wait_for("an inactive endpoint", WAIT, || async {
+        let (_, v) = raw_listing(&w.sim).await?;
+        v.contains("inactive").then_some(())
+    })
+    .await;
+    let lists = || World::metric_sum(admin_port, "loxi_ccm_loxilb_calls_total", &["op=\"list\""]);
+    let writes = w.sim.writes();
+    let before = lists().await.unwrap_or(0.0);
+    wait_for("three drift checks", WAIT, || async {
+        (lists().await? >= before + 3.0).then_some(())
+    })
+    .await;
+    assert_eq!(
+        w.sim.writes(),
+        writes,
+        "the drift check re-sent a converged rule"
+    );
+    w.finish().await;
+}
+
+/// `GET /config/loadbalancer/all` as loxilb answers it.
+async fn raw_listing(sim: &Simulator) -> Option<(u16, String)> {
+    let resp = reqwest::get(format!("{}/netlox/v1/config/loadbalancer/all", sim.url()))
+        .await
+        .ok()?;
+    Some((resp.status().as_u16(), resp.text().await.ok()?))
+}
