@@ -174,12 +174,9 @@ pub struct AddressClaimSpec {
     pub retain_until: Option<String>,
 }
 
-/// Object name for an address: IPv4 as is (a valid DNS subdomain), IPv6 with `:` as `-`.
+/// Object name for an address (`loxi_domain::address_name`: valid for every address).
 pub fn claim_name(ip: &IpAddr) -> String {
-    match ip {
-        IpAddr::V4(v4) => v4.to_string(),
-        IpAddr::V6(v6) => v6.to_string().replace(':', "-"),
-    }
+    loxi_domain::address_name::address_object_name(ip)
 }
 
 impl AddressClaim {

@@ -1065,3 +1065,51 @@ async fn kube_loxilb_shared_addresses_are_adopted_together() {
     .await;
     w.finish().await;
 }
+
+/// IPv6 addresses whose text starts or ends with `::` (the first address of `::/126`, a
+/// static `2001:db8:9::`) are claimed under valid object names, shown and programmed.
+#[tokio::test]
+async fn ipv6_addresses_at_the_edges_are_claimed_and_served() {
+    let w = World::new("edge6").await;
+    w.add_node("node-a", "10.1.9.1").await;
+    let pool = create_pool(&w, "edge", pool_spec(&w.ns, &["::/126"])).await;
+    let from_pool = annotated(
+        World::lb_service("from-pool", Some(CLASS), &[(80, "TCP")]),
+        &[("loxilb.io/ipam", "ipv6"), ("loxilb.io/poolSelect", &pool)],
+    );
+    let fixed = annotated(
+        World::lb_service("fixed", Some(CLASS), &[(80, "TCP")]),
+        &[
+            ("loxilb.io/ipam", "ipv6"),
+            ("loxilb.io/staticIP", "2001:db8:9::"),
+        ],
+    );
+    w.create(&from_pool).await;
+    w.create(&fixed).await;
+    assert_eq!(w.wait_for_ip("from-pool").await, "::1");
+    assert_eq!(w.wait_for_ip("fixed").await, "2001:db8:9::");
+    for ip in ["::1", "2001:db8:9::"] {
+        wait_for("the rule", WAIT, || async {
+            (w.rules_for(ip).len() == 1).then_some(())
+        })
+        .await;
+    }
+    let names: BTreeSet<String> = w
+        .claims()
+        .await
+        .into_iter()
+        .filter_map(|c| c.metadata.name)
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "0000-0000-0000-0000-0000-0000-0000-0001",
+            "2001-0db8-0009-0000-0000-0000-0000-0000"
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect()
+    );
+    delete_pools(&w, &[&pool]).await;
+    w.finish().await;
+}

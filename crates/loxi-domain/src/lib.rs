@@ -4,6 +4,7 @@
 //! no clocks. The controller turns API objects into the views defined here, asks this crate
 //! what should exist, and applies the answer at its edges (DESIGN.md §2, steps 1 and 3).
 
+pub mod address_name;
 pub mod addressing;
 pub mod diff;
 pub mod duration;
