@@ -101,6 +101,12 @@ impl ClaimedBy {
     /// How this owner shares the address. Ports that do not parse (a hand-edited claim)
     /// make it exclusive: sharing on a guess could put two rules on one port.
     pub fn sharing(&self) -> Sharing {
+        // A reservation (no uid: an operator's, or a deleted Service's retained address) is
+        // for its namespace/name alone, whatever ports it last recorded: the sharing search
+        // must never offer it to anyone else.
+        if self.uid.is_empty() {
+            return Sharing::Exclusive;
+        }
         let Some(list) = &self.ports else {
             return Sharing::Exclusive;
         };
@@ -486,6 +492,19 @@ mod tests {
         c.spec.retain_until = Some("2026-01-01T00:00:01Z".into());
         assert!(!c.expired(now));
         assert_eq!(c.owner_key(), "ns/svc");
+    }
+
+    #[test]
+    fn a_reservation_is_nobody_elses_whatever_ports_it_recorded() {
+        // A deleted Service's retained address keeps the ports the Service had.
+        let retained = by("gone", "", Some(&[80]), None);
+        assert_eq!(retained.sharing(), Sharing::Exclusive);
+        let mut c = claim_of(vec![retained]);
+        c.spec.retain_until = Some("2099-01-01T00:00:00Z".into());
+        let newcomer = by("new", "u2", Some(&[443]), None);
+        assert!(matches!(decide(&c, &newcomer, true), Decision::Taken));
+        c.spec.retain_until = None;
+        assert!(matches!(decide(&c, &newcomer, true), Decision::Taken));
     }
 
     #[test]

@@ -1113,3 +1113,52 @@ async fn ipv6_addresses_at_the_edges_are_claimed_and_served() {
     delete_pools(&w, &[&pool]).await;
     w.finish().await;
 }
+
+/// In shared mode, an address retained for a deleted Service is skipped by the sharing
+/// search: a new Service with other ports gets a free address at once, and the pool is not
+/// reported exhausted while it has free addresses.
+#[tokio::test]
+async fn a_retained_address_does_not_block_new_services_in_shared_mode() {
+    let w = World::with(
+        "retainshare",
+        Options {
+            cidr: "192.0.2.64/28".into(),
+            ..Options::default()
+        },
+    )
+    .await;
+    w.add_node("node-a", "10.1.10.1").await;
+    let kept = annotated(
+        World::lb_service("kept", Some(CLASS), &[(80, "TCP")]),
+        &[("loxilb.io/retain-address", "1h")],
+    );
+    w.create(&kept).await;
+    let retained = w.wait_for_ip("kept").await;
+    w.services
+        .delete("kept", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("retained for the deleted Service", WAIT, || async {
+        w.claims()
+            .await
+            .into_iter()
+            .find(|c| c.spec.address == retained)
+            .filter(|c| c.spec.service.uid.is_empty() && c.spec.retain_until.is_some())
+            .map(|_| ())
+    })
+    .await;
+    // Other ports: it could share an owned address, but not a reservation.
+    w.create(&World::lb_service("fresh", Some(CLASS), &[(443, "TCP")]))
+        .await;
+    let ip = w.wait_for_ip("fresh").await;
+    assert_ne!(ip, retained);
+    let s = w.get("fresh").await.unwrap();
+    let (status, reason, _) = World::condition(&s, "loxilb.io/AddressAllocated").unwrap();
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "Allocated"));
+    assert!(
+        !w.event_reasons("fresh")
+            .await
+            .contains(&"PoolExhausted".to_string())
+    );
+    w.finish().await;
+}
