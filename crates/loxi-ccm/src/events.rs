@@ -28,6 +28,15 @@ use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::time::{Duration, Instant};
 
+/// The most an Event's note may hold: the API server refuses a longer one (1 KiB, counted in
+/// bytes), and the Event would be lost.
+pub const NOTE_MAX_BYTES: usize = 1024;
+
+/// `note` cut to what an Event may carry, at a character boundary.
+pub fn note_text(note: &str) -> String {
+    loxi_domain::text::cut_to_bytes(note, NOTE_MAX_BYTES)
+}
+
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::{Event as K8sEvent, EventSeries};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};

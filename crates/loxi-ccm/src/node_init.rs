@@ -508,7 +508,7 @@ impl Ctx {
         let event = Event {
             type_,
             reason: reason.to_string(),
-            note: Some(note.chars().take(1000).collect()),
+            note: Some(crate::events::note_text(&note)),
             action: "InitializeNode".into(),
             secondary: None,
         };

@@ -549,7 +549,7 @@ async fn warn_on_change(
         let event = Event {
             type_: EventType::Warning,
             reason: reason.to_string(),
-            note: Some(note.chars().take(1000).collect()),
+            note: Some(crate::events::note_text(&note)),
             action: "Validate".to_string(),
             secondary: None,
         };

@@ -1477,7 +1477,7 @@ pub fn publish(
     let event = Event {
         type_,
         reason: reason.to_string(),
-        note: Some(note.chars().take(1000).collect()),
+        note: Some(crate::events::note_text(&note)),
         action: action.to_string(),
         secondary: None,
     };

@@ -31,6 +31,10 @@ use serde_json::json;
 use crate::kube_view::{LLB_HOSTNAME_PREFIX, published_addresses};
 
 pub const FIELD_MANAGER: &str = "loxi-ccm";
+/// Condition messages are cut to this many bytes: room for every message the controller
+/// composes (a list of unreachable instances included), while a hostile annotation value
+/// cannot make a status write of tens of kilobytes (the API allows 32 KiB).
+pub const COND_MESSAGE_MAX_BYTES: usize = 4096;
 pub const COND_ADDRESS: &str = "loxilb.io/AddressAllocated";
 pub const COND_PROGRAMMED: &str = "loxilb.io/Programmed";
 /// False when loxilb's 32-endpoint limit left candidates out.
@@ -163,12 +167,13 @@ pub struct Cond {
 }
 
 impl Cond {
+    /// The message is cut to [`COND_MESSAGE_MAX_BYTES`]: it may quote what a user wrote.
     pub fn new(type_: &'static str, ok: bool, reason: &str, message: impl Into<String>) -> Cond {
         Cond {
             type_,
             ok,
             reason: reason.to_string(),
-            message: message.into(),
+            message: loxi_domain::text::cut_to_bytes(&message.into(), COND_MESSAGE_MAX_BYTES),
         }
     }
 }

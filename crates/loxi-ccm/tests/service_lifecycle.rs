@@ -3,7 +3,7 @@
 mod common;
 
 use common::{CLASS, Options, WAIT, World, wait_for};
-use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use loxilb_sim::Fault;
 
 const COND_ADDRESS: &str = "loxilb.io/AddressAllocated";
@@ -1187,5 +1187,46 @@ async fn an_address_whose_claim_is_refused_is_reported_and_never_programmed() {
     assert_eq!(w.published().await.get("web"), None);
     let _ = bindings.delete(&policy_name, &Default::default()).await;
     let _ = policies.delete(&policy_name, &Default::default()).await;
+    w.finish().await;
+}
+
+/// A huge multi-byte annotation value: the condition message and the Warning's note are cut
+/// by bytes at a character boundary (the API server takes the Event), the value is quoted
+/// once and shown cut with its size.
+#[tokio::test]
+async fn huge_annotation_values_give_bounded_messages_and_their_warning() {
+    let w = World::new("hugeann").await;
+    w.add_node("node-a", "10.5.1.1").await;
+    let value = "é".repeat(20_000); // 40,000 bytes
+    w.create(&common::annotated(
+        World::lb_service("web", Some(CLASS), &[(80, "TCP")]),
+        &[("loxilb.io/lbmode", &value)],
+    ))
+    .await;
+    let (_, reason, message) = wait_for("Programmed=False", WAIT, || async {
+        let s = w.get("web").await?;
+        World::condition(&s, "loxilb.io/Programmed").filter(|c| c.0 == "False")
+    })
+    .await;
+    assert_eq!(reason, "InvalidAnnotation");
+    assert!(message.len() <= 4096, "{} bytes", message.len());
+    assert_eq!(
+        message.matches("(40000 bytes)").count(),
+        1,
+        "the value shown once, cut: {message}"
+    );
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(w.client.clone(), &w.ns);
+    let note = wait_for("the Warning", WAIT, || async {
+        events
+            .list(&Default::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("InvalidAnnotation"))
+            .and_then(|e| e.note)
+    })
+    .await;
+    assert!(note.len() <= 1024, "{} bytes", note.len());
     w.finish().await;
 }

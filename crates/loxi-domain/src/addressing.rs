@@ -122,7 +122,7 @@ pub fn address_slots(
                 bad(
                     ANN_STATIC_IP,
                     list,
-                    &format!("{part:?} is not an IP address"),
+                    &format!("{} is not an IP address", crate::text::entry_of(list, part)),
                 )
             })?;
             requested.push((ip, ANN_STATIC_IP, list.to_string()));
@@ -191,7 +191,7 @@ pub fn secondary_slots(
                 bad(
                     ANN_SECONDARY_IPS,
                     text,
-                    &format!("{part:?} is not an IP address"),
+                    &format!("{} is not an IP address", crate::text::entry_of(text, part)),
                 )
             })?;
             if Family::of(&ip) != family {

@@ -177,7 +177,7 @@ impl ServiceIntent {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[error("annotation {annotation}={value:?} is invalid: {reason}")]
+#[error("annotation {annotation}={} is invalid: {reason}", crate::text::shown(.value))]
 pub struct AnnotationError {
     pub annotation: &'static str,
     pub value: String,
@@ -358,8 +358,9 @@ fn parse_weights(v: &str) -> Result<Vec<u8>, AnnotationError> {
                     ANN_PRIO_WEIGHTS,
                     v,
                     &format!(
-                        "{part:?} is not a percentage: expected a comma-separated list of \
-                         whole numbers from 0 to 100"
+                        "{} is not a percentage: expected a comma-separated list of \
+                         whole numbers from 0 to 100",
+                        crate::text::entry_of(v, part)
                     ),
                 ));
             }
@@ -499,8 +500,9 @@ fn parse_networks(v: &str) -> Result<Vec<String>, AnnotationError> {
                 ANN_MULTUS_NETS,
                 v,
                 &format!(
-                    "{part:?} is not a network name: expected a comma-separated list of \
-                     namespace/name (or name, in the Service's namespace)"
+                    "{} is not a network name: expected a comma-separated list of \
+                     namespace/name (or name, in the Service's namespace)",
+                    crate::text::entry_of(v, part)
                 ),
             ));
         }

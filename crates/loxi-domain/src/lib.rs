@@ -17,6 +17,7 @@ pub mod plan;
 pub mod pools;
 pub mod selection;
 pub mod sharing;
+pub mod text;
 
 pub use diff::{Action, diff_rules};
 pub use intent::{AnnotationError, Defaults, ServiceIntent, parse_intent};
