@@ -1162,3 +1162,46 @@ async fn a_retained_address_does_not_block_new_services_in_shared_mode() {
     );
     w.finish().await;
 }
+
+/// An AddressPool whose own blocks overlap is refused like the same overlap in the flags; a
+/// static address that is the network address of a pool's block is named as such.
+#[tokio::test]
+async fn a_pool_overlapping_itself_and_a_pools_network_address_are_reported() {
+    let w = World::new("apoolself").await;
+    w.add_node("node-a", "10.1.11.1").await;
+    let twice = create_pool(
+        &w,
+        "twice",
+        pool_spec(&w.ns, &["10.252.0.0/24", "10.252.0.10-10.252.0.20"]),
+    )
+    .await;
+    let s = wait_pool_status(&w, &twice, "Ready=False InvalidSpec", |s| {
+        pool_condition(s, "Ready").1 == "InvalidSpec"
+    })
+    .await;
+    let message = pool_condition(&s, "Ready").2;
+    assert!(
+        message.contains("overlaps") && message.contains("same pool"),
+        "{message}"
+    );
+
+    // 192.0.2.0 is the network address of the default pool's 192.0.2.0/24.
+    w.create(&annotated(
+        World::lb_service("edge", Some(CLASS), &[(80, "TCP")]),
+        &[("loxilb.io/staticIP", "192.0.2.0")],
+    ))
+    .await;
+    let (_, reason, message) = wait_for("AddressAllocated=False", WAIT, || async {
+        let s = w.get("edge").await?;
+        World::condition(&s, "loxilb.io/AddressAllocated").filter(|c| c.0 == "False")
+    })
+    .await;
+    assert_eq!(reason, "AddressNotUsable", "{message}");
+    assert!(
+        message.contains("network or broadcast address"),
+        "{message}"
+    );
+    assert!(w.claims().await.is_empty());
+    delete_pools(&w, &[&twice]).await;
+    w.finish().await;
+}

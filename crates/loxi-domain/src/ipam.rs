@@ -71,6 +71,8 @@ pub struct AddressBlock {
     family: Family,
     first: u128,
     last: u128,
+    /// The whole CIDR, edges included (equal to `first..=last` for a range).
+    outer: (u128, u128),
     text: String,
 }
 
@@ -114,6 +116,7 @@ impl AddressBlock {
                 family: Family::of(&a),
                 first,
                 last,
+                outer: (first, last),
                 text: t.to_string(),
             });
         }
@@ -123,6 +126,7 @@ impl AddressBlock {
         let family = Family::of(&net.addr());
         let mut first = to_u128(net.network());
         let mut last = to_u128(net.broadcast());
+        let outer = (first, last);
         let host_bits = net.max_prefix_len() - net.prefix_len();
         if skip_edges && host_bits >= 2 {
             // Skip the network address (and the broadcast address for IPv4, the
@@ -136,8 +140,18 @@ impl AddressBlock {
             family,
             first,
             last,
+            outer,
             text: t.to_string(),
         })
+    }
+
+    /// Whether `ip` is an edge of the block's CIDR that the block leaves out (its network
+    /// or broadcast address, `avoidBuggyIPs`).
+    pub fn skips(&self, ip: &IpAddr) -> bool {
+        let v = to_u128(*ip);
+        Family::of(ip) == self.family
+            && (self.outer.0..=self.outer.1).contains(&v)
+            && !(self.first..=self.last).contains(&v)
     }
 
     pub fn family(&self) -> Family {
@@ -286,6 +300,15 @@ pub enum AllocError {
     NotAllowed { pool: String, reason: String },
     #[error("no address pool this Service may use has {family} addresses")]
     NoEligiblePool { family: Family },
+    #[error(
+        "address {ip} is the network or broadcast address of block {block} of pool {pool:?}, \
+         which leaves it out (avoidBuggyIPs): request another address"
+    )]
+    EdgeAddress {
+        ip: IpAddr,
+        pool: String,
+        block: String,
+    },
 }
 
 fn exhausted_message(pool: &str, family: Family) -> String {
@@ -306,6 +329,7 @@ impl AllocError {
             AllocError::PoolDisabled { .. } => "PoolDisabled",
             AllocError::NotAllowed { .. } => "PoolNotAllowed",
             AllocError::NoEligiblePool { .. } => "NoEligiblePool",
+            AllocError::EdgeAddress { .. } => "AddressNotUsable",
         }
     }
 }

@@ -285,10 +285,17 @@ pub fn validate_pool(spec: &PoolSpec) -> Result<PoolDef, Vec<String>> {
     if spec.addresses.is_empty() {
         problems.push("addresses: at least one CIDR or range is needed".to_string());
     }
-    let mut blocks = Vec::new();
+    let mut blocks: Vec<AddressBlock> = Vec::new();
     for text in &spec.addresses {
         match AddressBlock::parse(text, spec.avoid_buggy_ips) {
-            Ok(b) => blocks.push(b),
+            Ok(b) => {
+                // As for pools from the command line: two blocks of one pool may not share
+                // an address (the pool's size and its status would count it twice).
+                if let Some(other) = blocks.iter().find(|o| o.overlaps(&b)) {
+                    problems.push(format!("addresses: {b} overlaps {other} of the same pool"));
+                }
+                blocks.push(b);
+            }
             Err(e) => problems.push(format!("addresses: {e}")),
         }
     }
@@ -468,6 +475,21 @@ impl PoolSet {
     pub fn admits_address(&self, ip: &IpAddr, who: &Requester<'_>) -> Result<(), AllocError> {
         let holding: Vec<&PoolDef> = self.defs.iter().filter(|d| d.pool.contains(ip)).collect();
         let Some(first) = holding.first() else {
+            // Not in any pool; but an edge a pool's CIDR leaves out is no address "outside
+            // every pool" the operator meant to hand out.
+            if let Some((def, block)) = self.defs.iter().find_map(|d| {
+                d.pool
+                    .blocks
+                    .iter()
+                    .find(|b| b.skips(ip))
+                    .map(|b| (d, b.to_string()))
+            }) {
+                return Err(AllocError::EdgeAddress {
+                    ip: *ip,
+                    pool: def.name().to_string(),
+                    block,
+                });
+            }
             return Ok(());
         };
         if holding.iter().any(|d| !d.disabled && d.admits(who).is_ok()) {
@@ -712,6 +734,35 @@ mod tests {
             Err(AllocError::NotAllowed { .. })
         ));
         assert!(set.admits_address(&ip("10.3.0.5"), &webby).is_ok());
+    }
+
+    #[test]
+    fn an_edge_a_pool_leaves_out_is_not_outside_every_pool() {
+        let set = merge_pools(&[flag("default", "10.9.0.0/24")], &[], Vec::new());
+        let none = BTreeMap::new();
+        let who = Requester {
+            namespace_labels: &none,
+            service_labels: &none,
+        };
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        for edge in ["10.9.0.0", "10.9.0.255"] {
+            let e = set.admits_address(&ip(edge), &who).unwrap_err();
+            assert!(matches!(e, AllocError::EdgeAddress { .. }), "{e}");
+            assert!(e.to_string().contains("pool \"default\""), "{e}");
+        }
+        assert!(set.admits_address(&ip("10.9.0.1"), &who).is_ok());
+        assert!(set.admits_address(&ip("10.8.0.0"), &who).is_ok());
+    }
+
+    #[test]
+    fn a_pool_whose_own_blocks_overlap_is_invalid() {
+        let problems =
+            validate_pool(&spec("twice", &["10.0.0.0/24", "10.0.0.10-10.0.0.20"])).unwrap_err();
+        assert_eq!(
+            problems,
+            ["addresses: 10.0.0.10-10.0.0.20 overlaps 10.0.0.0/24 of the same pool"]
+        );
+        assert!(validate_pool(&spec("apart", &["10.0.0.0/24", "10.0.1.0/24"])).is_ok());
     }
 
     #[test]
