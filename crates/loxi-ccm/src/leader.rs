@@ -233,6 +233,57 @@ impl WriteLease {
     }
 }
 
+/// What every writer of the controller asks: whether this replica may act now. Ready means
+/// it leads, its stores are synced and its address index is rebuilt (nothing is allocated or
+/// programmed before: `docs/architecture.md`, "Nothing before sync"); the write Lease is
+/// asked again right before each write.
+pub struct Gate {
+    ready_tx: watch::Sender<bool>,
+    ready_rx: watch::Receiver<bool>,
+    leader_rx: watch::Receiver<bool>,
+    write_lease: WriteLease,
+}
+
+impl Gate {
+    pub fn new(leader_rx: watch::Receiver<bool>, write_lease: WriteLease) -> Gate {
+        let (ready_tx, ready_rx) = watch::channel(false);
+        Gate {
+            ready_tx,
+            ready_rx,
+            leader_rx,
+            write_lease,
+        }
+    }
+
+    /// Waits until this replica is ready.
+    pub async fn wait_ready(&self) {
+        let mut rx = self.ready_rx.clone();
+        let _ = rx.wait_for(|r| *r).await;
+    }
+
+    pub fn is_ready(&self) -> bool {
+        *self.ready_rx.borrow()
+    }
+
+    pub fn set_ready(&self) {
+        let _ = self.ready_tx.send(true);
+    }
+
+    /// Whether the Lease is held at this very moment ([`WriteLease::holds`]).
+    pub fn holds_lease(&self) -> bool {
+        self.write_lease.holds()
+    }
+
+    pub fn write_lease(&self) -> &WriteLease {
+        &self.write_lease
+    }
+
+    /// True while this replica holds the leader Lease (as the elector last decided).
+    pub fn leader(&self) -> watch::Receiver<bool> {
+        self.leader_rx.clone()
+    }
+}
+
 /// Runs the election for one replica; see the module docs.
 pub struct LeaderElector {
     api: Api<Lease>,

@@ -1,24 +1,15 @@
 //! loxi-ccm: the controller binary's library (the binary is a thin `main`; tests run the
-//! controller in-process through [`controller::run`]).
+//! controller in-process through [`runtime::run`]).
+//!
+//! Each top-level module is a subsystem that owns its state behind a handle; which may use
+//! which is the table in `docs/architecture.md`, kept true by `tests/architecture.rs`.
 
-pub mod admin;
-pub mod check;
-pub mod claims;
-pub mod cli;
 pub mod config;
-pub mod context;
-pub mod controller;
-pub mod crds;
-pub mod departures;
-pub mod events;
-pub mod fleet;
-pub mod kube_api;
-pub mod kube_view;
+pub mod ipam;
+pub mod k8s;
 pub mod leader;
+pub mod loxilb;
 pub mod metrics;
 pub mod node_init;
-pub mod node_watch;
-pub mod pools;
-pub mod reconcile;
-pub mod status;
-pub mod trim;
+pub mod runtime;
+pub mod service;

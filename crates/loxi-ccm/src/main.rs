@@ -2,8 +2,8 @@ use std::process::ExitCode;
 
 use tracing_subscriber::EnvFilter;
 
-use loxi_ccm::check::Report;
-use loxi_ccm::cli::LogFormat;
+use loxi_ccm::config::check::Report;
+use loxi_ccm::config::cli::LogFormat;
 use loxi_ccm::config::{LoadError, Loaded, Mode, load};
 
 fn init_logging(format: LogFormat, filter: &str) {
@@ -62,15 +62,14 @@ async fn run(loaded: Loaded) -> ExitCode {
         tracing::info!(file = %path.display(), "configuration file read");
     }
     let client =
-        match loxi_ccm::kube_api::client(loaded.args.kubeconfig.as_deref(), cfg.kube_api).await {
+        match loxi_ccm::k8s::api::client(loaded.args.kubeconfig.as_deref(), cfg.kube_api).await {
             Ok(c) => c,
             Err(e) => {
                 eprintln!("error: Kubernetes client: {e:#}");
                 return ExitCode::FAILURE;
             }
         };
-    match loxi_ccm::controller::run(client, cfg, Some(loaded.args.admin_addr), shutdown_signal())
-        .await
+    match loxi_ccm::runtime::run(client, cfg, Some(loaded.args.admin_addr), shutdown_signal()).await
     {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -142,6 +141,6 @@ async fn run_main() -> ExitCode {
     };
     match loaded.mode {
         Mode::Run => run(loaded).await,
-        Mode::Check => print_report(&loxi_ccm::check::run(&loaded).await),
+        Mode::Check => print_report(&loxi_ccm::config::check::run(&loaded).await),
     }
 }

@@ -46,8 +46,10 @@ fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.0005, 2.0, 16))
 }
 
+/// A handle on the metrics: clones share the same registry and values.
+#[derive(Clone)]
 pub struct Metrics {
-    registry: Registry,
+    registry: std::sync::Arc<Registry>,
     reconciles: Family<ResultLabels, Counter>,
     reconcile_seconds: Histogram,
     loxilb_calls: Family<CallLabels, Counter>,
@@ -156,7 +158,7 @@ impl Metrics {
         );
         Metrics {
             leader,
-            registry,
+            registry: std::sync::Arc::new(registry),
             reconciles,
             reconcile_seconds,
             loxilb_calls,

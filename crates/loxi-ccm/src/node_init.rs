@@ -495,7 +495,7 @@ struct Ctx {
     nodes: Api<Node>,
     source: InventorySource,
     opts: PlanOptions,
-    recorder: crate::events::EventRecorder,
+    recorder: crate::k8s::events::EventRecorder,
     /// Consecutive failures per Node, for the retry backoff.
     failures: Mutex<HashMap<String, u32>>,
     /// The last warning published per Node: a Node waiting for the inventory is reconciled on
@@ -508,7 +508,7 @@ impl Ctx {
         let event = Event {
             type_,
             reason: reason.to_string(),
-            note: Some(crate::events::note_text(&note)),
+            note: Some(crate::k8s::events::note_text(&note)),
             action: "InitializeNode".into(),
             secondary: None,
         };
@@ -552,10 +552,13 @@ pub async fn run(
     let (store, writer) = reflector::store::<Node>();
     // Reconcile only when something the plan reads changes, not on every heartbeat-driven
     // status update.
-    let triggers = reflector(writer, watcher(nodes.clone(), crate::trim::list_config()))
-        .default_backoff()
-        .touched_objects()
-        .predicate_filter(relevant_hash, Default::default());
+    let triggers = reflector(
+        writer,
+        watcher(nodes.clone(), crate::k8s::trim::list_config()),
+    )
+    .default_backoff()
+    .touched_objects()
+    .predicate_filter(relevant_hash, Default::default());
 
     let mut controller = Controller::for_stream(triggers, store)
         .with_config(kube::runtime::controller::Config::default().concurrency(CONCURRENCY));
@@ -591,7 +594,11 @@ pub async fn run(
     };
     let ctx = Arc::new(Ctx {
         // Node initialization has no metrics endpoint of its own: drops are logged only.
-        recorder: crate::events::EventRecorder::new(client.clone(), reporter, Default::default()),
+        recorder: crate::k8s::events::EventRecorder::new(
+            client.clone(),
+            reporter,
+            Default::default(),
+        ),
         client,
         nodes,
         source,

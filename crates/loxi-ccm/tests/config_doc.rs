@@ -4,7 +4,7 @@
 //! table to paste between the markers.
 
 use clap::CommandFactory;
-use loxi_ccm::cli::Cli;
+use loxi_ccm::config::cli::Cli;
 use loxi_ccm::config::file_keys;
 
 const START: &str = "<!-- options-table:start -->";

@@ -366,7 +366,7 @@ async fn two_processes_without_leader_election_never_duplicate() {
         }
     }))
     .await;
-    let claims: Api<loxi_ccm::claims::AddressClaim> = Api::all(admin.clone());
+    let claims: Api<loxi_ccm::ipam::claims::AddressClaim> = Api::all(admin.clone());
     let shown = wait_for("60 addresses, one claim each", || async {
         let shown: std::collections::BTreeMap<String, String> = services
             .list(&Default::default())
@@ -541,7 +541,7 @@ async fn leader_failover_between_two_processes() {
         (sim.rules().len() == 15).then_some(())
     })
     .await;
-    let claims: Api<loxi_ccm::claims::AddressClaim> = Api::all(admin.clone());
+    let claims: Api<loxi_ccm::ipam::claims::AddressClaim> = Api::all(admin.clone());
     wait_for("15 claims", || async {
         (claims.list(&Default::default()).await.ok()?.items.len() == 15).then_some(())
     })
@@ -683,7 +683,7 @@ async fn a_frozen_leader_once_resumed_writes_nothing_to_loxilb() {
             .await
             .unwrap();
     }
-    let claims: Api<loxi_ccm::claims::AddressClaim> = Api::all(admin.clone());
+    let claims: Api<loxi_ccm::ipam::claims::AddressClaim> = Api::all(admin.clone());
     wait_for("the deleted Services' rules and claims gone", || async {
         let claims = claims.list(&Default::default()).await.ok()?.items.len();
         (sim.rules().len() == 6 && claims == 6).then_some(())
@@ -762,7 +762,7 @@ async fn a_promoted_standby_never_brings_back_services_deleted_while_it_stood_by
             .await
             .unwrap();
     }
-    let claims: Api<loxi_ccm::claims::AddressClaim> = Api::all(admin.clone());
+    let claims: Api<loxi_ccm::ipam::claims::AddressClaim> = Api::all(admin.clone());
     wait_for("all gone", || async {
         let gone = !services
             .list(&Default::default())

@@ -12,8 +12,8 @@ use common::{CLASS, Options, WAIT, World, annotated, wait_for};
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use loxi_ccm::claims::{AddressClaim, AddressClaimSpec, ClaimedBy};
-use loxi_ccm::pools::{
+use loxi_ccm::ipam::claims::{AddressClaim, AddressClaimSpec, ClaimedBy};
+use loxi_ccm::ipam::pools::{
     AddressPool, AddressPoolSpec, AddressPoolStatus, FamilyUsage, LabelSelector,
     LabelSelectorRequirement,
 };

@@ -915,7 +915,7 @@ async fn a_repeated_event_is_one_event_with_a_count() {
     use kube::Resource;
     use kube::api::{Api, ListParams};
     use kube::runtime::events::{Event, EventType, Reporter};
-    use loxi_ccm::events::EventRecorder;
+    use loxi_ccm::k8s::events::EventRecorder;
 
     let w = World::new("events").await;
     let svc = w
@@ -1131,8 +1131,8 @@ async fn an_address_whose_claim_is_refused_is_reported_and_never_programmed() {
     );
     bindings.create(&PostParams::default(), &b).await.unwrap();
     // The API server enforces a new policy after a moment: until a dry run is refused.
-    let claims: Api<loxi_ccm::claims::AddressClaim> = Api::all(w.client.clone());
-    let probe: loxi_ccm::claims::AddressClaim = serde_json::from_value(serde_json::json!({
+    let claims: Api<loxi_ccm::ipam::claims::AddressClaim> = Api::all(w.client.clone());
+    let probe: loxi_ccm::ipam::claims::AddressClaim = serde_json::from_value(serde_json::json!({
         "apiVersion": "ipam.loxilb.io/v1alpha1", "kind": "AddressClaim",
         "metadata": {"name": refused},
         "spec": {"address": refused, "service": {"namespace": w.ns, "name": "web"}}

@@ -24,6 +24,28 @@ pub const SECONDARY_POOL_PREFIX: &str = "secondary";
 /// loxilb's limit of secondary addresses per rule (CONTRACT.md §5).
 pub const MAX_SECONDARY: usize = 3;
 
+/// Keep a deleted Service's address for a while (e.g. `24h`), so that re-creating the
+/// Service gets the same address.
+pub const ANN_RETAIN: &str = "loxilb.io/retain-address";
+
+/// How long a deleted Service's addresses are kept for it (`loxilb.io/retain-address`):
+/// `Ok(None)` without the annotation (the pool's setting applies); a value that is not a
+/// duration is an error to report, never silently "do not retain".
+pub fn retention(
+    annotations: Option<&BTreeMap<String, String>>,
+) -> Result<Option<std::time::Duration>, AnnotationError> {
+    let Some(raw) = annotations.and_then(|a| a.get(ANN_RETAIN)) else {
+        return Ok(None);
+    };
+    crate::duration::parse_duration(raw).map(Some).map_err(|_| {
+        crate::intent::invalid(
+            ANN_RETAIN,
+            raw,
+            "expected a duration such as 30m, 24h or 3600",
+        )
+    })
+}
+
 /// The name of the `i`-th secondary pool from the command line.
 pub fn secondary_pool_name(i: usize) -> String {
     format!("{SECONDARY_POOL_PREFIX}{i}")
@@ -439,5 +461,17 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.annotation, "spec.loadBalancerIP");
+    }
+
+    #[test]
+    fn retention_is_read_or_refused() {
+        let with = |v: &str| BTreeMap::from([(ANN_RETAIN.to_string(), v.to_string())]);
+        assert_eq!(retention(None).unwrap(), None);
+        assert_eq!(
+            retention(Some(&with("2m"))).unwrap(),
+            Some(std::time::Duration::from_secs(120))
+        );
+        let err = retention(Some(&with("soon"))).unwrap_err();
+        assert_eq!(err.annotation, ANN_RETAIN);
     }
 }

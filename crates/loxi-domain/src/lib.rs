@@ -6,8 +6,10 @@
 
 pub mod address_name;
 pub mod addressing;
+pub mod choice;
 pub mod diff;
 pub mod duration;
+pub mod ingress;
 pub mod intent;
 pub mod inventory;
 pub mod ipam;

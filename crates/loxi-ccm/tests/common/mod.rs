@@ -45,8 +45,8 @@ pub async fn install_crds(client: &kube::Client) {
     use kube::CustomResourceExt;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for crd in [
-        loxi_ccm::claims::AddressClaim::crd(),
-        loxi_ccm::pools::AddressPool::crd(),
+        loxi_ccm::ipam::claims::AddressClaim::crd(),
+        loxi_ccm::ipam::pools::AddressPool::crd(),
     ] {
         let name = crd.metadata.name.clone().unwrap();
         let _ = crds.create(&PostParams::default(), &crd).await;
@@ -212,8 +212,8 @@ impl World {
             args.push("--leader-elect=false".into());
         }
         args.extend(opts.extra_args.iter().cloned());
-        let cli = <loxi_ccm::cli::Cli as clap::Parser>::try_parse_from(args).unwrap();
-        let loxi_ccm::cli::Command::Run(run) = cli.command;
+        let cli = <loxi_ccm::config::cli::Cli as clap::Parser>::try_parse_from(args).unwrap();
+        let loxi_ccm::config::cli::Command::Run(run) = cli.command;
         Config::from_args(&run).unwrap()
     }
 
@@ -235,15 +235,15 @@ impl World {
         let admin = opts
             .admin_port
             .map(|port| std::net::SocketAddr::from(([127, 0, 0, 1], port)));
-        let handle = tokio::spawn(loxi_ccm::controller::run(client, cfg, admin, async {
+        let handle = tokio::spawn(loxi_ccm::runtime::run(client, cfg, admin, async {
             let _ = rx.await;
         }));
         (tx, handle)
     }
 
     /// Address claims (cluster-scoped) of Services in this test's namespace.
-    pub async fn claims(&self) -> Vec<loxi_ccm::claims::AddressClaim> {
-        let api: Api<loxi_ccm::claims::AddressClaim> = Api::all(self.client.clone());
+    pub async fn claims(&self) -> Vec<loxi_ccm::ipam::claims::AddressClaim> {
+        let api: Api<loxi_ccm::ipam::claims::AddressClaim> = Api::all(self.client.clone());
         api.list(&ListParams::default())
             .await
             .unwrap()
@@ -460,7 +460,7 @@ impl World {
         self.stop_controller().await;
         // Claims are cluster-scoped and outlive the namespace: leave none behind for the
         // next test (their addresses would look taken).
-        let api: Api<loxi_ccm::claims::AddressClaim> = Api::all(self.client.clone());
+        let api: Api<loxi_ccm::ipam::claims::AddressClaim> = Api::all(self.client.clone());
         for c in self.claims().await {
             let _ = api
                 .delete(

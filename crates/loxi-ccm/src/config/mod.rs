@@ -17,6 +17,8 @@
 //! with the layer the value came from: `environment LOXI_CCM_LB_MODE: invalid value "x": ...`,
 //! `config file /etc/loxi-ccm/config.yaml: key "externalCidr": invalid value ...`. The
 //! semantic checks of [`Config::from_args_with`] name the source the same way.
+pub mod check;
+pub mod cli;
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -33,7 +35,7 @@ use loxi_domain::{ClusterId, Defaults, NatMode, Pool};
 use loxilb_client::{ClientConfig, ClientError, LoxilbClient};
 use thiserror::Error;
 
-use crate::cli::{CHECK, RunArgs};
+use crate::config::cli::{CHECK, RunArgs};
 use crate::leader::{LeaseConfig, default_identity};
 use crate::node_init::NodeInitArgs;
 
@@ -93,7 +95,7 @@ pub struct Config {
     pub drift_interval: Duration,
     pub concurrency: u16,
     /// Client-side Kubernetes API rate limit (used when the client is built, in main).
-    pub kube_api: crate::kube_api::RateLimit,
+    pub kube_api: crate::k8s::api::RateLimit,
     /// Rules one loxilb instance holds at most.
     pub loxilb_max_rules: usize,
     /// `None`: leader election off (this replica is always the leader).
@@ -168,7 +170,7 @@ impl Origins {
 
 /// The long flag of the `run` option with clap id `id`.
 fn long_of(id: &str) -> String {
-    crate::cli::command()
+    crate::config::cli::command()
         .find_subcommand("run")
         .and_then(|run| {
             run.get_arguments()
@@ -465,7 +467,7 @@ where
     T: Into<OsString>,
 {
     let argv: Vec<OsString> = argv.into_iter().map(Into::into).collect();
-    let full = crate::cli::command();
+    let full = crate::config::cli::command();
     // The same tree without environment lookups: clap then sees the command line only, and
     // the layers below it are applied here.
     let parser = full
@@ -881,7 +883,7 @@ impl Config {
             health_interval: args.health_interval,
             drift_interval: args.drift_interval,
             concurrency: args.concurrency,
-            kube_api: crate::kube_api::RateLimit {
+            kube_api: crate::k8s::api::RateLimit {
                 qps: args.kube_api_qps,
                 burst: args.kube_api_burst,
             },
@@ -1573,7 +1575,7 @@ mod tests {
         assert_eq!(camel_case("loxilb-url"), "loxilbUrl");
         assert_eq!(camel_case("external-cidr6"), "externalCidr6");
         assert_eq!(camel_case("kubeconfig"), "kubeconfig");
-        let cmd = crate::cli::command();
+        let cmd = crate::config::cli::command();
         let run = cmd.find_subcommand("run").unwrap();
         let keys = |id: &str| file_keys(run.get_arguments().find(|a| a.get_id() == id).unwrap());
         assert_eq!(
@@ -1599,14 +1601,14 @@ mod tests {
 
     #[test]
     fn from_args_names_flags_without_origins() {
-        let cli = <crate::cli::Cli as clap::Parser>::try_parse_from([
+        let cli = <crate::config::cli::Cli as clap::Parser>::try_parse_from([
             "loxi-ccm",
             "run",
             "--loxilb-url=http://a:1",
             "--external-cidr=nope",
         ])
         .unwrap();
-        let crate::cli::Command::Run(args) = cli.command;
+        let crate::config::cli::Command::Run(args) = cli.command;
         let e = Config::from_args(&args).unwrap_err().to_string();
         assert!(
             e.starts_with("--external-cidr: invalid value \"nope\""),

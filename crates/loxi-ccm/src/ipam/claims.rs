@@ -54,8 +54,7 @@ pub struct ClaimedBy {
     pub role: Option<String>,
 }
 
-/// [`ClaimedBy::role`] of a secondary address.
-pub const ROLE_SECONDARY: &str = "secondary";
+pub use crate::k8s::view::ROLE_SECONDARY;
 
 impl ClaimedBy {
     /// An owner entry for a Service occupying what `sharing` says (`Exclusive`: no ports).

@@ -29,10 +29,9 @@ use kube::runtime::watcher;
 use tokio::sync::{Notify, mpsc};
 use tracing::{info, warn};
 
-use crate::kube_view::{CCM_FINALIZER, CLASS_FINALIZER, Selection};
+use crate::k8s::view::{CCM_FINALIZER, CLASS_FINALIZER, Selection};
 
-/// The field selector of the Service watch.
-pub const TYPE_SELECTOR: &str = "spec.type=LoadBalancer";
+pub use crate::k8s::view::TYPE_SELECTOR;
 
 /// Page size of the sweep's metadata list.
 const SWEEP_PAGE: u32 = 500;

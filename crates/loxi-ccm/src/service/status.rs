@@ -14,9 +14,10 @@
 //!   1.30 (kube-proxy never programs a hostname). IPv6 addresses cannot be written so (a
 //!   hostname may not contain `:`), they are published as `ipMode: Proxy` instead.
 //!
-//! The default follows the Service's NAT mode ([`IngressMode::for_nat_mode`]); the annotation
-//! [`ANN_INGRESS_MODE`] (`vip`, `proxy` or `hostname`) overrides it. Either form is read back
-//! as the Service's address (`kube_view::published_addresses`).
+//! The default follows the Service's NAT mode (`IngressMode::for_nat_mode` in
+//! `loxi_domain::ingress`); the annotation `loxilb.io/ingress-mode` (`vip`, `proxy` or
+//! `hostname`) overrides it. Either form is read back as the Service's address
+//! (`crate::k8s::view::published_addresses`).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -24,13 +25,13 @@ use std::net::IpAddr;
 use k8s_openapi::api::core::v1::{LoadBalancerIngress, PortStatus, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, Patch, PatchParams};
-use loxi_domain::intent::ANN_LB_MODE;
-use loxi_domain::{AnnotationError, Defaults, NatMode, parse_intent};
+use loxi_domain::Defaults;
+use loxi_domain::ingress::IngressMode;
 use serde_json::json;
 
-use crate::kube_view::{LLB_HOSTNAME_PREFIX, published_addresses};
+use crate::k8s::api::FIELD_MANAGER;
+use crate::k8s::view::{LLB_HOSTNAME_PREFIX, published_addresses};
 
-pub const FIELD_MANAGER: &str = "loxi-ccm";
 /// Condition messages are cut to this many bytes: room for every message the controller
 /// composes (a list of unreachable instances included), while a hostile annotation value
 /// cannot make a status write of tens of kilobytes (the API allows 32 KiB).
@@ -43,118 +44,28 @@ pub const COND_ENDPOINTS: &str = "loxilb.io/EndpointsComplete";
 /// (`--source-ranges`).
 pub const COND_SOURCE_RANGES: &str = "loxilb.io/SourceRangesEnforced";
 
-/// How the Service's addresses are published: `vip`, `proxy` or `hostname`.
-pub const ANN_INGRESS_MODE: &str = "loxilb.io/ingress-mode";
-
-/// The form of the Service's ingress entries (see the module documentation).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum IngressMode {
-    /// `ip` with `ipMode: VIP`: kube-proxy serves in-cluster clients itself.
-    #[default]
-    Vip,
-    /// `ip` with `ipMode: Proxy`: in-cluster clients go through loxilb too.
-    Proxy,
-    /// `hostname: llb-<ip>` (kube-loxilb's form): in-cluster clients go through loxilb, on
-    /// any Kubernetes version.
-    Hostname,
+/// The form for `svc`: its `loxilb.io/ingress-mode` annotation, else its NAT mode's default;
+/// with a bad annotation the form it shows now (`loxi_domain::ingress`).
+pub fn ingress_mode(svc: &Service, defaults: Defaults) -> IngressMode {
+    let empty = BTreeMap::new();
+    let annotations = svc.metadata.annotations.as_ref().unwrap_or(&empty);
+    IngressMode::choose(annotations, shown_ingress_mode(svc), defaults)
 }
 
-impl IngressMode {
-    /// The default for a NAT mode: `Proxy` wherever in-cluster clients would get something
-    /// else than external ones if kube-proxy answered for loxilb.
-    ///
-    /// - `default` (DNAT): loxilb only rewrites the destination to an endpoint and keeps the
-    ///   client's address, which is what kube-proxy does for the VIP too. `VIP` spares
-    ///   in-cluster traffic a detour through loxilb.
-    /// - `onearm`, `fullnat`: loxilb also rewrites the source to its own address and picks
-    ///   endpoints by its own selection and health probes; the endpoints see (and answer)
-    ///   loxilb. Short-circuited clients would get kube-proxy's behaviour instead: `Proxy`.
-    /// - `dsr`: loxilb forwards the packet unchanged (destination still the VIP) to the
-    ///   endpoint's node. If kube-proxy programmed the VIP, that node would load-balance the
-    ///   packet a second time, possibly to another node: `Proxy` is required.
-    /// - `fullproxy`: loxilb terminates connections (L7, TLS); a short-circuit would bypass
-    ///   the proxy entirely: `Proxy`.
-    /// - `hostonearm`: loxilb serves on the host's own addresses: `Proxy`.
-    ///
-    /// PROXY protocol v2 (`loxilb.io/useproxyprotov2`) forces `Proxy` in every mode: the
-    /// endpoints expect the header loxilb adds, which short-circuited connections lack.
-    pub fn for_nat_mode(mode: NatMode, proxy_protocol_v2: bool) -> IngressMode {
-        match mode {
-            NatMode::Default if !proxy_protocol_v2 => IngressMode::Vip,
-            _ => IngressMode::Proxy,
-        }
+/// The form the Service's first ingress entry has now, if any.
+fn shown_ingress_mode(svc: &Service) -> Option<IngressMode> {
+    let first = current_ingress(svc).first()?;
+    if first
+        .hostname
+        .as_deref()
+        .is_some_and(|h| h.starts_with(LLB_HOSTNAME_PREFIX))
+    {
+        return Some(IngressMode::Hostname);
     }
-
-    /// The annotation's value, if set. A bad value is an error to report on the Service.
-    pub fn from_annotation(svc: &Service) -> Result<Option<IngressMode>, AnnotationError> {
-        let Some(raw) = annotation(svc, ANN_INGRESS_MODE) else {
-            return Ok(None);
-        };
-        match raw.to_ascii_lowercase().as_str() {
-            "vip" => Ok(Some(IngressMode::Vip)),
-            "proxy" => Ok(Some(IngressMode::Proxy)),
-            "hostname" => Ok(Some(IngressMode::Hostname)),
-            _ => Err(AnnotationError {
-                annotation: ANN_INGRESS_MODE,
-                value: raw.to_string(),
-                reason: "expected one of vip, proxy, hostname".into(),
-            }),
-        }
+    match first.ip_mode.as_deref()? {
+        "Proxy" => Some(IngressMode::Proxy),
+        _ => Some(IngressMode::Vip),
     }
-
-    /// The form for `svc`: its annotation, else its NAT mode's default. Never fails: with a
-    /// bad annotation the form shown stays as it is (as rules do, until the owner fixes it;
-    /// the error itself is reported by the reconcile as InvalidAnnotation).
-    pub fn for_service(svc: &Service, defaults: Defaults) -> IngressMode {
-        match IngressMode::from_annotation(svc) {
-            Ok(Some(mode)) => return mode,
-            Ok(None) => {}
-            Err(_) => {
-                if let Some(shown) = IngressMode::shown(svc) {
-                    return shown;
-                }
-            }
-        }
-        let empty = BTreeMap::new();
-        let annotations = svc.metadata.annotations.as_ref().unwrap_or(&empty);
-        match parse_intent(annotations, defaults) {
-            Ok(intent) => IngressMode::for_nat_mode(intent.mode, intent.proxy_protocol_v2),
-            // Another annotation is bad: go by the NAT mode alone.
-            Err(_) => {
-                let mode = annotation(svc, ANN_LB_MODE)
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(defaults.mode);
-                IngressMode::for_nat_mode(mode, false)
-            }
-        }
-    }
-}
-
-impl IngressMode {
-    /// The form the Service's first ingress entry has now, if any.
-    fn shown(svc: &Service) -> Option<IngressMode> {
-        let first = current_ingress(svc).first()?;
-        if first
-            .hostname
-            .as_deref()
-            .is_some_and(|h| h.starts_with(LLB_HOSTNAME_PREFIX))
-        {
-            return Some(IngressMode::Hostname);
-        }
-        match first.ip_mode.as_deref()? {
-            "Proxy" => Some(IngressMode::Proxy),
-            _ => Some(IngressMode::Vip),
-        }
-    }
-}
-
-fn annotation<'a>(svc: &'a Service, key: &str) -> Option<&'a str> {
-    svc.metadata
-        .annotations
-        .as_ref()?
-        .get(key)
-        .map(|v| v.trim())
-        .filter(|v| !v.is_empty())
 }
 
 /// One condition as we want it (the transition time is filled in when written).
@@ -348,6 +259,8 @@ pub async fn clear(api: &Api<Service>, svc: &Service) -> kube::Result<()> {
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{ServicePort, ServiceSpec};
+    use loxi_domain::NatMode;
+    use loxi_domain::ingress::ANN_INGRESS_MODE;
 
     fn svc(annotations: &[(&str, &str)]) -> Service {
         Service {
@@ -382,37 +295,30 @@ mod tests {
     #[test]
     fn ingress_mode_follows_the_nat_mode() {
         let d = Defaults::default();
-        assert_eq!(IngressMode::for_service(&svc(&[]), d), IngressMode::Vip);
+        assert_eq!(ingress_mode(&svc(&[]), d), IngressMode::Vip);
         for mode in ["onearm", "fullnat", "fullproxy"] {
             let s = svc(&[("loxilb.io/lbmode", mode)]);
-            assert_eq!(
-                IngressMode::for_service(&s, d),
-                IngressMode::Proxy,
-                "{mode}"
-            );
+            assert_eq!(ingress_mode(&s, d), IngressMode::Proxy, "{mode}");
         }
         let dsr = svc(&[("loxilb.io/lbmode", "dsr"), ("loxilb.io/epselect", "hash")]);
-        assert_eq!(IngressMode::for_service(&dsr, d), IngressMode::Proxy);
+        assert_eq!(ingress_mode(&dsr, d), IngressMode::Proxy);
         let ppv2 = svc(&[("loxilb.io/useproxyprotov2", "yes")]);
-        assert_eq!(IngressMode::for_service(&ppv2, d), IngressMode::Proxy);
+        assert_eq!(ingress_mode(&ppv2, d), IngressMode::Proxy);
         // The operator's default mode counts too.
         let fullnat = Defaults {
             mode: NatMode::FullNat,
             ..d
         };
-        assert_eq!(
-            IngressMode::for_service(&svc(&[]), fullnat),
-            IngressMode::Proxy
-        );
+        assert_eq!(ingress_mode(&svc(&[]), fullnat), IngressMode::Proxy);
         // The annotation wins; a bad one is an error, and publishing falls back.
         let s = svc(&[
             (ANN_INGRESS_MODE, "Hostname"),
             ("loxilb.io/lbmode", "fullnat"),
         ]);
-        assert_eq!(IngressMode::for_service(&s, d), IngressMode::Hostname);
+        assert_eq!(ingress_mode(&s, d), IngressMode::Hostname);
         let mut bad = svc(&[(ANN_INGRESS_MODE, "magic"), ("loxilb.io/lbmode", "fullnat")]);
-        assert!(IngressMode::from_annotation(&bad).is_err());
-        assert_eq!(IngressMode::for_service(&bad, d), IngressMode::Proxy);
+        assert!(IngressMode::from_annotations(bad.metadata.annotations.as_ref().unwrap()).is_err());
+        assert_eq!(ingress_mode(&bad, d), IngressMode::Proxy);
         // ... unless a form is shown already: it stays.
         bad.status = Some(k8s_openapi::api::core::v1::ServiceStatus {
             load_balancer: Some(k8s_openapi::api::core::v1::LoadBalancerStatus {
@@ -423,10 +329,10 @@ mod tests {
             }),
             ..Default::default()
         });
-        assert_eq!(IngressMode::for_service(&bad, d), IngressMode::Hostname);
+        assert_eq!(ingress_mode(&bad, d), IngressMode::Hostname);
         // Another bad annotation: the NAT mode alone still decides.
         let other = svc(&[("loxilb.io/lbmode", "fullnat"), ("loxilb.io/timeout", "x")]);
-        assert_eq!(IngressMode::for_service(&other, d), IngressMode::Proxy);
+        assert_eq!(ingress_mode(&other, d), IngressMode::Proxy);
     }
 
     #[test]

@@ -178,7 +178,7 @@ async fn kube_client(kubeconfig: Option<&Path>) -> anyhow::Result<(kube::Client,
     config.connect_timeout = Some(Duration::from_secs(5));
     config.read_timeout = Some(KUBE_TIMEOUT);
     let url = config.cluster_url.to_string();
-    let client = crate::kube_api::from_config(config, crate::kube_api::RateLimit::NONE)
+    let client = crate::k8s::api::from_config(config, crate::k8s::api::RateLimit::NONE)
         .context("building the Kubernetes client")?;
     Ok((client, url.trim_end_matches('/').to_string()))
 }
@@ -269,11 +269,11 @@ fn needs(cfg: &Config) -> Vec<Need> {
         Need::new("watch", "", "nodes"),
         Need::new("create", "events.k8s.io", "events").ns(ns),
     ];
-    // Durable address claims (cluster-scoped, crate::claims).
+    // Durable address claims (cluster-scoped, crate::ipam::claims).
     for verb in ["list", "watch", "create", "patch", "update", "delete"] {
         needs.push(Need::new(verb, "ipam.loxilb.io", "addressclaims"));
     }
-    // Address pools (crate::pools) and the namespace labels their selectors read.
+    // Address pools (crate::ipam::pools) and the namespace labels their selectors read.
     for verb in ["list", "watch"] {
         needs.push(Need::new(verb, "ipam.loxilb.io", "addresspools"));
         needs.push(Need::new(verb, "", "namespaces"));
@@ -383,13 +383,13 @@ async fn kube_checks(kubeconfig: Option<&Path>, cfg: &Config) -> Report {
         ),
     }
     // Informational: where the API server cannot filter, every Service is watched.
-    let by_type = one.clone().fields(crate::departures::TYPE_SELECTOR);
+    let by_type = one.clone().fields(crate::k8s::view::TYPE_SELECTOR);
     match with_timeout(services.list_metadata(&by_type)).await {
         Ok(_) => r.pass(
             "service watch",
             format!(
                 "filtered by type ({}): other Services are never sent",
-                crate::departures::TYPE_SELECTOR
+                crate::k8s::view::TYPE_SELECTOR
             ),
         ),
         Err(e) => r.pass(
@@ -536,7 +536,7 @@ mod tests {
 
     #[test]
     fn needs_follow_the_configuration() {
-        let cli = <crate::cli::Cli as clap::Parser>::try_parse_from([
+        let cli = <crate::config::cli::Cli as clap::Parser>::try_parse_from([
             "loxi-ccm",
             "run",
             "--loxilb-url=http://127.0.0.1:11111",
@@ -546,7 +546,7 @@ mod tests {
             "--disable-node-init",
         ])
         .unwrap();
-        let crate::cli::Command::Run(args) = cli.command;
+        let crate::config::cli::Command::Run(args) = cli.command;
         let cfg = Config::from_args(&args).unwrap();
         let list: Vec<String> = needs(&cfg).iter().map(|n| n.to_string()).collect();
         assert!(

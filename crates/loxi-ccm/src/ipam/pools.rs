@@ -12,17 +12,13 @@
 //! pool shows.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Patch, PatchParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
 use kube::{CustomResource, Resource, ResourceExt};
 use loxi_domain::Pool;
 use loxi_domain::ipam::{Allocator, Family};
@@ -33,10 +29,11 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::Notify;
-use tracing::{info, warn};
+use tracing::warn;
 
-use crate::context::Context;
-use crate::status::FIELD_MANAGER;
+use super::Ipam;
+use crate::k8s::api::FIELD_MANAGER;
+use crate::k8s::events::EventRecorder;
 
 pub const COND_READY: &str = "Ready";
 pub const COND_OVERLAPPING: &str = "Overlapping";
@@ -185,14 +182,13 @@ pub struct AddressPoolStatus {
     pub conditions: Vec<PoolCondition>,
 }
 
-/// The pools in effect and what they are computed from.
+/// What the pools are computed from: the `AddressPool` resources and namespace labels.
 pub struct Pools {
     pub api: kube::Api<AddressPool>,
     /// `None` when the AddressPool CRD is not installed: the flag pools only.
     pub store: Option<Store<AddressPool>>,
     /// Namespace labels, for `namespaceSelector` (metadata only).
     pub namespaces: Store<PartialObjectMeta<Namespace>>,
-    current: Mutex<Arc<PoolSet>>,
     /// Something a pool status shows may have changed (allocation, release, pool edit).
     pub changed: Notify,
 }
@@ -232,24 +228,13 @@ impl Pools {
         api: kube::Api<AddressPool>,
         store: Option<Store<AddressPool>>,
         namespaces: Store<PartialObjectMeta<Namespace>>,
-        flags: &[Pool],
-        secondary: &[Pool],
     ) -> Pools {
         Pools {
             api,
             store,
             namespaces,
-            current: Mutex::new(Arc::new(merge_pools(flags, secondary, Vec::new()))),
             changed: Notify::new(),
         }
-    }
-
-    /// The pool set in effect.
-    pub fn current(&self) -> Arc<PoolSet> {
-        self.current
-            .lock()
-            .map(|c| c.clone())
-            .unwrap_or_else(|e| e.into_inner().clone())
     }
 
     /// Labels of namespace `ns` (none when it is not in the store).
@@ -275,96 +260,12 @@ impl Pools {
         merge_pools(flags, secondary, resources)
     }
 
-    /// Makes `set` the one in effect; the caller holds the allocator lock and rebuilds the
-    /// index over `set.pools()` itself.
-    pub fn install(&self, set: PoolSet) {
-        let set = Arc::new(set);
-        match self.current.lock() {
-            Ok(mut c) => *c = set,
-            Err(e) => *e.into_inner() = set,
-        }
-    }
-}
-
-/// Re-reads the pool resources. When the pools changed, the address index is rebuilt over
-/// them with every owner kept. Services waiting for an address try again (a new, grown or
-/// re-enabled pool may have room for them). Returns whether anything changed.
-pub fn refresh(ctx: &Context) -> bool {
-    let changed = {
-        // Under the allocator lock, so that the set in effect and the index's pools never
-        // disagree (start-up builds both under the same lock).
-        let mut ipam = ctx.ipam.lock().expect("ipam lock poisoned");
-        let set = ctx.pools.compute(&ctx.cfg.pools, &ctx.cfg.secondary_pools);
-        let old = ctx.pools.current();
-        if *old == set {
-            false
-        } else {
-            if old.pools() != set.pools() {
-                *ipam = ipam.with_pools(set.pools());
-                let names: Vec<&str> = set.defs.iter().map(|d| d.name()).collect();
-                info!(pools = ?names, "address pools changed: index rebuilt, no address moved");
+    /// Logs the invalid pools of `set` that `before` did not already have as they are.
+    pub fn log_invalid(&self, set: &PoolSet, before: Option<&PoolSet>) {
+        for (name, problems) in &set.invalid {
+            if before.and_then(|b| b.invalid.get(name)) != Some(problems) {
+                warn!(pool = %name, problems = %problems.join("; "), "address pool ignored: invalid");
             }
-            for (name, problems) in &set.invalid {
-                if old.invalid.get(name) != Some(problems) {
-                    warn!(pool = %name, problems = ?problems, "address pool ignored: invalid");
-                }
-            }
-            ctx.pools.install(set);
-            true
-        }
-    };
-    if changed {
-        crate::reconcile::update_pool_metrics(ctx);
-        ctx.wake_address_waiters();
-    }
-    changed
-}
-
-/// Keeps the pool set current with the AddressPool resources.
-pub async fn watch_pools(
-    ctx: Arc<Context>,
-    events: impl futures::Stream<Item = Result<watcher::Event<AddressPool>, watcher::Error>>,
-) {
-    let mut events = std::pin::pin!(events);
-    while let Some(event) = events.next().await {
-        match event {
-            // Before start-up this only prepares the set; start-up computes it again under
-            // the allocator lock before anything is allocated.
-            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone) => {
-                refresh(&ctx);
-                // Even without a change of the set (a no-op edit) the pool's
-                // observedGeneration moved.
-                ctx.pools.changed.notify_one();
-            }
-            Ok(_) => {}
-            Err(e) => warn!(error = %e, "address pool watch error"),
-        }
-    }
-}
-
-/// Namespace labels decide `namespaceSelector`: a relabelled namespace may now use a pool.
-pub async fn watch_namespaces(
-    ctx: Arc<Context>,
-    events: impl futures::Stream<
-        Item = Result<watcher::Event<PartialObjectMeta<Namespace>>, watcher::Error>,
-    >,
-) {
-    let mut events = std::pin::pin!(events);
-    while let Some(event) = events.next().await {
-        match event {
-            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_))
-                if ctx.ready.load(Ordering::Relaxed)
-                    && ctx
-                        .pools
-                        .current()
-                        .defs
-                        .iter()
-                        .any(|d| d.namespace_selector.is_some()) =>
-            {
-                ctx.wake_address_waiters();
-            }
-            Ok(_) => {}
-            Err(e) => warn!(error = %e, "namespace watch error"),
         }
     }
 }
@@ -471,58 +372,73 @@ fn same(have: Option<&AddressPoolStatus>, want: &AddressPoolStatus) -> bool {
     strip(have) == *want
 }
 
-/// Writes every pool's status that differs from what it shows (leader only).
-pub async fn sync_statuses(ctx: &Context) {
-    let Some(store) = &ctx.pools.store else {
-        return;
-    };
-    let set = ctx.pools.current();
-    let now = k8s_openapi::jiff::Timestamp::now().to_string();
-    for pool in store.state() {
-        if pool.metadata.deletion_timestamp.is_some() {
-            continue; // going away: nothing to report
-        }
-        let want = match ctx.ipam.lock() {
-            Ok(ipam) => desired_status(&pool, &set, &ipam),
-            Err(_) => return,
+impl Ipam {
+    /// Writes every pool's status that differs from what it shows (leader only).
+    pub async fn sync_pool_statuses(&self, recorder: &EventRecorder) {
+        let Some(store) = &self.pools.store else {
+            return;
         };
-        let have = pool.status.as_ref();
-        if same(have, &want) {
-            continue;
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        for pool in store.state() {
+            if pool.metadata.deletion_timestamp.is_some() {
+                continue; // going away: nothing to report
+            }
+            let want = self.pool_status(&pool);
+            let have = pool.status.as_ref();
+            if same(have, &want) {
+                continue;
+            }
+            let mut status = want;
+            for c in &mut status.conditions {
+                c.last_transition_time = condition(have, &c.type_)
+                    .filter(|h| h.status == c.status)
+                    .map(|h| h.last_transition_time.clone())
+                    .unwrap_or_else(|| now.clone());
+            }
+            warn_on_change(recorder, &pool, have, &status);
+            let name = pool.name_any();
+            let patch = json!({
+                "apiVersion": "ipam.loxilb.io/v1alpha1",
+                "kind": "AddressPool",
+                "metadata": { "name": name },
+                "status": status,
+            });
+            let params = PatchParams::apply(FIELD_MANAGER).force();
+            match self
+                .pools
+                .api
+                .patch_status(&name, &params, &Patch::Apply(&patch))
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {} // deleted meanwhile
+                Err(e) => warn!(pool = %name, error = %e, "could not write pool status"),
+            }
         }
-        let mut status = want;
-        for c in &mut status.conditions {
-            c.last_transition_time = condition(have, &c.type_)
-                .filter(|h| h.status == c.status)
-                .map(|h| h.last_transition_time.clone())
-                .unwrap_or_else(|| now.clone());
+    }
+
+    /// The leader's pool status writer: at once when something changed (coalescing bursts),
+    /// and once a minute in case a write was lost. Runs while `running` says so.
+    pub async fn pool_status_loop(&self, recorder: &EventRecorder, running: impl Fn() -> bool) {
+        if self.pools.store.is_none() {
+            return;
         }
-        warn_on_change(ctx, &pool, have, &status).await;
-        let name = pool.name_any();
-        let patch = json!({
-            "apiVersion": "ipam.loxilb.io/v1alpha1",
-            "kind": "AddressPool",
-            "metadata": { "name": name },
-            "status": status,
-        });
-        let params = PatchParams::apply(FIELD_MANAGER).force();
-        match ctx
-            .pools
-            .api
-            .patch_status(&name, &params, &Patch::Apply(&patch))
-            .await
-        {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {} // deleted meanwhile
-            Err(e) => warn!(pool = %name, error = %e, "could not write pool status"),
+        while running() {
+            self.sync_pool_statuses(recorder).await;
+            tokio::select! {
+                _ = self.pools.changed.notified() => {}
+                _ = tokio::time::sleep(Duration::from_secs(60)) => {}
+            }
+            // A burst of allocations becomes one write per pool.
+            tokio::time::sleep(Duration::from_millis(250)).await;
         }
     }
 }
 
 /// Warning Events for what an operator must fix: a spec that does not validate, and pools
 /// overlapping. Once per change, not at every write.
-async fn warn_on_change(
-    ctx: &Context,
+fn warn_on_change(
+    recorder: &EventRecorder,
     pool: &AddressPool,
     have: Option<&AddressPoolStatus>,
     want: &AddressPoolStatus,
@@ -549,29 +465,11 @@ async fn warn_on_change(
         let event = Event {
             type_: EventType::Warning,
             reason: reason.to_string(),
-            note: Some(crate::events::note_text(&note)),
+            note: Some(crate::k8s::events::note_text(&note)),
             action: "Validate".to_string(),
             secondary: None,
         };
-        ctx.recorder.publish(event, pool.object_ref(&()));
-    }
-}
-
-/// The leader's pool status writer: at once when something changed (coalescing bursts),
-/// and once a minute in case a write was lost. Stops with the controller.
-pub async fn status_loop(ctx: Arc<Context>) {
-    ctx.wait_ready().await;
-    if ctx.pools.store.is_none() {
-        return;
-    }
-    while ctx.running.load(Ordering::Relaxed) {
-        sync_statuses(&ctx).await;
-        tokio::select! {
-            _ = ctx.pools.changed.notified() => {}
-            _ = tokio::time::sleep(Duration::from_secs(60)) => {}
-        }
-        // A burst of allocations becomes one write per pool.
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        recorder.publish(event, pool.object_ref(&()));
     }
 }
 

@@ -32,6 +32,10 @@ use tokio::time::Instant;
 use tower::{BoxError, Service, ServiceBuilder};
 use tracing::info;
 
+/// The field manager of every server-side apply this controller makes (Service and pool
+/// status): what it stops saying is removed, other writers' fields are left alone.
+pub const FIELD_MANAGER: &str = "loxi-ccm";
+
 /// hyper's read buffer limit per connection (its minimum is 8 KiB, its default ~400 KiB).
 const READ_BUFFER: usize = 16 * 1024;
 /// A request that waited this long for the rate limit is logged (client-go logs waits of

@@ -57,12 +57,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Service;
-use kube::runtime::reflector::ObjectRef;
 use loxi_domain::{Action, ClusterId, Rule, RuleKey, RuleName, diff_rules};
 use loxilb_client::convert::{from_entry, to_entry};
 use loxilb_client::{ClientError, LoxilbClient};
-use tokio::sync::{Mutex, mpsc};
+use tokio::sync::Mutex;
 use tracing::{debug, info, warn};
 
 use crate::metrics::Metrics;
@@ -84,8 +82,42 @@ pub const REASON_CAPACITY: &str = "CapacityExceeded";
 /// Condition reason / Event reason for [`Blocked::SourceRanges`].
 pub const REASON_SOURCE_RANGES: &str = "SourceRangesUnsupported";
 
+/// The Service a rule belongs to (namespace and name, as rule names carry them): the opaque
+/// key a Service waiting for room is re-queued by. This subsystem knows no Kubernetes types.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RuleOwner {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl RuleOwner {
+    pub fn new(namespace: &str, name: &str) -> RuleOwner {
+        RuleOwner {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+        }
+    }
+}
+
 /// Where Services waiting for room on an instance are sent when room frees.
-pub type Requeue = mpsc::UnboundedSender<ObjectRef<Service>>;
+#[derive(Clone)]
+pub struct Requeue(Arc<dyn Fn(&RuleOwner) + Send + Sync>);
+
+impl Requeue {
+    pub fn new(send: impl Fn(&RuleOwner) + Send + Sync + 'static) -> Requeue {
+        Requeue(Arc::new(send))
+    }
+
+    fn send(&self, owner: &RuleOwner) {
+        (self.0)(owner)
+    }
+}
+
+impl fmt::Debug for Requeue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Requeue")
+    }
+}
 
 /// Why some of a Service's rules are not on an instance: one of loxilb's limits.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -293,8 +325,8 @@ const TURN_HOLD: std::time::Duration = std::time::Duration::from_secs(10);
 #[derive(Debug, Default)]
 struct Waiters {
     next: u64,
-    order: BTreeMap<u64, ObjectRef<Service>>,
-    by_service: HashMap<ObjectRef<Service>, Waiter>,
+    order: BTreeMap<u64, RuleOwner>,
+    by_service: HashMap<RuleOwner, Waiter>,
     /// Until then, room is kept for the waiters woken last.
     turns_until: Option<Instant>,
 }
@@ -310,7 +342,7 @@ struct Waiter {
 
 impl Waiters {
     /// `svc` waits for room for `need` rules (keeping its place if it already waits).
-    fn wait(&mut self, svc: ObjectRef<Service>, need: usize, requeue: Requeue) {
+    fn wait(&mut self, svc: RuleOwner, need: usize, requeue: Requeue) {
         if let Some(w) = self.by_service.get_mut(&svc) {
             w.need = need;
             w.requeue = requeue;
@@ -323,7 +355,7 @@ impl Waiters {
     }
 
     /// `svc` no longer waits (served, gone, or wants nothing new).
-    fn done(&mut self, svc: &ObjectRef<Service>) {
+    fn done(&mut self, svc: &RuleOwner) {
         if let Some(w) = self.by_service.remove(svc) {
             self.order.remove(&w.seq);
         }
@@ -332,7 +364,7 @@ impl Waiters {
     fn wake_all(&mut self, now: Instant) {
         for svc in self.order.values() {
             if let Some(w) = self.by_service.get(svc) {
-                let _ = w.requeue.send(svc.clone());
+                w.requeue.send(svc);
             }
         }
         if !self.order.is_empty() {
@@ -343,7 +375,7 @@ impl Waiters {
     /// Of `free` rules of room, how many are kept for waiters ahead of `svc` (all waiters,
     /// for a Service that does not wait): each one in order whose need fits in what is left,
     /// while their turn lasts.
-    fn kept_ahead(&self, svc: &ObjectRef<Service>, free: usize, now: Instant) -> usize {
+    fn kept_ahead(&self, svc: &RuleOwner, free: usize, now: Instant) -> usize {
         if self.turns_until.is_none_or(|until| now >= until) {
             return 0;
         }
@@ -921,7 +953,7 @@ impl Instance {
             );
             let mut creates = creates;
             creates.sort_by_key(|r| r.allowed_sources.is_empty());
-            let me = ObjectRef::<Service>::new(name).within(namespace);
+            let me = RuleOwner::new(namespace, name);
             let free = self.effective_capacity(&h).saturating_sub(h.taken());
             let kept = h.waiters.kept_ahead(&me, free, Instant::now());
             let held_back = (!creates.is_empty())
@@ -969,7 +1001,7 @@ impl Instance {
             None => Ok(report),
         };
         // Registered under the same lock that frees room, so a wake-up is never missed.
-        let svc = ObjectRef::<Service>::new(name).within(namespace);
+        let svc = RuleOwner::new(namespace, name);
         match (&result, requeue) {
             (Ok(report), Some(tx)) if !report.blocked.is_empty() => {
                 h.waiters.wait(svc, rules_needed(report), tx.clone());
@@ -1425,8 +1457,6 @@ impl Instance {
 #[derive(Clone)]
 pub struct Fleet {
     pub instances: Arc<Vec<Instance>>,
-    /// The programming problem each Service was last warned about (see [`Fleet::first_warning`]).
-    warned: Arc<std::sync::Mutex<HashMap<ObjectRef<Service>, String>>>,
 }
 
 impl Fleet {
@@ -1448,7 +1478,6 @@ impl Fleet {
                     .map(|c| Instance::new(c, cluster))
                     .collect(),
             ),
-            warned: Arc::default(),
         };
         fleet.set_capacity(capacity);
         fleet
@@ -1470,36 +1499,8 @@ impl Fleet {
         }
     }
 
-    /// Records the programming problem `svc` has now (`None`: none) and says whether it is
-    /// new, i.e. worth a Warning Event. Kept in memory because the Service a reconcile reads
-    /// may not show the condition written by the previous pass yet (a status write that lost
-    /// a race is retried), and one problem must make one Event, not one per pass.
-    /// `exists` prunes entries of deleted Services once the map grows.
-    pub fn first_warning(
-        &self,
-        svc: &ObjectRef<Service>,
-        problem: Option<&str>,
-        exists: impl Fn(&ObjectRef<Service>) -> bool,
-    ) -> bool {
-        let Ok(mut warned) = self.warned.lock() else {
-            return true;
-        };
-        let Some(reason) = problem else {
-            warned.remove(svc);
-            return false;
-        };
-        if warned.get(svc).is_some_and(|r| r == reason) {
-            return false;
-        }
-        if warned.len() >= 1024 {
-            warned.retain(|k, _| exists(k));
-        }
-        warned.insert(svc.clone(), reason.to_string());
-        true
-    }
-
     /// `svc` is gone: it waits for room nowhere.
-    pub async fn forget_waiter(&self, svc: &ObjectRef<Service>) {
+    pub async fn forget_waiter(&self, svc: &RuleOwner) {
         for inst in self.instances.iter() {
             inst.holdings.lock().await.waiters.done(svc);
         }
@@ -1519,6 +1520,17 @@ mod tests {
     use loxi_domain::{Endpoint, EndpointSelection, NatMode, Protocol};
     use loxilb_client::ClientConfig;
     use loxilb_sim::{SimConfig, Simulator};
+
+    /// A requeue that forwards to a channel, for tests to read what was woken.
+    fn requeue_channel() -> (Requeue, tokio::sync::mpsc::UnboundedReceiver<RuleOwner>) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        (
+            Requeue::new(move |owner| {
+                let _ = tx.send(owner.clone());
+            }),
+            rx,
+        )
+    }
 
     fn cluster() -> ClusterId {
         ClusterId::new("unit").unwrap()
@@ -1583,7 +1595,7 @@ mod tests {
             .await
             .unwrap();
         assert!(r.complete() && r.changes == 2, "{r:?}");
-        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (tx, mut rx) = requeue_channel();
         let calls = sim.request_count();
         let r = inst
             .apply_service(&c, "ns", "b", &b, &m, Some(&tx))
@@ -1771,8 +1783,8 @@ mod tests {
 
     #[test]
     fn room_goes_to_waiters_in_the_order_they_started_waiting() {
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        let svc = |n: &str| ObjectRef::<Service>::new(n).within("ns");
+        let (tx, mut rx) = requeue_channel();
+        let svc = |n: &str| RuleOwner::new("ns", n);
         let mut w = Waiters::default();
         w.wait(svc("first"), 3, tx.clone());
         w.wait(svc("second"), 1, tx.clone());

@@ -12,7 +12,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
@@ -20,8 +19,8 @@ use kube::runtime::watcher;
 use loxi_domain::NodeView;
 use tracing::warn;
 
-use crate::context::Context;
-use crate::kube_view::node_view;
+use crate::k8s::view::node_view;
+use crate::service::Context;
 
 /// What the planner last saw of each Node, and the listing under way.
 #[derive(Debug, Default)]
@@ -80,8 +79,8 @@ pub async fn watch_nodes(
         if changes.observe(viewed(event)) {
             // Before any re-queue: the reconciles it triggers must not reuse older views
             // (heartbeats and other changes the views do not show keep the cache).
-            ctx.node_generation.fetch_add(1, Ordering::SeqCst);
-            if ctx.ready.load(Ordering::Relaxed) {
+            ctx.inputs.nodes_changed();
+            if ctx.gate.is_ready() {
                 ctx.requeue_all_served();
             }
         }

@@ -108,6 +108,12 @@ pub fn service_view(svc: &Service) -> ServiceView {
 }
 
 /// The label EndpointSlices carry to name their Service.
+/// The role recorded on a claim's owner entry for a secondary (SCTP multi-homing) address.
+pub const ROLE_SECONDARY: &str = "secondary";
+
+/// The field selector of the Service watch: only LoadBalancer Services are sent.
+pub const TYPE_SELECTOR: &str = "spec.type=LoadBalancer";
+
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
 /// Multus' per-pod annotation: one entry per attached network with its addresses.
@@ -240,9 +246,9 @@ pub fn owner_key(svc: &Service) -> String {
 }
 
 /// The allocator's owner key for the Service's secondary (SCTP multi-homing) addresses; the
-/// same as `crate::claims::ClaimedBy::key` of a secondary owner entry.
+/// same as `ClaimedBy::key` of a secondary owner entry in an `AddressClaim`.
 pub fn secondary_owner_key(svc: &Service) -> String {
-    format!("{}#{}", owner_key(svc), crate::claims::ROLE_SECONDARY)
+    format!("{}#{}", owner_key(svc), ROLE_SECONDARY)
 }
 
 #[cfg(test)]

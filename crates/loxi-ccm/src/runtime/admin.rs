@@ -10,9 +10,9 @@ use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 
-use crate::context::Context;
+use super::Shared;
 
-pub async fn serve(addr: SocketAddr, ctx: Arc<Context>) -> std::io::Result<()> {
+pub async fn serve(addr: SocketAddr, ctx: Arc<Shared>) -> std::io::Result<()> {
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
@@ -23,18 +23,18 @@ pub async fn serve(addr: SocketAddr, ctx: Arc<Context>) -> std::io::Result<()> {
     axum::serve(listener, app).await
 }
 
-async fn metrics(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
+async fn metrics(State(ctx): State<Arc<Shared>>) -> impl IntoResponse {
     (
         [(
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        ctx.metrics.encode(),
+        ctx.service.report.metrics.encode(),
     )
 }
 
 /// Alive as long as the reconcile loop runs (it flips `running` off when it stops).
-async fn healthz(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
+async fn healthz(State(ctx): State<Arc<Shared>>) -> impl IntoResponse {
     if ctx.running.load(Ordering::Relaxed) {
         (StatusCode::OK, "ok\n".to_string())
     } else {
@@ -48,19 +48,20 @@ async fn healthz(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
 /// Ready once the stores are synced, on the leader and on standbys alike (a standby with warm
 /// caches is exactly what a disruption budget should count). loxilb instances that are down
 /// are reported as degraded, still ready: restarting this pod would not bring loxilb back.
-async fn readyz(State(ctx): State<Arc<Context>>) -> impl IntoResponse {
+async fn readyz(State(ctx): State<Arc<Shared>>) -> impl IntoResponse {
     if !ctx.synced.load(Ordering::Relaxed) {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             "stores not synced\n".to_string(),
         );
     }
-    let role = if *ctx.leader_rx.borrow() {
+    let role = if *ctx.service.gate.leader().borrow() {
         "leader"
     } else {
         "standby"
     };
     let down: Vec<&str> = ctx
+        .service
         .fleet
         .instances
         .iter()

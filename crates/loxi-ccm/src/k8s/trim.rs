@@ -3,13 +3,13 @@
 //! `managedFields` everywhere (often the largest part of an object), Node images and volumes,
 //! EndpointSlice hints, and almost everything of the Services this controller does not
 //! serve. Services of other types are not even sent where the API server filters by type
-//! (crate::departures); load balancers of other classes keep only a name, a type and a class.
+//! (crate::service::departures); load balancers of other classes keep only a name, a type and a class.
 
 use k8s_openapi::api::core::v1::{Node, Service, ServiceSpec};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::core::ObjectMeta;
 
-use crate::kube_view::Selection;
+use crate::k8s::view::Selection;
 
 /// Objects per page of a watcher's initial list. kube and client-go use 500; a page is read
 /// whole and parsed whole (with the `managedFields` trimmed only afterwards), so 500 Services

@@ -1,0 +1,373 @@
+//! Every address a Service asks for, each backed by its durable claim before it is used.
+
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::Service;
+use kube::ResourceExt;
+use loxi_domain::addressing::{
+    ANN_NUM_SECONDARY, ANN_POOL_SELECT, ANN_POOL_SELECT_SECONDARY, AddressInput, AddressSlot,
+    address_slots, secondary_slots,
+};
+use loxi_domain::choice::{Choice, Role, Source, choose_address};
+use loxi_domain::ipam::{Family, Sharing};
+use loxi_domain::pools::{PoolSet, Requester};
+use loxi_domain::{AllocError, AnnotationError};
+use tracing::{info, warn};
+
+use super::claims::{self, AddressClaim, ClaimResult, ClaimedBy};
+use super::{AddressProblem, EnsureError, Ipam, service_ports, service_sharing};
+use crate::k8s::view::{owner_key, published_addresses, secondary_owner_key};
+
+/// The addresses a Service holds, each backed by its claim.
+#[derive(Debug, Default)]
+pub struct Held {
+    /// VIPs, one per IP family, in status order.
+    pub addresses: Vec<IpAddr>,
+    /// SCTP multi-homing addresses (only for a Service with an SCTP port).
+    pub secondaries: Vec<IpAddr>,
+    /// Those of both newly allocated by this pass.
+    pub newly: Vec<IpAddr>,
+}
+
+/// A claim write the API server will refuse again as it is (unlike a conflict, a throttle or
+/// an outage): its message, for the Service's condition.
+fn refusal(e: &kube::Error) -> Option<String> {
+    match e {
+        kube::Error::Api(status) if matches!(status.code, 400 | 403 | 422) => {
+            Some(status.message.clone())
+        }
+        _ => None,
+    }
+}
+
+/// The slots of one Service: what the pass fills, in order.
+struct Slots {
+    vips: Vec<AddressSlot>,
+    secondaries: Vec<AddressSlot>,
+}
+
+fn slots(svc: &Service, pools: &PoolSet, who: &Requester<'_>) -> Result<Slots, AnnotationError> {
+    let spec = svc.spec.as_ref();
+    let families = spec.and_then(|s| s.ip_families.clone()).unwrap_or_default();
+    let input = AddressInput {
+        annotations: svc.metadata.annotations.as_ref(),
+        ip_families: &families,
+        ip_family_policy: spec.and_then(|s| s.ip_family_policy.as_deref()),
+        load_balancer_ip: spec.and_then(|s| s.load_balancer_ip.as_deref()),
+    };
+    let selected = svc
+        .annotations()
+        .get(ANN_POOL_SELECT)
+        .map(|v| v.trim())
+        .filter(|v| !v.is_empty());
+    let vips = address_slots(&input, |f| pools.serves(selected, who, f))?;
+    // Secondary addresses serve SCTP rules only: a Service without an SCTP port gets none.
+    let has_sctp = service_ports(svc)
+        .iter()
+        .any(|p| p.protocol == loxi_domain::Protocol::Sctp);
+    let secondaries = match vips.first() {
+        Some(first) if has_sctp => {
+            secondary_slots(svc.metadata.annotations.as_ref(), first.family)?
+        }
+        _ => Vec::new(),
+    };
+    Ok(Slots { vips, secondaries })
+}
+
+/// A pool named by the Service that does not exist is its annotation's fault.
+fn unknown_pool(svc: &Service, role: Role, name: String) -> AnnotationError {
+    let named_secondary = svc
+        .annotations()
+        .get(ANN_POOL_SELECT_SECONDARY)
+        .is_some_and(|v| !v.trim().is_empty());
+    let (annotation, reason) = match role {
+        Role::Vip => (ANN_POOL_SELECT, "no pool with this name"),
+        Role::Secondary if named_secondary => (ANN_POOL_SELECT_SECONDARY, "no pool with this name"),
+        Role::Secondary => (
+            ANN_NUM_SECONDARY,
+            "no such secondary pool: --external-secondary-cidrs has fewer blocks",
+        ),
+    };
+    AnnotationError {
+        annotation,
+        value: name,
+        reason: reason.into(),
+    }
+}
+
+/// Who the Service is in the index and on its claims, for one role.
+struct Owner {
+    key: String,
+    me: ClaimedBy,
+    /// What it occupies on the address.
+    occupies: Sharing,
+}
+
+impl Owner {
+    fn of(svc: &Service, role: Role, sharing: &Sharing) -> Owner {
+        let ns = svc.namespace().unwrap_or_default();
+        let name = svc.name_any();
+        let uid = svc.uid().unwrap_or_default();
+        match role {
+            Role::Vip => Owner {
+                key: owner_key(svc),
+                me: ClaimedBy::new(&ns, &name, &uid, sharing),
+                occupies: sharing.clone(),
+            },
+            Role::Secondary => Owner {
+                key: secondary_owner_key(svc),
+                me: ClaimedBy::secondary(&ns, &name, &uid),
+                occupies: Sharing::Exclusive,
+            },
+        }
+    }
+}
+
+impl Ipam {
+    /// Every address the Service asks for (one per IP family, plus SCTP secondary
+    /// addresses), each backed by its claim. A Service that cannot have its addresses now
+    /// waits: it is re-queued when an address is released or the pools change.
+    pub async fn ensure(&self, svc: &Service) -> Result<Held, EnsureError> {
+        let result = self.ensure_all(svc).await;
+        if matches!(result, Err(EnsureError::Problem(_))) {
+            self.wait_for_address(svc);
+        }
+        result
+    }
+
+    async fn ensure_all(&self, svc: &Service) -> Result<Held, EnsureError> {
+        let sharing = service_sharing(svc).map_err(AddressProblem::from)?;
+        let pools = self.pool_set();
+        let namespace_labels = self
+            .pools
+            .namespace_labels(&svc.namespace().unwrap_or_default());
+        let who = Requester {
+            namespace_labels: &namespace_labels,
+            service_labels: svc.labels(),
+        };
+        let slots = slots(svc, &pools, &who).map_err(AddressProblem::from)?;
+        let published = published_addresses(svc);
+        let mut held = Held::default();
+        let all = (slots.vips.iter().map(|s| (s, Role::Vip)))
+            .chain(slots.secondaries.iter().map(|s| (s, Role::Secondary)));
+        for (slot, role) in all {
+            let owner = Owner::of(svc, role, &sharing);
+            let taken = match role {
+                Role::Vip => &held.addresses,
+                Role::Secondary => &held.secondaries,
+            };
+            let choice = Choice {
+                slot,
+                pools: &pools,
+                who: &who,
+                owner: &owner.key,
+                sharing: &sharing,
+                unique: self.settings.unique_ip,
+                role,
+                taken,
+                published: &published,
+            };
+            let (ip, new) = match self.ensure_one(svc, &choice, &owner).await {
+                Err(EnsureError::Problem(AddressProblem::Allocation(AllocError::UnknownPool(
+                    name,
+                )))) if slot.pool.as_deref() == Some(name.as_str()) => {
+                    return Err(AddressProblem::from(unknown_pool(svc, role, name)).into());
+                }
+                other => other?,
+            };
+            match role {
+                Role::Vip => held.addresses.push(ip),
+                Role::Secondary => held.secondaries.push(ip),
+            }
+            if new {
+                held.newly.push(ip);
+            }
+        }
+        Ok(held)
+    }
+
+    /// The Service's address of one slot, backed by a durable claim listing it that exists
+    /// before this returns: the one it shows while its claim lists it, else the one the
+    /// domain chooses (`loxi_domain::choice`). A claim made by someone else first (another
+    /// replica, another process) is never stolen: a pool address is then chosen again, while
+    /// an adopted or requested one is reported as in use. In shared mode the Service joins a
+    /// claim whose owners it is compatible with; when its own ports change onto a sharer's,
+    /// it moves to another address (the sharer was there first), and the old one is let go
+    /// once rules are on the new one. Returns the address and whether it is new.
+    async fn ensure_one(
+        &self,
+        svc: &Service,
+        choice: &Choice<'_, '_>,
+        owner: &Owner,
+    ) -> Result<(IpAddr, bool), EnsureError> {
+        if choice.role == Role::Vip
+            && let Some(shown) = self.shown_and_claimed(svc, choice.slot)
+            && self.confirm_shown(svc, &shown, owner).await?
+        {
+            return Ok((shown, false));
+        }
+        // Bounded: each lost race marks one more address as taken.
+        for _ in 0..32 {
+            let (ip, source) = {
+                let mut state = self.state();
+                choose_address(choice, &mut state.index).map_err(AddressProblem::from)?
+            };
+            match self.claim(svc, ip, source, choice, owner).await? {
+                Some(new) => return Ok((ip, new)),
+                None => continue,
+            }
+        }
+        Err(AddressProblem::from(AllocError::Exhausted {
+            pool: choice.slot.pool.clone().unwrap_or_default(),
+            family: choice.slot.family,
+        })
+        .into())
+    }
+
+    /// The address the Service shows for the slot's family, when its claim lists this very
+    /// Service and is not merely retained for it.
+    fn shown_and_claimed(&self, svc: &Service, slot: &AddressSlot) -> Option<IpAddr> {
+        let shown = published_addresses(svc)
+            .into_iter()
+            .find(|ip| Family::of(ip) == slot.family)?;
+        if slot.requested.is_some_and(|r| r != shown) {
+            return None;
+        }
+        let claim = self.claim_of(&shown)?;
+        (self.claimed_by(svc, &shown) && claim.spec.retain_until.is_none()).then_some(shown)
+    }
+
+    /// The shown address stays the Service's when its claim records it as it is now, or can
+    /// be brought up to date (its ports or sharing key changed, or the claim predates
+    /// sharing); false when its new ports land on another owner's.
+    async fn confirm_shown(
+        &self,
+        svc: &Service,
+        shown: &IpAddr,
+        owner: &Owner,
+    ) -> Result<bool, EnsureError> {
+        let Some(claim) = self.claim_of(shown) else {
+            return Ok(false);
+        };
+        if claim.owner(&owner.me.namespace, &owner.me.name) == Some(&owner.me) {
+            self.index_self(&claim, &owner.key, &owner.occupies);
+            return Ok(true);
+        }
+        let written =
+            claims::claim(&self.claims_api, shown, &claim.spec.pool, &owner.me, false).await?;
+        Ok(match written {
+            ClaimResult::Ours(written) => {
+                self.index_from_claim(&written);
+                true
+            }
+            ClaimResult::Taken(other) => {
+                self.index_from_claim(&other);
+                warn!(ip = %shown, service = %owner_key(svc), "the Service's ports now overlap another owner's: moving to another address");
+                false
+            }
+        })
+    }
+
+    /// Backs the chosen address with a claim. `Some(new)` once claimed; `None` when someone
+    /// else claimed it first and another address should be chosen.
+    async fn claim(
+        &self,
+        svc: &Service,
+        ip: IpAddr,
+        source: Source,
+        choice: &Choice<'_, '_>,
+        owner: &Owner,
+    ) -> Result<Option<bool>, EnsureError> {
+        // Fast path: the claim is already in the store and lists this Service as it is.
+        if let Some(c) = self.claim_of(&ip)
+            && c.owner(&owner.me.namespace, &owner.me.name) == Some(&owner.me)
+            && c.spec.retain_until.is_none()
+        {
+            self.index_self(&c, &owner.key, &owner.occupies);
+            return Ok(Some(false));
+        }
+        let pool = self.state().index.pool_containing(&ip).to_string();
+        // Never in unique mode; a specific address only by a shared key (sharing docs).
+        let may_join = choice.role == Role::Vip
+            && loxi_domain::sharing::may_join(
+                self.settings.unique_ip,
+                source == Source::Requested,
+                choice.sharing,
+            );
+        let claimed = match claims::claim(&self.claims_api, &ip, &pool, &owner.me, may_join).await {
+            Ok(claimed) => claimed,
+            Err(e) => {
+                // The choice may stay in the index only once its claim exists: the drift
+                // check and the replay program what the index holds.
+                if source != Source::Indexed {
+                    self.state().index.release_from(&ip, &owner.key);
+                }
+                return Err(match refusal(&e) {
+                    Some(message) => AddressProblem::ClaimRefused { ip, message }.into(),
+                    None => e.into(),
+                });
+            }
+        };
+        match claimed {
+            ClaimResult::Ours(written) => {
+                self.index_from_claim(&written);
+                if !written.spec.shared_with.is_empty() {
+                    let owners: Vec<String> = written.owners().iter().map(|o| o.key()).collect();
+                    info!(%ip, ?owners, "address shared");
+                }
+                self.publish_metrics();
+                Ok(Some(source == Source::Allocated))
+            }
+            ClaimResult::Taken(other) => {
+                self.index_from_claim(&other);
+                let holder = other
+                    .owners()
+                    .iter()
+                    .find(|o| !o.is(&owner.me.namespace, &owner.me.name))
+                    .map(|o| o.key())
+                    .unwrap_or_else(|| other.owner_key());
+                if source.is_specific() {
+                    return Err(
+                        AddressProblem::from(AllocError::Taken { ip, owner: holder }).into(),
+                    );
+                }
+                warn!(%ip, owner = %holder, service = %owner_key(svc), "address claimed by someone else first; taking another");
+                Ok(None)
+            }
+        }
+    }
+
+    /// Makes the index's owners of the claim's address exactly the claim's (the durable
+    /// record wins over whatever the index guessed).
+    fn index_from_claim(&self, claim: &AddressClaim) {
+        if let Some(ip) = claim.ip() {
+            self.state().index.set_owners(
+                ip,
+                claim
+                    .owners()
+                    .iter()
+                    .map(|o| (o.key(), o.sharing()))
+                    .collect(),
+            );
+        }
+    }
+
+    /// Records the Service in the index as an owner of the address of `claim`, a claim from
+    /// the store listing it. The store may lag behind claim writes this replica just made,
+    /// so the claim's other owners replace the index's only when the index has an owner
+    /// there the Service cannot share with (the claim, listing the Service, says that owner
+    /// is stale).
+    fn index_self(&self, claim: &AddressClaim, key: &str, sharing: &Sharing) {
+        let recorded = match claim.ip() {
+            Some(ip) => self
+                .state()
+                .index
+                .assign_shared(ip, key, sharing.clone())
+                .is_ok(),
+            None => true,
+        };
+        if !recorded {
+            self.index_from_claim(claim);
+        }
+    }
+}

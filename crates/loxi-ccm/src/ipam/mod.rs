@@ -1,0 +1,443 @@
+//! Address management: the only owner of the allocator index, the pool set in effect, the
+//! durable `AddressClaim` records and the Services waiting for an address.
+//!
+//! The claims are the record (one cluster-scoped object per address, written before the
+//! address is published or programmed: `docs/architecture.md`, "Durable allocation"); the
+//! index is a cache of them, rebuilt at start-up before anything is allocated and kept
+//! current by the claim watch. Everything that reads or changes the index goes through
+//! [`Ipam`]'s methods, under its one lock.
+
+pub mod claims;
+pub mod crds;
+mod ensure;
+pub mod pools;
+mod release;
+
+use std::collections::HashSet;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use k8s_openapi::api::core::v1::Service;
+use kube::api::Api;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
+use loxi_domain::ipam::{Family, Sharing};
+use loxi_domain::pools::PoolSet;
+use loxi_domain::{AllocError, Allocator, AnnotationError, Pool};
+use thiserror::Error;
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use crate::k8s::view::{owner_key, published_addresses, secondary_owner_key};
+use crate::metrics::Metrics;
+use claims::{AddressClaim, ClaimedBy};
+use pools::Pools;
+
+pub use ensure::Held;
+
+/// Where Services waiting for an address are sent when one may have freed up.
+pub type Requeue = mpsc::UnboundedSender<ObjectRef<Service>>;
+
+/// What the operator configured for addresses (flags and config file).
+#[derive(Debug, Clone, Default)]
+pub struct Settings {
+    /// Pools from `--external-cidr`, `--cidr-pools`, ...
+    pub pools: Vec<Pool>,
+    /// Secondary pools (`--external-secondary-cidrs`), for SCTP multi-homing.
+    pub secondary_pools: Vec<Pool>,
+    /// `--set-unique-ip`: one Service per address.
+    pub unique_ip: bool,
+    /// `--namespace`: only Services (and claim owners) in this namespace are ours.
+    pub namespace: Option<String>,
+}
+
+/// Why a Service has no address now: reported on the Service, nothing to retry until
+/// something changes (the Service, the pools, an address freed).
+#[derive(Debug, Error)]
+pub enum AddressProblem {
+    #[error(transparent)]
+    Annotation(#[from] AnnotationError),
+    #[error(transparent)]
+    Allocation(#[from] AllocError),
+    /// The API server refused to store the address's claim (a policy, a quota, a webhook):
+    /// without it the address is neither published nor programmed.
+    #[error("the AddressClaim for {ip} was refused by the API server: {message}")]
+    ClaimRefused { ip: IpAddr, message: String },
+}
+
+impl AddressProblem {
+    /// Stable category, for the condition reason and the Warning Event.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            AddressProblem::Annotation(e) => e.reason(),
+            AddressProblem::Allocation(e) => e.reason(),
+            AddressProblem::ClaimRefused { .. } => "AddressClaimRefused",
+        }
+    }
+}
+
+/// Ensuring addresses either settles on a problem of the Service or fails on the API server
+/// (retried with backoff).
+#[derive(Debug, Error)]
+pub enum EnsureError {
+    #[error(transparent)]
+    Problem(#[from] AddressProblem),
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+/// The state behind the one lock.
+struct State {
+    index: Allocator,
+    pools: Arc<PoolSet>,
+    /// Services that could not have an address: woken when one may have freed up.
+    waiting: HashSet<ObjectRef<Service>>,
+}
+
+/// The address subsystem's handle.
+pub struct Ipam {
+    state: Mutex<State>,
+    pools: Pools,
+    claims: Store<AddressClaim>,
+    claims_api: Api<AddressClaim>,
+    settings: Settings,
+    requeue: Requeue,
+    metrics: Metrics,
+}
+
+impl Ipam {
+    pub fn new(
+        settings: Settings,
+        pools: Pools,
+        claims: Store<AddressClaim>,
+        claims_api: Api<AddressClaim>,
+        requeue: Requeue,
+        metrics: Metrics,
+    ) -> Ipam {
+        let set = pools.compute(&settings.pools, &settings.secondary_pools);
+        Ipam {
+            state: Mutex::new(State {
+                index: Allocator::new(settings.pools.clone()),
+                pools: Arc::new(set),
+                waiting: HashSet::new(),
+            }),
+            pools,
+            claims,
+            claims_api,
+            settings,
+            requeue,
+            metrics,
+        }
+    }
+
+    /// The state, also after a panic elsewhere held the lock: every change to it is made
+    /// whole under the lock, so what a panicking holder left is still consistent.
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The claim store (read-only, for `check` of the claim watch and for tests).
+    pub fn claim_store(&self) -> &Store<AddressClaim> {
+        &self.claims
+    }
+
+    pub fn pools(&self) -> &Pools {
+        &self.pools
+    }
+
+    /// The pool set in effect.
+    pub fn pool_set(&self) -> Arc<PoolSet> {
+        self.state().pools.clone()
+    }
+
+    /// Builds the index before anything is allocated: the pools, then every claim and every
+    /// owner it lists (whoever made it), then addresses Services show without a claim yet
+    /// (first start after kube-loxilb, the Go loxi-ccm or an older version), held here until
+    /// their reconcile claims them. In shared mode Services showing one address on different
+    /// ports (kube-loxilb's sharing) hold it together.
+    pub fn rebuild<'a>(&self, ours: impl Iterator<Item = &'a Service>) {
+        let mut state = self.state();
+        let set = self
+            .pools
+            .compute(&self.settings.pools, &self.settings.secondary_pools);
+        // A pool event before start-up may have logged them already.
+        self.pools.log_invalid(&set, Some(&state.pools));
+        state.index = Allocator::new(set.pools());
+        state.pools = Arc::new(set);
+        for claim in self.claims.state() {
+            let Some(ip) = claim.ip() else { continue };
+            for owner in claim.owners() {
+                if let Err(e) = state.index.assign_shared(ip, &owner.key(), owner.sharing()) {
+                    warn!(error = %e, owner = %owner.key(), "two incompatible owners recorded for one address");
+                }
+            }
+        }
+        for svc in ours {
+            let key = owner_key(svc);
+            let sharing = match service_sharing(svc) {
+                Ok(s) if !self.settings.unique_ip => s,
+                _ => Sharing::Exclusive,
+            };
+            for ip in published_addresses(svc) {
+                if state.index.holds(&ip, &key) {
+                    continue;
+                }
+                if let Err(e) = state.index.assign_shared(ip, &key, sharing.clone()) {
+                    warn!(service = %key, error = %e, "address shown by a Service is claimed by another");
+                }
+            }
+        }
+        info!(
+            addresses = state.index.used(),
+            claims = self.claims.len(),
+            "address index rebuilt"
+        );
+        drop(state);
+        self.publish_metrics();
+    }
+
+    /// Re-reads the pool resources. When the pools changed, the index is rebuilt over them
+    /// with every owner kept, and Services waiting for an address try again (a new, grown or
+    /// re-enabled pool may have room for them). Returns whether anything changed.
+    pub fn refresh_pools(&self) -> bool {
+        let mut state = self.state();
+        let set = self
+            .pools
+            .compute(&self.settings.pools, &self.settings.secondary_pools);
+        if *state.pools == set {
+            return false;
+        }
+        if state.pools.pools() != set.pools() {
+            state.index = state.index.with_pools(set.pools());
+            let names: Vec<&str> = set.defs.iter().map(|d| d.name()).collect();
+            info!(pools = ?names, "address pools changed: index rebuilt, no address moved");
+        }
+        self.pools.log_invalid(&set, Some(&state.pools));
+        state.pools = Arc::new(set);
+        drop(state);
+        self.publish_metrics();
+        self.wake_waiters();
+        true
+    }
+
+    /// Keeps the index in step with claims made or removed elsewhere (another replica,
+    /// another process, an operator's reservation). Before start-up (`ready` false) the
+    /// index is rebuilt from the store as a whole instead.
+    pub fn on_claim_event(&self, event: &watcher::Event<AddressClaim>, ready: bool) {
+        if !ready {
+            return;
+        }
+        match event {
+            watcher::Event::Apply(c) | watcher::Event::InitApply(c) => {
+                // Owners recorded elsewhere enter the index (refused when they clash with a
+                // pick of this replica whose claim write is in flight: that write settles
+                // it). Owners the index has and the claim lacks are left alone for the same
+                // reason; an owner leaving is taken out of the index by whoever removed it.
+                if let Some(ip) = c.ip() {
+                    let mut state = self.state();
+                    for owner in c.owners() {
+                        let _ = state.index.assign_shared(ip, &owner.key(), owner.sharing());
+                    }
+                }
+            }
+            watcher::Event::Delete(c) => {
+                // Only the owners the deleted claim listed let go: a fresh pick of the same
+                // address by another Service stays.
+                let mut freed = false;
+                if let Some(ip) = c.ip() {
+                    let mut state = self.state();
+                    for owner in c.owners() {
+                        freed |= state.index.release_from(&ip, &owner.key());
+                    }
+                }
+                if freed {
+                    self.publish_metrics();
+                    self.wake_waiters();
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The addresses indexed for the Service (VIPs, secondary addresses) when every one of
+    /// them is backed by a claim in the store that lists this very Service; `None` when one
+    /// is not (being claimed, or refused): nothing may be programmed for it from the index
+    /// alone.
+    pub fn backed_addresses(&self, svc: &Service) -> Option<(Vec<IpAddr>, Vec<IpAddr>)> {
+        let (vips, secondaries) = {
+            let state = self.state();
+            (
+                state.index.addresses_of(&owner_key(svc)).to_vec(),
+                state.index.addresses_of(&secondary_owner_key(svc)).to_vec(),
+            )
+        };
+        vips.iter()
+            .chain(&secondaries)
+            .all(|ip| self.claimed_by(svc, ip))
+            .then_some((vips, secondaries))
+    }
+
+    /// The addresses the Service shows whose claims still list it.
+    pub fn kept_addresses(&self, svc: &Service) -> Vec<IpAddr> {
+        published_addresses(svc)
+            .into_iter()
+            .filter(|ip| self.claimed_by(svc, ip))
+            .collect()
+    }
+
+    /// Whether the index holds any address for the Service.
+    pub fn holds_any(&self, svc: &Service) -> bool {
+        let state = self.state();
+        !state.index.addresses_of(&owner_key(svc)).is_empty()
+            || !state
+                .index
+                .addresses_of(&secondary_owner_key(svc))
+                .is_empty()
+    }
+
+    /// Whether the claim store holds a claim for `ip` that lists `svc` (this very Service).
+    fn claimed_by(&self, svc: &Service, ip: &IpAddr) -> bool {
+        let ns = svc.namespace().unwrap_or_default();
+        let uid = svc.uid().unwrap_or_default();
+        self.claim_of(ip)
+            .is_some_and(|c| c.owner(&ns, &svc.name_any()).is_some_and(|o| o.uid == uid))
+    }
+
+    fn claim_of(&self, ip: &IpAddr) -> Option<Arc<AddressClaim>> {
+        self.claims.get(&ObjectRef::new(&claims::claim_name(ip)))
+    }
+
+    /// Where `ip` comes from, for messages: ` from pool <name>` or ` (outside every pool)`.
+    pub fn origin(&self, ip: &IpAddr) -> String {
+        let state = self.state();
+        let pool = state.index.pool_containing(ip);
+        if pool.is_empty() {
+            " (outside every pool)".to_string()
+        } else {
+            format!(" from pool {pool}")
+        }
+    }
+
+    /// The Service waits for an address: it is re-queued when one may have freed up.
+    pub fn wait_for_address(&self, svc: &Service) {
+        self.state().waiting.insert(ObjectRef::from_obj(svc));
+    }
+
+    /// An address was freed or the pools changed: Services waiting for one try again.
+    pub fn wake_waiters(&self) {
+        let waiting: Vec<_> = self.state().waiting.drain().collect();
+        for r in waiting {
+            let _ = self.requeue.send(r);
+        }
+    }
+
+    /// Namespace labels changed: a pool's `namespaceSelector` may now admit waiting Services.
+    pub fn on_namespace_change(&self) {
+        let selective = self
+            .pool_set()
+            .defs
+            .iter()
+            .any(|d| d.namespace_selector.is_some());
+        if selective {
+            self.wake_waiters();
+        }
+    }
+
+    /// Pool metrics from the index, and a nudge to the pool status writer.
+    pub fn publish_metrics(&self) {
+        {
+            let state = self.state();
+            for pool in state.index.pools() {
+                let total = state
+                    .index
+                    .total_in(&pool.name, Family::V4)
+                    .saturating_add(state.index.total_in(&pool.name, Family::V6));
+                self.metrics
+                    .set_pool(&pool.name, total, state.index.used_in(&pool.name));
+            }
+        }
+        self.pools.changed.notify_one();
+    }
+
+    /// What a pool's status should say now.
+    pub fn pool_status(&self, pool: &pools::AddressPool) -> pools::AddressPoolStatus {
+        let state = self.state();
+        pools::desired_status(pool, &state.pools, &state.index)
+    }
+
+    /// Deletes retained claims whose time is up, and takes owners that no longer exist off
+    /// their claims (deleting a claim whose owners are all gone). Only owners in the
+    /// namespaces this replica serves. `missing` says whether an owner is missing from the
+    /// Service store; `confirm_gone` whether a missing one is really gone.
+    pub async fn collect<F, Fut>(&self, missing: impl Fn(&ClaimedBy) -> bool, confirm_gone: F)
+    where
+        F: Fn(ClaimedBy) -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let in_scope = |o: &ClaimedBy| {
+            self.settings
+                .namespace
+                .as_deref()
+                .is_none_or(|ns| ns == o.namespace)
+        };
+        for claim in self.claims.state() {
+            let owners = claim.owners();
+            let mut orphans: Vec<&ClaimedBy> = Vec::new();
+            for o in owners.iter().copied() {
+                if in_scope(o) && !o.uid.is_empty() && missing(o) && confirm_gone(o.clone()).await {
+                    orphans.push(o);
+                }
+            }
+            let expired = claim.expired(now) && in_scope(&claim.spec.service);
+            if expired || orphans.len() == owners.len() {
+                info!(address = %claim.spec.address, owner = %claim.owner_key(), expired, "releasing claim");
+                if let Err(e) = claims::release(&self.claims_api, &claim).await {
+                    warn!(error = %e, "could not release claim");
+                }
+                continue;
+            }
+            for o in orphans {
+                info!(address = %claim.spec.address, owner = %o.key(), "taking a deleted Service off a shared address");
+                match claims::leave(&self.claims_api, &claim, &o.namespace, &o.name).await {
+                    Ok(()) => {
+                        if let Some(ip) = claim.ip() {
+                            self.state().index.release_from(&ip, &o.key());
+                        }
+                    }
+                    Err(e) => warn!(error = %e, "could not update claim"),
+                }
+            }
+        }
+    }
+}
+
+/// The (port, protocol) pairs a Service serves: what it occupies on a shared address.
+fn service_ports(svc: &Service) -> Vec<loxi_domain::ipam::PortProto> {
+    svc.spec
+        .as_ref()
+        .and_then(|s| s.ports.as_ref())
+        .map(|ports| {
+            ports
+                .iter()
+                .filter_map(|p| {
+                    let port = u16::try_from(p.port).ok()?;
+                    let protocol =
+                        loxi_domain::Protocol::parse(p.protocol.as_deref().unwrap_or("TCP"))?;
+                    Some(loxi_domain::ipam::PortProto::new(port, protocol))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// What the Service occupies on its addresses: its ports and `loxilb.io/sharing-key`
+/// (`loxi_domain::sharing`; recorded in both modes, the mode only decides joining).
+pub fn service_sharing(svc: &Service) -> Result<Sharing, AnnotationError> {
+    loxi_domain::sharing::service_sharing(svc.meta().annotations.as_ref(), &service_ports(svc))
+}

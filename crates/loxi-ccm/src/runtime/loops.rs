@@ -1,0 +1,220 @@
+//! The controller's background loops: start-up (stores synced, address index rebuilt), the
+//! loxilb health probes with their replays, and the drift check with the claim collection.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Service;
+use kube::api::Api;
+use kube::runtime::reflector::{self, ObjectRef};
+use tracing::{info, warn};
+
+use super::{Shared, Stop};
+use crate::ipam::claims::ClaimedBy;
+use crate::loxilb::{Instance, ServiceRules};
+use crate::service::plan::{Desired, desired};
+
+/// Waits for the stores, then (on the leader) rebuilds the address index from the claims and
+/// what Services show, before anything is allocated (`docs/architecture.md`, "Nothing before
+/// sync"); then starts node initialization, which writes too.
+pub async fn start_up(shared: Arc<Shared>, stop: Stop) {
+    let ctx = &shared.service;
+    if wait_store(&ctx.inputs.services).await.is_err()
+        || wait_store(&ctx.inputs.nodes).await.is_err()
+    {
+        warn!("store writer dropped before sync");
+        return;
+    }
+    shared.synced.store(true, Ordering::Relaxed);
+    // Standbys stop here with warm stores; the index is rebuilt by whoever leads, from the
+    // cluster as it is at that moment.
+    let mut leader = ctx.gate.leader();
+    if leader.wait_for(|l| *l).await.is_err() {
+        return;
+    }
+    let pools = ctx.ipam.pools();
+    if wait_store(&ctx.inputs.endpoint_slices).await.is_err()
+        || wait_store(ctx.ipam.claim_store()).await.is_err()
+        || wait_store(&pools.namespaces).await.is_err()
+    {
+        warn!("a store writer dropped before sync");
+        return;
+    }
+    if let Some(store) = &pools.store
+        && wait_store(store).await.is_err()
+    {
+        warn!("address pool store writer dropped before sync");
+        return;
+    }
+    let services = ctx.inputs.services.state();
+    ctx.ipam.rebuild(
+        services.iter().map(|s| s.as_ref()).filter(|svc| {
+            ctx.selection.serves(svc) || !ctx.selection.our_finalizers(svc).is_empty()
+        }),
+    );
+    ctx.gate.set_ready();
+    let node_init = shared.node_init.clone();
+    let client = ctx.kube.clone();
+    tokio::spawn(async move {
+        if let Err(e) = crate::node_init::run(client, node_init, stop.wait()).await {
+            warn!(error = %e, "node initialization stopped");
+        }
+    });
+}
+
+/// Waits until a store has seen its first full listing. kube-runtime 5's readiness signal
+/// keeps a single waker, and the controller's own applier waits on the service store too, so
+/// a lone `wait_until_ready().await` can sleep forever; re-polling briefly sidesteps that.
+pub async fn wait_store<K>(
+    store: &reflector::Store<K>,
+) -> Result<(), reflector::store::WriterDropped>
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    loop {
+        match tokio::time::timeout(Duration::from_millis(100), store.wait_until_ready()).await {
+            Ok(result) => return result,
+            Err(_elapsed) => continue,
+        }
+    }
+}
+
+/// Probes every loxilb; one that comes back, or that no longer holds rules we know it had
+/// (it restarted between two probes), gets a full replay at once (`Instance::probe`).
+pub async fn health_loop(shared: Arc<Shared>) {
+    let ctx = &shared.service;
+    ctx.gate.wait_ready().await;
+    let mut tick = tokio::time::interval(shared.health_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let probes = ctx.fleet.probe_all(&ctx.cluster, &ctx.report.metrics).await;
+        for (i, probe) in probes.iter().enumerate() {
+            if probe.needs_replay() {
+                converge_instance(&shared, i).await;
+            }
+        }
+        // Programmed conditions name the unreachable instances: re-evaluate them.
+        if probes.iter().any(|p| p.changes_status()) {
+            ctx.requeue_all_served();
+        }
+    }
+}
+
+/// Periodic drift check of every reachable instance, then the claim collection (after it:
+/// rules of deleted Services are gone before their claims go).
+pub async fn drift_loop(shared: Arc<Shared>) {
+    let ctx = &shared.service;
+    ctx.gate.wait_ready().await;
+    let mut tick = tokio::time::interval(shared.drift_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await; // the first tick is immediate; the health loop handles start-up
+    loop {
+        tick.tick().await;
+        for (i, inst) in ctx.fleet.instances.iter().enumerate() {
+            if inst.is_healthy() {
+                wait_quiet(inst, shared.drift_interval).await;
+                converge_instance(&shared, i).await;
+            }
+        }
+        collect_claims(&shared).await;
+    }
+}
+
+/// Takes Services that no longer exist off their claims (`Ipam::collect`). With the watch
+/// filtered by type, a Service missing from the store may have left LoadBalancer instead: its
+/// cleanup (which honours retention) releases its address, and a sweep finds it if nothing
+/// has yet.
+async fn collect_claims(shared: &Shared) {
+    let ctx = &shared.service;
+    let missing = |o: &ClaimedBy| {
+        ctx.inputs
+            .services
+            .get(&ObjectRef::new(&o.name).within(&o.namespace))
+            .is_none_or(|s| s.metadata.uid.as_deref() != Some(o.uid.as_str()))
+    };
+    let confirm_gone = |o: ClaimedBy| async move {
+        if !ctx.departures.filtered {
+            return true;
+        }
+        let api: Api<Service> = Api::namespaced(ctx.kube.clone(), &o.namespace);
+        match api.get_opt(&o.name).await {
+            Ok(Some(svc)) if svc.metadata.uid.as_deref() == Some(o.uid.as_str()) => {
+                ctx.departures.sweep_soon();
+                false
+            }
+            Ok(_) => true,
+            Err(e) => {
+                warn!(owner = %o.key(), error = %e, "could not check a claim's owner");
+                false
+            }
+        }
+    };
+    ctx.ipam.collect(missing, confirm_gone).await;
+}
+
+/// How long an instance must have seen no write from a Service's own pass before a drift
+/// check lists it.
+const DRIFT_QUIET: Duration = Duration::from_secs(1);
+
+/// Waits (at most `limit`) until no Service's pass has written to `inst` for [`DRIFT_QUIET`].
+/// A drift check exists for changes made behind the controller's back; while the controller
+/// is itself busy (a wave of Node changes re-plans every Service) it would only list the
+/// instance mid-change and take the queued Services' work into one large pass under the
+/// instance lock (at 2,000 rules: ~1,200 changes at once, a few MB of memory).
+async fn wait_quiet(inst: &Instance, limit: Duration) {
+    let started = tokio::time::Instant::now();
+    while inst.since_service_write().is_some_and(|d| d < DRIFT_QUIET) && started.elapsed() < limit {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The rules of every served Service, from the stores, one Service at a time; Services with
+/// a problem keep the rules they have.
+fn desired_everywhere(shared: &Shared) -> impl Iterator<Item = ServiceRules> + '_ {
+    let ctx = &shared.service;
+    ctx.inputs
+        .services
+        .state()
+        .into_iter()
+        .filter_map(move |svc| {
+            if !ctx.selection.serves(&svc) || svc.metadata.deletion_timestamp.is_some() {
+                return None;
+            }
+            match desired(&svc, ctx) {
+                Desired::Rules(plan) => Some(ServiceRules::Want(plan.rules)),
+                Desired::Nothing => None,
+                Desired::Keep => Some(ServiceRules::Keep(
+                    svc.metadata.namespace.clone().unwrap_or_default(),
+                    svc.metadata.name.clone().unwrap_or_default(),
+                )),
+            }
+        })
+}
+
+/// Converges one instance to the rules of every served Service, from the stores.
+async fn converge_instance(shared: &Shared, index: usize) {
+    let ctx = &shared.service;
+    let inst = &ctx.fleet.instances[index];
+    match inst
+        .converge_all(
+            &ctx.cluster,
+            ctx.settings.namespace.as_deref(),
+            || desired_everywhere(shared),
+            &ctx.report.metrics,
+        )
+        .await
+    {
+        Ok(report) if report.changes > 0 => {
+            info!(
+                instance = inst.url(),
+                changes = report.changes,
+                "drift repaired"
+            );
+        }
+        Ok(_) => {}
+        Err(e) => warn!(instance = inst.url(), error = %e, "drift check failed"),
+    }
+}

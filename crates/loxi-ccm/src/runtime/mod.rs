@@ -1,0 +1,432 @@
+//! Wiring: watches and stores, the reconcile loop, loxilb health and drift checks.
+
+pub mod admin;
+mod loops;
+pub mod node_watch;
+mod watches;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::Api;
+use kube::core::PartialObjectMeta;
+use kube::runtime::controller::Controller;
+use kube::runtime::events::Reporter;
+use kube::runtime::reflector::{self, ObjectRef, reflector};
+use kube::runtime::{WatchStreamExt, watcher};
+use loxi_domain::ClusterId;
+use loxilb_client::LoxilbClient;
+use tokio::sync::{mpsc, watch};
+use tracing::{info, warn};
+
+use crate::config::Config;
+use crate::ipam::claims::AddressClaim;
+use crate::ipam::pools::{AddressPool, Pools};
+use crate::ipam::{self, Ipam};
+use crate::k8s::events::EventRecorder;
+use crate::k8s::view::Selection;
+use crate::leader::{Gate, LeaderElector, WriteLease};
+use crate::loxilb::Fleet;
+use crate::metrics::Metrics;
+use crate::node_init::NodeInitArgs;
+use crate::service::departures::{self, Departures, Injected};
+use crate::service::inputs::Inputs;
+use crate::service::reconcile::{Backoff, error_policy, reconcile};
+use crate::service::report::Report;
+use crate::service::{self, Context};
+
+/// What the runtime's own loops and the admin server read, beside the Service reconcile's
+/// context.
+pub struct Shared {
+    pub service: Arc<Context>,
+    /// Stores synced (standbys too: their caches are warm).
+    pub synced: AtomicBool,
+    /// The reconcile loop is running (for /healthz).
+    pub running: AtomicBool,
+    pub health_interval: Duration,
+    pub drift_interval: Duration,
+    pub node_init: NodeInitArgs,
+}
+
+/// Reads the cluster identity: configured, or from the kube-system namespace UID.
+async fn cluster_id(client: &kube::Client, cfg: &Config) -> anyhow::Result<ClusterId> {
+    if let Some(id) = &cfg.cluster_id {
+        return Ok(id.clone());
+    }
+    let ns: Namespace = Api::all(client.clone())
+        .get("kube-system")
+        .await
+        .context("reading namespace kube-system for the cluster id (or pass --cluster-id)")?;
+    Ok(ClusterId::from_uid(
+        ns.metadata.uid.as_deref().unwrap_or_default(),
+    ))
+}
+
+/// A shutdown signal that many tasks can wait on.
+#[derive(Clone)]
+struct Stop(watch::Receiver<bool>);
+
+impl Stop {
+    async fn wait(mut self) {
+        let _ = self.0.wait_for(|stopped| *stopped).await;
+    }
+}
+
+/// Runs the controller until `shutdown` resolves. Returns an error when this replica lost
+/// its leadership (the process then exits and restarts as a standby, so no two replicas
+/// ever write at once).
+pub async fn run(
+    client: kube::Client,
+    cfg: Config,
+    admin_addr: Option<std::net::SocketAddr>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) -> anyhow::Result<()> {
+    let cluster = cluster_id(&client, &cfg).await?;
+    info!(cluster = %cluster, "cluster identity");
+
+    // Leader election; without it this replica always leads.
+    let (elector_stop_tx, elector_stop_rx) = watch::channel(false);
+    let (leader_rx, write_lease, elector) = match &cfg.leader {
+        Some(lease) => {
+            let elector = LeaderElector::new(client.clone(), lease.clone());
+            (elector.subscribe(), elector.write_lease(), Some(elector))
+        }
+        None => (watch::channel(true).1, WriteLease::always(), None),
+    };
+    let elector_task = elector.map(|elector| {
+        let stop = Stop(elector_stop_rx);
+        tokio::spawn(elector.run(stop.wait()))
+    });
+
+    // Every loxilb write asks the Lease first, at the moment it is sent.
+    let mut clients = Vec::new();
+    for c in &cfg.loxilb {
+        let lease = write_lease.clone();
+        clients
+            .push(LoxilbClient::new(c.clone())?.with_write_gate(Arc::new(move || lease.holds())));
+    }
+    let fleet = Fleet::with_capacity(clients, cfg.loxilb_max_rules, &cluster);
+    fleet.set_parallel_calls(usize::from(cfg.concurrency));
+
+    // One stop signal for the reconcile loop: the caller's shutdown or a lost leadership.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stop_tx = Arc::new(stop_tx);
+    {
+        let stop_tx = stop_tx.clone();
+        tokio::spawn(async move {
+            shutdown.await;
+            let _ = stop_tx.send(true);
+        });
+    }
+
+    let lost_leadership = Arc::new(AtomicBool::new(false));
+
+    let services: Api<Service> = match &cfg.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    // Our own reflector (rather than Controller::new's) so that the cache keeps trimmed
+    // objects (crate::k8s::trim).
+    let selection = Selection {
+        class: cfg.class.clone(),
+        ccm_mode: cfg.ccm_mode,
+    };
+    let (service_store, service_writer) = reflector::store::<Service>();
+    // Only Services of type LoadBalancer where the API server can filter them (crate::
+    // departures); the others would cost memory and CPU for nothing.
+    let filtered = departures::type_selector_supported(&services).await;
+    let (inject_tx, inject_rx) = mpsc::unbounded_channel::<Injected>();
+    let relisted = Arc::new(tokio::sync::Notify::new());
+    let service_events = {
+        let selection = selection.clone();
+        let list = if filtered {
+            crate::k8s::trim::list_config().fields(departures::TYPE_SELECTOR)
+        } else {
+            crate::k8s::trim::list_config()
+        };
+        let watched = watcher(services.clone(), list)
+            .default_backoff()
+            .modify({
+                let selection = selection.clone();
+                move |svc| crate::k8s::trim::service(svc, &selection)
+            })
+            .map_ok(move |event| {
+                if filtered {
+                    departures::on_watch_event(event, &selection)
+                } else {
+                    event
+                }
+            });
+        // Placeholders enter and leave through the stream, checked against the store right
+        // before it applies them.
+        let reader = service_store.clone();
+        let injected = tokio_stream_from(inject_rx).filter_map(move |event| {
+            let current = reader.get(&event.key());
+            let admitted = departures::admit(&event, current.as_deref());
+            futures::future::ready(admitted.then(|| Ok(departures::into_event(event))))
+        });
+        let relisted = relisted.clone();
+        reflector(service_writer, futures::stream::select(watched, injected))
+            .inspect_ok(move |event| {
+                if filtered && matches!(event, watcher::Event::InitDone) {
+                    relisted.notify_one();
+                }
+            })
+            .applied_objects()
+    };
+    let controller = Controller::for_stream(service_events, service_store.clone())
+        .with_config(kube::runtime::controller::Config::default().concurrency(cfg.concurrency));
+
+    let (node_store, node_writer) = reflector::store::<Node>();
+    // Whole watch events, not touched objects: a deletion must be told from an update, and a
+    // listing from single changes (crate::runtime::node_watch).
+    let node_events = reflector(
+        node_writer,
+        watcher(
+            Api::<Node>::all(client.clone()),
+            crate::k8s::trim::list_config(),
+        )
+        .modify(crate::k8s::trim::node),
+    )
+    .default_backoff();
+
+    // EndpointSlices: backends for externalTrafficPolicy Local and pod-network mode.
+    let slices_api: Api<EndpointSlice> = match &cfg.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let (slice_store, slice_writer) = reflector::store::<EndpointSlice>();
+    let slice_events = reflector(
+        slice_writer,
+        watcher(slices_api, crate::k8s::trim::list_config())
+            .modify(crate::k8s::trim::endpoint_slice),
+    )
+    .default_backoff()
+    .touched_objects();
+
+    // Pod metadata only (annotations), and only when Multus addresses are wanted.
+    let (pod_store, pod_events) = if cfg.multus {
+        // An Api over PartialObjectMeta makes metadata-only requests.
+        let pods: Api<PartialObjectMeta<Pod>> = match &cfg.namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        };
+        let (store, writer) = reflector::store::<PartialObjectMeta<Pod>>();
+        let events = reflector(writer, watcher(pods, crate::k8s::trim::list_config()))
+            .default_backoff()
+            .touched_objects();
+        (Some(store), Some(events))
+    } else {
+        (None, None)
+    };
+
+    let claims_api: Api<AddressClaim> = Api::all(client.clone());
+    // Without the CRD nothing can be allocated safely: say so at once instead of waiting.
+    if let Err(e) = claims_api
+        .list_metadata(&kube::api::ListParams::default().limit(1))
+        .await
+    {
+        anyhow::bail!(
+            "cannot list AddressClaims ({e}); install the CRD (kubectl apply -f deploy/05-crd-addressclaims.yaml) and grant the RBAC in deploy/"
+        );
+    }
+    let (claim_store, claim_writer) = reflector::store::<AddressClaim>();
+    let claim_events = reflector(
+        claim_writer,
+        watcher(claims_api.clone(), crate::k8s::trim::list_config())
+            .modify(crate::k8s::trim::meta::<AddressClaim>),
+    )
+    .default_backoff();
+
+    // AddressPool resources are optional: without their CRD (an upgrade that did not apply
+    // deploy/06-crd-addresspools.yaml) the pools from flags are used alone.
+    let pools_api: Api<AddressPool> = Api::all(client.clone());
+    let (pool_store, pool_events) = match pools_api
+        .list_metadata(&kube::api::ListParams::default().limit(1))
+        .await
+    {
+        Ok(_) => {
+            let (store, writer) = reflector::store::<AddressPool>();
+            let events = reflector(
+                writer,
+                watcher(pools_api.clone(), crate::k8s::trim::list_config()),
+            )
+            .default_backoff();
+            (Some(store), Some(events))
+        }
+        Err(e) => {
+            warn!(error = %e, "AddressPool resources unavailable: using the pools from flags only (kubectl apply -f deploy/06-crd-addresspools.yaml and the RBAC in deploy/)");
+            (None, None)
+        }
+    };
+    // Namespace labels (metadata only) decide which Services a pool's namespaceSelector
+    // admits.
+    let namespaces_api: Api<PartialObjectMeta<Namespace>> = Api::all(client.clone());
+    let (namespace_store, namespace_writer) = reflector::store::<PartialObjectMeta<Namespace>>();
+    let namespace_events = reflector(
+        namespace_writer,
+        watcher(namespaces_api, crate::k8s::trim::list_config())
+            .modify(crate::k8s::trim::meta::<PartialObjectMeta<Namespace>>),
+    )
+    .default_backoff();
+
+    let (requeue_tx, requeue_rx) = mpsc::unbounded_channel::<ObjectRef<Service>>();
+    let reporter = Reporter {
+        controller: "loxi-ccm".into(),
+        instance: std::env::var("POD_NAME").ok(),
+    };
+    let metrics = Metrics::new();
+    let ipam = Arc::new(Ipam::new(
+        ipam::Settings {
+            pools: cfg.pools.clone(),
+            secondary_pools: cfg.secondary_pools.clone(),
+            unique_ip: cfg.unique_ip,
+            namespace: cfg.namespace.clone(),
+        },
+        Pools::new(pools_api, pool_store, namespace_store),
+        claim_store,
+        claims_api,
+        requeue_tx.clone(),
+        metrics.clone(),
+    ));
+    let ctx = Arc::new(Context {
+        report: Report::new(
+            EventRecorder::new(client.clone(), reporter, metrics.events_dropped()),
+            metrics,
+        ),
+        settings: service::Settings {
+            defaults: cfg.defaults,
+            enforce_source_ranges: cfg.enforce_source_ranges,
+            namespace: cfg.namespace.clone(),
+        },
+        selection,
+        kube: client,
+        cluster,
+        inputs: Inputs::new(service_store, node_store, slice_store, pod_store),
+        ipam,
+        fleet,
+        gate: Arc::new(Gate::new(leader_rx.clone(), write_lease)),
+        backoff: Backoff::default(),
+        room_requeue: service::context::room_requeue(requeue_tx.clone()),
+        requeue: requeue_tx,
+        departures: Departures::new(filtered, inject_tx.clone(), relisted.clone()),
+    });
+    let shared = Arc::new(Shared {
+        service: ctx.clone(),
+        synced: false.into(),
+        running: true.into(),
+        health_interval: cfg.health_interval,
+        drift_interval: cfg.drift_interval,
+        node_init: cfg.node_init.clone(),
+    });
+
+    // Everything below ends with this function (dropping the set aborts its tasks): a
+    // stopped controller must not keep probing, replaying or repairing from frozen stores.
+    let mut tasks = tokio::task::JoinSet::new();
+    if let Some(addr) = admin_addr {
+        let shared = shared.clone();
+        tasks.spawn(async move {
+            if let Err(e) = admin::serve(addr, shared).await {
+                warn!(error = %e, "admin server stopped");
+            }
+        });
+    }
+    if filtered {
+        tasks.spawn(departures::sweep_loop(
+            services,
+            ctx.inputs.services.clone(),
+            ctx.selection.clone(),
+            inject_tx,
+            relisted,
+        ));
+    }
+    tasks.spawn(node_watch::watch_nodes(ctx.clone(), node_events));
+    tasks.spawn(watches::claims(ctx.clone(), claim_events));
+    if let Some(events) = pool_events {
+        tasks.spawn(watches::pools(ctx.clone(), events));
+    }
+    tasks.spawn(watches::namespaces(ctx.clone(), namespace_events));
+    {
+        let shared = shared.clone();
+        tasks.spawn(async move {
+            let ctx = &shared.service;
+            ctx.gate.wait_ready().await;
+            ctx.ipam
+                .pool_status_loop(&ctx.report.recorder, || {
+                    shared.running.load(Ordering::Relaxed)
+                })
+                .await;
+        });
+    }
+    tasks.spawn(watches::endpoint_slices(ctx.clone(), slice_events));
+    if let Some(events) = pod_events {
+        tasks.spawn(watches::pods(ctx.clone(), events));
+    }
+    tasks.spawn(loops::start_up(shared.clone(), Stop(stop_rx.clone())));
+    let lost_notify = Arc::new(tokio::sync::Notify::new());
+    tasks.spawn(watches::leadership(
+        ctx.clone(),
+        stop_tx.clone(),
+        lost_leadership.clone(),
+        lost_notify.clone(),
+    ));
+    tasks.spawn(loops::health_loop(shared.clone()));
+    tasks.spawn(loops::drift_loop(shared.clone()));
+    let requeues = tokio_stream_from(requeue_rx);
+    let reconciling = controller
+        .reconcile_on(requeues)
+        .graceful_shutdown_on(Stop(stop_rx.clone()).wait())
+        .run(reconcile, error_policy, ctx.clone())
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "controller event");
+            }
+        });
+    // A shutdown lets the reconciles under way finish; a lost Lease cancels them at once
+    // (dropped at their next await), since another replica may already be writing. A
+    // shutdown before the stores synced ends at once: kube-runtime's graceful shutdown
+    // would wait for a store that nothing polls any more, and no reconcile has run yet.
+    let stopped_before_sync = {
+        let shared = shared.clone();
+        async move {
+            Stop(stop_rx).wait().await;
+            if shared.synced.load(Ordering::Relaxed) {
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        () = reconciling => {}
+        () = lost_notify.notified() => {
+            warn!("leadership lost: reconciles under way cancelled");
+        }
+        () = stopped_before_sync => {}
+    }
+    shared.running.store(false, Ordering::Relaxed);
+    // The last Events (a deletion's RulesDeleted) are still on their way.
+    if !ctx.report.recorder.flush(Duration::from_secs(2)).await {
+        warn!("stopping with Events not yet published");
+    }
+    // Release the Lease only once no reconcile runs any more, so the next leader never
+    // overlaps with this one.
+    let _ = elector_stop_tx.send(true);
+    if let Some(task) = elector_task {
+        let _ = tokio::time::timeout(Duration::from_secs(3), task).await;
+    }
+    info!("controller stopped");
+    if lost_leadership.load(Ordering::Relaxed) {
+        anyhow::bail!("lost leadership: exiting so that a restart comes back as a standby");
+    }
+    Ok(())
+}
+
+fn tokio_stream_from<T: Send + 'static>(
+    mut rx: mpsc::UnboundedReceiver<T>,
+) -> impl futures::Stream<Item = T> + Send {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}

@@ -1,0 +1,49 @@
+//! Step 4 of a Service reconcile: its planned rules onto every reachable loxilb instance,
+//! only the difference sent (`crate::loxilb`). What each instance met is collected for the
+//! report; what it means is decided in `conditions`.
+
+use k8s_openapi::api::core::v1::Service;
+use loxi_domain::Rule;
+use loxilb_client::ClientError;
+
+use super::conditions::{self, InstanceResult, Programmed};
+use super::context::{Context, rule_owner};
+
+/// Applies `rules` to every reachable instance. Rules of one Service that loxilb refuses
+/// never hold back other rules or other Services. A loxilb limit (capacity, source ranges)
+/// is no error to retry: nothing is sent again until room frees on that instance, which
+/// re-queues the Service.
+pub async fn apply_everywhere(svc: &Service, ctx: &Context, rules: &[Rule]) -> Programmed {
+    let owner = rule_owner(svc);
+    let mut results = Vec::with_capacity(ctx.fleet.instances.len());
+    for inst in ctx.fleet.instances.iter() {
+        let url = inst.url().to_string();
+        if !inst.is_healthy() {
+            results.push((url, InstanceResult::Down));
+            continue;
+        }
+        let result = inst
+            .apply_service(
+                &ctx.cluster,
+                &owner.namespace,
+                &owner.name,
+                rules,
+                &ctx.report.metrics,
+                Some(&ctx.room_requeue),
+            )
+            .await;
+        results.push((
+            url,
+            match result {
+                Ok(report) => InstanceResult::Applied(report),
+                // It went away during the call: it is now marked down, and gets every rule
+                // replayed when it is back.
+                Err(ClientError::Unreachable { .. } | ClientError::Timeout { .. }) => {
+                    InstanceResult::Down
+                }
+                Err(e) => InstanceResult::Failed(e),
+            },
+        ));
+    }
+    conditions::programmed(&results, rules.len())
+}

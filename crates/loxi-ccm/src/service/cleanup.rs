@@ -1,0 +1,196 @@
+//! Taking a Service's load balancer down: when it is deleted, or stops being ours (its type
+//! or class changed), or left the watch carrying our finalizer (`departures`).
+//!
+//! The finalizer is hand-made rather than kube-runtime's `finalizer()` helper: cleanup also
+//! runs for Services that stay (a type or class change), which that helper, made for objects
+//! being deleted, does not cover; and the finalizer's name depends on the Service (the
+//! standard one in CCM mode, our own for our class: `docs/architecture.md`, "Finalizers").
+
+use k8s_openapi::api::core::v1::Service;
+use kube::ResourceExt;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::EventType;
+use serde_json::json;
+
+use super::context::{Context, rule_owner};
+use super::reconcile::ReconcileError;
+use super::status;
+
+/// One step of taking a Service's load balancer down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Its rules off every reachable loxilb.
+    RemoveRules,
+    /// Its addresses back to the pool, or retained.
+    ReleaseAddresses,
+    /// What we wrote in its status (a Service that stays).
+    ClearStatus,
+    /// Our finalizer off it.
+    RemoveFinalizer,
+}
+
+/// The steps, in the order they must run: rules first (no rule may point at an address that
+/// someone else may get next), then the addresses, then the status of a Service that stays,
+/// and the finalizer last: it is what guarantees the steps before it run. Nothing to do for
+/// a Service that holds no address and carries no finalizer of ours.
+pub fn steps(has_finalizer: bool, holds_address: bool, deleting: bool) -> Vec<Step> {
+    if !has_finalizer && !holds_address {
+        return Vec::new();
+    }
+    let mut steps = vec![Step::RemoveRules, Step::ReleaseAddresses];
+    if !deleting {
+        steps.push(Step::ClearStatus);
+    }
+    if has_finalizer {
+        steps.push(Step::RemoveFinalizer);
+    }
+    steps
+}
+
+/// Runs the [`steps`] for `svc`.
+pub async fn cleanup(svc: &Service, ctx: &Context) -> Result<(), ReconcileError> {
+    ctx.report.forget(svc);
+    let finalizers = ctx.selection.our_finalizers(svc);
+    let plan = steps(
+        !finalizers.is_empty(),
+        ctx.ipam.holds_any(svc),
+        svc.metadata.deletion_timestamp.is_some(),
+    );
+    for step in plan {
+        match step {
+            Step::RemoveRules => remove_rules(svc, ctx).await?,
+            Step::ReleaseAddresses => {
+                // A retention that does not parse releases at once (zero), as the Service is
+                // gone and cannot be told any more.
+                let retention =
+                    loxi_domain::addressing::retention(svc.metadata.annotations.as_ref())
+                        .unwrap_or(Some(std::time::Duration::ZERO));
+                ctx.ipam.release_all(svc, retention).await?;
+            }
+            Step::ClearStatus => status::clear(&ctx.services_api(svc), svc).await?,
+            Step::RemoveFinalizer => {
+                let remaining: Vec<&String> = svc
+                    .finalizers()
+                    .iter()
+                    .filter(|f| !finalizers.contains(&f.as_str()))
+                    .collect();
+                patch_finalizers(ctx, svc, json!(remaining)).await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The Service's rules off every reachable loxilb (an unreachable one loses them as orphans
+/// in the replay when it is back).
+async fn remove_rules(svc: &Service, ctx: &Context) -> Result<(), ReconcileError> {
+    let owner = rule_owner(svc);
+    let mut removed = 0;
+    for inst in ctx.fleet.instances.iter() {
+        if !inst.is_healthy() {
+            continue;
+        }
+        match inst
+            .remove_service(
+                &ctx.cluster,
+                &owner.namespace,
+                &owner.name,
+                &ctx.report.metrics,
+            )
+            .await
+        {
+            Ok(r) => removed += r.changes,
+            Err(e) => {
+                let message = format!("{}: {e}", inst.url());
+                ctx.report.event(
+                    svc,
+                    EventType::Warning,
+                    e.category(),
+                    "Cleanup",
+                    message.clone(),
+                );
+                return Err(ReconcileError::Loxilb(message));
+            }
+        }
+    }
+    if removed > 0 {
+        ctx.report.event(
+            svc,
+            EventType::Normal,
+            "RulesDeleted",
+            "Cleanup",
+            format!("deleted {removed} rule(s)"),
+        );
+    }
+    Ok(())
+}
+
+/// Adds our finalizer when missing; returns the Service as written then (its
+/// resourceVersion is the one the status write must match).
+pub async fn ensure_finalizer(
+    svc: &Service,
+    ctx: &Context,
+) -> Result<Option<Service>, ReconcileError> {
+    let wanted = ctx.selection.finalizer_for(svc);
+    if svc.finalizers().iter().any(|f| f == wanted) {
+        return Ok(None);
+    }
+    let mut list: Vec<String> = svc.finalizers().to_vec();
+    list.push(wanted.to_string());
+    patch_finalizers(ctx, svc, json!(list)).await.map(Some)
+}
+
+/// Sets the finalizer list; the resourceVersion makes it fail (409) rather than overwrite a
+/// list someone else changed meanwhile.
+async fn patch_finalizers(
+    ctx: &Context,
+    svc: &Service,
+    list: serde_json::Value,
+) -> Result<Service, ReconcileError> {
+    let patch = json!({
+        "metadata": {
+            "finalizers": list,
+            "resourceVersion": svc.resource_version(),
+        }
+    });
+    Ok(ctx
+        .services_api(svc)
+        .patch(
+            &svc.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rules_go_before_addresses_and_the_finalizer_goes_last() {
+        assert_eq!(
+            steps(true, true, true),
+            [
+                Step::RemoveRules,
+                Step::ReleaseAddresses,
+                Step::RemoveFinalizer
+            ]
+        );
+        assert_eq!(
+            steps(true, false, false),
+            [
+                Step::RemoveRules,
+                Step::ReleaseAddresses,
+                Step::ClearStatus,
+                Step::RemoveFinalizer
+            ]
+        );
+        // An address without our finalizer (adopted, never finalized) still goes back.
+        assert_eq!(
+            steps(false, true, false),
+            [Step::RemoveRules, Step::ReleaseAddresses, Step::ClearStatus]
+        );
+        assert!(steps(false, false, true).is_empty());
+    }
+}

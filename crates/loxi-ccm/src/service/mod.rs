@@ -1,0 +1,16 @@
+//! The Service reconcile: inputs from the stores, addresses from `ipam`, the plan from the
+//! domain, rules through `loxilb`, and the report (status, conditions, Events), with the
+//! cleanup and finalizers of Services that go.
+
+mod apply;
+pub mod cleanup;
+pub mod conditions;
+pub mod context;
+pub mod departures;
+pub mod inputs;
+pub mod plan;
+pub mod reconcile;
+pub mod report;
+pub mod status;
+
+pub use context::{Context, Settings};

@@ -1,0 +1,100 @@
+//! Step 3 of a Service reconcile: the rules it should have, from the domain's planner over
+//! the inputs read in step 1. The drift check and the replay ask the same question for
+//! every served Service ([`desired`]).
+
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::Service;
+use kube::ResourceExt;
+use loxi_domain::ingress::IngressMode;
+use loxi_domain::plan::Plan;
+use loxi_domain::{AnnotationError, PlanError, TrafficPolicy, parse_intent, plan_rules};
+use thiserror::Error;
+
+use super::context::Context;
+use crate::ipam::AddressProblem;
+use crate::k8s::view::service_view;
+
+/// Why a Service cannot have rules right now; each becomes a Warning Event and a condition.
+#[derive(Debug, Error)]
+pub enum Problem {
+    #[error(transparent)]
+    Annotation(#[from] AnnotationError),
+    #[error(transparent)]
+    Address(#[from] AddressProblem),
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+}
+
+impl Problem {
+    /// Stable category, for the condition reason, the Event reason and metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Problem::Annotation(e) => e.reason(),
+            Problem::Address(e) => e.reason(),
+            Problem::Plan(e) => e.reason(),
+        }
+    }
+}
+
+/// The rules for `svc` on the VIPs `addresses`, SCTP rules with `secondaries`; `None`
+/// without an address.
+pub fn rules_for(
+    svc: &Service,
+    ctx: &Context,
+    addresses: &[IpAddr],
+    secondaries: &[IpAddr],
+) -> Result<Option<Plan>, Problem> {
+    let intent = parse_intent(svc.annotations(), ctx.settings.defaults)?;
+    IngressMode::from_annotations(svc.annotations())?;
+    if addresses.is_empty() {
+        return Ok(None);
+    }
+    let nodes = ctx.inputs.node_views();
+    let mut view = service_view(svc);
+    view.secondary_ips = secondaries.to_vec();
+    if !ctx.settings.enforce_source_ranges {
+        // --source-ranges=ignore: said on the Service (conditions::source_ranges).
+        view.source_ranges.clear();
+    }
+    // Only externalTrafficPolicy Local and pod-network mode read endpoints: the others are
+    // planned from Nodes alone, without a pass over every EndpointSlice.
+    let needs_endpoints =
+        view.external_traffic_policy == TrafficPolicy::Local || intent.use_pod_network;
+    let endpoints = if needs_endpoints {
+        ctx.inputs.endpoints_of(svc)
+    } else {
+        Vec::new()
+    };
+    Ok(Some(plan_rules(
+        &ctx.cluster,
+        &view,
+        &nodes,
+        &endpoints,
+        addresses,
+        &intent,
+    )?))
+}
+
+/// What a whole-instance pass (drift check, replay) should hold for one served Service.
+pub enum Desired {
+    Rules(Plan),
+    /// No address yet: no rules.
+    Nothing,
+    /// Leave its rules as they are: it has a problem only its owner can fix, or an address
+    /// that no claim in the store backs yet (being claimed, or refused).
+    Keep,
+}
+
+/// The rules a served Service should have, from the stores only (no allocation). Only
+/// addresses backed by a claim that lists the Service are ever programmed from here.
+pub fn desired(svc: &Service, ctx: &Context) -> Desired {
+    let Some((addresses, secondaries)) = ctx.ipam.backed_addresses(svc) else {
+        return Desired::Keep;
+    };
+    match rules_for(svc, ctx, &addresses, &secondaries) {
+        Ok(Some(plan)) => Desired::Rules(plan),
+        Ok(None) => Desired::Nothing,
+        Err(_) => Desired::Keep,
+    }
+}

@@ -1,0 +1,220 @@
+//! Reconciling one Service, in the five steps of `docs/architecture.md` ("Data flow"):
+//! inputs from the stores, addresses from `ipam`, the plan from the domain, the rules through
+//! `loxilb`, and the report. This file only orchestrates; each step lives with its owner.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Service;
+use kube::ResourceExt;
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
+use thiserror::Error;
+use tracing::{Instrument, warn};
+
+use super::apply::apply_everywhere;
+use super::cleanup::{cleanup, ensure_finalizer};
+use super::context::{Context, rule_owner};
+use super::departures;
+use super::plan::{Problem, rules_for};
+use super::report;
+use crate::ipam::EnsureError;
+use crate::k8s::view::owner_key;
+
+#[derive(Debug, Error)]
+pub enum ReconcileError {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// loxilb failed in a way that may pass (unreachable, timeout, 5xx): retried with backoff.
+    #[error("loxilb: {0}")]
+    Loxilb(String),
+    /// This replica no longer holds the leader Lease: nothing more is written or retried.
+    #[error("no longer the leader")]
+    NotLeader,
+}
+
+/// How a pass ended, for the metric.
+pub enum Outcome {
+    Done,
+    /// The Service has a problem only its owner can fix; reported, nothing to retry.
+    Problem,
+}
+
+/// The reconcile entry point: waits until this replica may act, re-reads the Service from the
+/// store, and runs [`reconcile_service`] in a span, with its metric.
+pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
+    ctx.gate.wait_ready().await;
+    // A standby's reconciles wait above for leadership with the object they were queued
+    // with: a Service deleted meanwhile must never be claimed or programmed from that copy.
+    let Some(svc) = ctx.inputs.service(&svc) else {
+        tracing::debug!(service = %owner_key(&svc), "gone from the store: nothing to do");
+        ctx.fleet.forget_waiter(&rule_owner(&svc)).await;
+        return Ok(Action::await_change());
+    };
+    if !ctx.gate.holds_lease() {
+        return Err(ReconcileError::NotLeader);
+    }
+    if ctx.report.is_superseded(&svc) {
+        tracing::debug!(service = %owner_key(&svc), "store behind our own write: skipped");
+        return Ok(Action::await_change());
+    }
+    let span = tracing::info_span!(
+        "reconcile",
+        namespace = svc.namespace().unwrap_or_default(),
+        name = svc.name_any()
+    );
+    let started = Instant::now();
+    let result = reconcile_service(&svc, &ctx).instrument(span).await;
+    let label = match &result {
+        Ok(Outcome::Done) => "success",
+        Ok(Outcome::Problem) => "invalid",
+        Err(_) => "error",
+    };
+    ctx.report.metrics.reconciled(label, started.elapsed());
+    if result.is_ok() {
+        ctx.backoff.succeeded(&svc);
+    }
+    result.map(|_| Action::await_change())
+}
+
+/// One pass over one Service.
+async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<Outcome, ReconcileError> {
+    if departures::is_placeholder(svc) {
+        return departed(svc, ctx).await;
+    }
+    if !ctx.selection.serves(svc) || svc.metadata.deletion_timestamp.is_some() {
+        cleanup(svc, ctx).await?;
+        return Ok(Outcome::Done);
+    }
+    // 1. Inputs: the Service as the store holds it (read above); the Nodes and endpoints
+    //    are read from their stores by the planner in step 3. Before anything is claimed,
+    //    the finalizer that guarantees the cleanup; the status write matches the Service as
+    //    that patch returned it.
+    let patched = ensure_finalizer(svc, ctx).await?;
+    let svc = patched.as_ref().unwrap_or(svc);
+
+    // 2. Addresses, each backed by its claim. A Service with a bad annotation still keeps
+    //    (and shows) the addresses it has.
+    let held = match ctx.ipam.ensure(svc).await {
+        Ok(held) => held,
+        Err(EnsureError::Kube(e)) => return Err(e.into()),
+        Err(EnsureError::Problem(problem)) => {
+            report::address_problem(svc, ctx, &Problem::Address(problem)).await?;
+            return Ok(Outcome::Problem);
+        }
+    };
+    report::allocated(svc, ctx, &held);
+
+    // 3. The plan (pure). A problem only the owner can fix leaves existing rules as they are.
+    let plan = match rules_for(svc, ctx, &held.addresses, &held.secondaries) {
+        Ok(Some(plan)) => plan,
+        Ok(None) => return Ok(Outcome::Done),
+        Err(problem) => {
+            report::plan_problem(svc, ctx, &held, &problem).await?;
+            return Ok(Outcome::Problem);
+        }
+    };
+
+    // 4. Apply: only the difference, on every reachable loxilb.
+    let programmed = apply_everywhere(svc, ctx, &plan.rules).await;
+    if !ctx.gate.holds_lease() {
+        // What the calls met (writes stopped) is not the Service's state to report.
+        return Err(ReconcileError::NotLeader);
+    }
+    if programmed.retry.is_none() {
+        // Addresses no longer wanted (an edited annotation, a lost race) go back only now
+        // that their rules are gone.
+        report::release_unwanted(svc, ctx, &held).await?;
+    }
+
+    // 5. Report: status, conditions and Events, in one place.
+    report::programmed(svc, ctx, &held, &plan, &programmed).await?;
+    match programmed.retry {
+        Some(e) => Err(ReconcileError::Loxilb(e)),
+        None => Ok(Outcome::Done),
+    }
+}
+
+/// A Service that left the Service watch while carrying our finalizer (`departures`):
+/// cleaned up as it is now, then its placeholder is dropped.
+async fn departed(placeholder: &Service, ctx: &Context) -> Result<Outcome, ReconcileError> {
+    let now = ctx
+        .services_api(placeholder)
+        .get_opt(&placeholder.name_any())
+        .await?;
+    match now {
+        Some(now) if now.metadata.uid == placeholder.metadata.uid => {
+            if ctx.selection.serves(&now) && now.metadata.deletion_timestamp.is_none() {
+                // Back to LoadBalancer: the watch sends it again, which replaces the
+                // placeholder and reconciles it.
+                return Ok(Outcome::Done);
+            }
+            cleanup(&now, ctx).await?;
+        }
+        // Gone, or a new Service of that name: nothing of the old one left to write on. Its
+        // rules go with the next drift check, its claims with the claim collector.
+        _ => {}
+    }
+    ctx.departures.forget(placeholder);
+    Ok(Outcome::Done)
+}
+
+/// Per-Service exponential backoff (0.5 s doubling to 5 min), reset on success.
+#[derive(Default)]
+pub struct Backoff {
+    failures: Mutex<HashMap<ObjectRef<Service>, u32>>,
+}
+
+impl Backoff {
+    /// The delay before retrying `svc` after one more failure.
+    pub fn failed(&self, svc: &Service) -> Duration {
+        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        let n = failures.entry(ObjectRef::from_obj(svc)).or_insert(0);
+        *n = n.saturating_add(1);
+        Duration::from_millis(500)
+            .saturating_mul(1u32 << (*n - 1).min(10))
+            .min(Duration::from_secs(300))
+    }
+
+    pub fn succeeded(&self, svc: &Service) {
+        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        failures.remove(&ObjectRef::from_obj(svc));
+    }
+}
+
+/// kube-runtime's error policy: backoff per Service; nothing more once leadership is lost.
+pub fn error_policy(svc: Arc<Service>, err: &ReconcileError, ctx: Arc<Context>) -> Action {
+    if matches!(err, ReconcileError::NotLeader) {
+        return Action::await_change();
+    }
+    let delay = ctx.backoff.failed(&svc);
+    warn!(service = %owner_key(&svc), error = %err, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_five_minutes_and_resets_on_success() {
+        let b = Backoff::default();
+        let svc = Service {
+            metadata: kube::api::ObjectMeta {
+                name: Some("a".into()),
+                namespace: Some("ns".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        assert_eq!(b.failed(&svc), Duration::from_millis(500));
+        assert_eq!(b.failed(&svc), Duration::from_secs(1));
+        for _ in 0..20 {
+            b.failed(&svc);
+        }
+        assert_eq!(b.failed(&svc), Duration::from_secs(300));
+        b.succeeded(&svc);
+        assert_eq!(b.failed(&svc), Duration::from_millis(500));
+    }
+}

@@ -1,0 +1,388 @@
+//! Step 5 of a Service reconcile, in one place: the status (addresses, conditions), the
+//! Events, and the per-Service metrics.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Mutex;
+
+use k8s_openapi::api::core::v1::Service;
+use kube::api::Api;
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
+use loxi_domain::plan::Plan;
+use tracing::{info, warn};
+
+use super::conditions::{self, Programmed};
+use super::context::Context;
+use super::plan::Problem;
+use super::reconcile::ReconcileError;
+use super::status::{self, COND_ADDRESS, COND_ENDPOINTS, COND_PROGRAMMED, Cond, DesiredStatus};
+use crate::ipam::Held;
+use crate::k8s::events::{EventRecorder, note_text};
+use crate::k8s::view::{owner_key, published_addresses};
+use crate::metrics::Metrics;
+
+/// The reporting side of the Service reconcile and what it remembers between passes.
+pub struct Report {
+    pub recorder: EventRecorder,
+    pub metrics: Metrics,
+    /// Per Service, the resourceVersion our last status write was based on: a reconcile that
+    /// gets exactly that version again runs on a store that has not seen our write yet, and
+    /// would only repeat it (with a 409 when it publishes an address). Skipped: the write's
+    /// own watch event brings the current version right after.
+    superseded: Mutex<HashMap<ObjectRef<Service>, String>>,
+    /// Candidate endpoints left out per Service (loxilb's 32-per-rule limit), and their sum
+    /// (kept as it changes, so that no reconcile sums over every Service).
+    endpoints_dropped: Mutex<(HashMap<String, usize>, usize)>,
+    /// The programming problem each Service was last warned about ([`Report::first_warning`]).
+    warned: Mutex<HashMap<ObjectRef<Service>, String>>,
+}
+
+impl Report {
+    pub fn new(recorder: EventRecorder, metrics: Metrics) -> Report {
+        Report {
+            recorder,
+            metrics,
+            superseded: Mutex::default(),
+            endpoints_dropped: Mutex::default(),
+            warned: Mutex::default(),
+        }
+    }
+
+    /// Publishes an Event on the Service; failing to do so is logged, never fatal.
+    pub fn event(&self, svc: &Service, type_: EventType, reason: &str, action: &str, note: String) {
+        let event = Event {
+            type_,
+            reason: reason.to_string(),
+            note: Some(note_text(&note)),
+            action: action.to_string(),
+            secondary: None,
+        };
+        self.recorder.publish(event, svc.object_ref(&()));
+    }
+
+    /// Writes `want` when the Service does not show it yet.
+    pub async fn write_status(
+        &self,
+        api: &Api<Service>,
+        svc: &Service,
+        want: &DesiredStatus,
+    ) -> kube::Result<bool> {
+        if status::is_current(svc, want) {
+            return Ok(false);
+        }
+        status::write(api, svc, want).await?;
+        if let (Some(rv), Ok(mut m)) = (
+            svc.metadata.resource_version.clone(),
+            self.superseded.lock(),
+        ) {
+            m.insert(ObjectRef::from_obj(svc), rv);
+        }
+        Ok(true)
+    }
+
+    /// Whether `svc` is the very version our last status write was based on.
+    pub fn is_superseded(&self, svc: &Service) -> bool {
+        let Some(rv) = svc.metadata.resource_version.as_deref() else {
+            return false;
+        };
+        self.superseded
+            .lock()
+            .is_ok_and(|m| m.get(&ObjectRef::from_obj(svc)).is_some_and(|v| v == rv))
+    }
+
+    /// The Service is no longer ours: nothing remembered about it is kept.
+    pub fn forget(&self, svc: &Service) {
+        if let Ok(mut m) = self.superseded.lock() {
+            m.remove(&ObjectRef::from_obj(svc));
+        }
+        self.record_dropped(&crate::k8s::view::owner_key(svc), 0);
+    }
+
+    /// Records how many candidate endpoints the Service's rules leave out (0: none, or gone).
+    pub fn record_dropped(&self, key: &str, dropped: usize) {
+        if let Ok(mut guard) = self.endpoints_dropped.lock() {
+            let (per, total) = &mut *guard;
+            let before = if dropped > 0 {
+                per.insert(key.to_string(), dropped)
+            } else {
+                per.remove(key)
+            };
+            *total = (*total + dropped).saturating_sub(before.unwrap_or(0));
+            self.metrics.set_endpoints_dropped(*total);
+        }
+    }
+
+    /// Records the programming problem `svc` has now (`None`: none) and says whether it is
+    /// new, i.e. worth a Warning Event. Kept in memory because the Service a reconcile reads
+    /// may not show the condition written by the previous pass yet (a status write that lost
+    /// a race is retried), and one problem must make one Event, not one per pass.
+    /// `exists` prunes entries of deleted Services once the map grows.
+    pub fn first_warning(
+        &self,
+        svc: &ObjectRef<Service>,
+        problem: Option<&str>,
+        exists: impl Fn(&ObjectRef<Service>) -> bool,
+    ) -> bool {
+        let Ok(mut warned) = self.warned.lock() else {
+            return true;
+        };
+        let Some(reason) = problem else {
+            warned.remove(svc);
+            return false;
+        };
+        if warned.get(svc).is_some_and(|r| r == reason) {
+            return false;
+        }
+        if warned.len() >= 1024 {
+            warned.retain(|k, _| exists(k));
+        }
+        warned.insert(svc.clone(), reason.to_string());
+        true
+    }
+}
+
+// The report of each way a pass can end (step 5 of `reconcile`).
+
+/// The address condition of a Service holding `held`.
+fn address_condition(ctx: &Context, held: &Held) -> Cond {
+    let mut described: Vec<String> = held
+        .addresses
+        .iter()
+        .map(|ip| format!("{ip}{}", ctx.ipam.origin(ip)))
+        .collect();
+    described.extend(
+        held.secondaries
+            .iter()
+            .map(|ip| format!("secondary {ip}{}", ctx.ipam.origin(ip))),
+    );
+    Cond::new(COND_ADDRESS, true, "Allocated", described.join(", "))
+}
+
+/// A Normal Event for addresses newly allocated in this pass.
+pub fn allocated(svc: &Service, ctx: &Context, held: &Held) {
+    if held.newly.is_empty() {
+        return;
+    }
+    let text: Vec<String> = held
+        .newly
+        .iter()
+        .map(|ip| {
+            let role = if held.secondaries.contains(ip) {
+                "secondary "
+            } else {
+                ""
+            };
+            format!("{role}{ip}{}", ctx.ipam.origin(ip))
+        })
+        .collect();
+    ctx.report.event(
+        svc,
+        EventType::Normal,
+        "AddressAllocated",
+        "Allocate",
+        format!("allocated {}", text.join(", ")),
+    );
+}
+
+/// The Service's current conditions of these types, unchanged (a status write names every
+/// condition it keeps: server-side apply drops the ones it leaves out).
+fn carried_over(svc: &Service, types: &[&'static str]) -> Vec<Cond> {
+    types
+        .iter()
+        .filter_map(|t| {
+            let c = status::current_condition(svc, t)?;
+            Some(Cond::new(
+                t,
+                c.status == "True",
+                &c.reason,
+                c.message.clone(),
+            ))
+        })
+        .collect()
+}
+
+/// No address decision possible now. The addresses the Service shows and still holds stay
+/// published, with their rules, until the owner fixes what stops a new decision
+/// (`docs/annotations.md`).
+pub async fn address_problem(
+    svc: &Service,
+    ctx: &Context,
+    problem: &Problem,
+) -> Result<(), ReconcileError> {
+    let kept = ctx.ipam.kept_addresses(svc);
+    let conditions = if kept.is_empty() {
+        vec![
+            Cond::new(COND_ADDRESS, false, problem.reason(), problem.to_string()),
+            Cond::new(COND_PROGRAMMED, false, problem.reason(), "no address"),
+        ]
+    } else {
+        let shown: Vec<String> = kept.iter().map(IpAddr::to_string).collect();
+        let mut conditions = vec![Cond::new(
+            COND_ADDRESS,
+            false,
+            problem.reason(),
+            format!(
+                "{problem}; keeps {} and its rules until this is fixed",
+                shown.join(", ")
+            ),
+        )];
+        conditions.extend(carried_over(svc, &[COND_PROGRAMMED, COND_ENDPOINTS]));
+        conditions
+    };
+    problem_status(svc, ctx, problem, kept, conditions).await
+}
+
+/// The addresses are there, the rules cannot be planned: existing rules stay as they were.
+pub async fn plan_problem(
+    svc: &Service,
+    ctx: &Context,
+    held: &Held,
+    problem: &Problem,
+) -> Result<(), ReconcileError> {
+    let mut conditions = vec![
+        address_condition(ctx, held),
+        Cond::new(
+            COND_PROGRAMMED,
+            false,
+            problem.reason(),
+            problem.to_string(),
+        ),
+    ];
+    conditions.extend(carried_over(svc, &[COND_ENDPOINTS]));
+    problem_status(svc, ctx, problem, held.addresses.clone(), conditions).await
+}
+
+/// The status for a problem, with one Warning Event when it is not shown yet.
+async fn problem_status(
+    svc: &Service,
+    ctx: &Context,
+    problem: &Problem,
+    addresses: Vec<IpAddr>,
+    conditions: Vec<Cond>,
+) -> Result<(), ReconcileError> {
+    let want = DesiredStatus {
+        addresses,
+        conditions,
+        ingress: status::ingress_mode(svc, ctx.settings.defaults),
+    };
+    if !status::is_current(svc, &want) {
+        warn!(reason = problem.reason(), "{problem}");
+        ctx.report.event(
+            svc,
+            EventType::Warning,
+            problem.reason(),
+            "Reconcile",
+            problem.to_string(),
+        );
+        ctx.report
+            .write_status(&ctx.services_api(svc), svc, &want)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Lets go of addresses the Service no longer wants. Reads what it shows right now from the
+/// API server (not the store): an address it shows is released only after its status moved
+/// on (the status write triggers another pass, which then releases it).
+pub async fn release_unwanted(
+    svc: &Service,
+    ctx: &Context,
+    held: &Held,
+) -> Result<(), ReconcileError> {
+    if !ctx.ipam.unwanted(svc, &held.addresses, &held.secondaries) {
+        return Ok(());
+    }
+    let shown = ctx
+        .services_api(svc)
+        .get_opt(&svc.name_any())
+        .await?
+        .filter(|now| now.metadata.uid == svc.metadata.uid)
+        .map(|now| published_addresses(&now))
+        .unwrap_or_default();
+    ctx.ipam
+        .release_unwanted(svc, &held.addresses, &held.secondaries, &shown)
+        .await?;
+    Ok(())
+}
+
+/// The report of a pass that applied its rules: Events for what changed and for a new
+/// problem (one Warning per episode: a Service that stays blocked, or keeps failing and
+/// retrying, already shows why), and the status.
+pub async fn programmed(
+    svc: &Service,
+    ctx: &Context,
+    held: &Held,
+    plan: &Plan,
+    programmed: &Programmed,
+) -> Result<(), ReconcileError> {
+    ctx.report
+        .record_dropped(&owner_key(svc), plan.endpoints_dropped);
+    let cond = &programmed.condition;
+    let shown = status::current_condition(svc, COND_PROGRAMMED);
+    if programmed.worth_an_event(shown.is_some_and(|c| c.status == "True")) {
+        info!(
+            rules = plan.rules.len(),
+            changes = programmed.changes,
+            "rules programmed"
+        );
+        ctx.report.event(
+            svc,
+            EventType::Normal,
+            "RulesProgrammed",
+            "Program",
+            format!(
+                "{} rule(s) on {}/{} loxilb instance(s)",
+                plan.rules.len(),
+                programmed.complete,
+                programmed.total
+            ),
+        );
+    } else if programmed.changes > 0 {
+        tracing::debug!(
+            rules = plan.rules.len(),
+            updated = programmed.updated,
+            "rules updated in place"
+        );
+    }
+    let already_shown = shown.is_some_and(|c| c.status == "False" && c.reason == cond.reason);
+    let new = ctx.report.first_warning(
+        &ObjectRef::from_obj(svc),
+        (!cond.ok).then_some(cond.reason.as_str()),
+        |r| ctx.inputs.services.get(r).is_some(),
+    );
+    if !cond.ok && !already_shown && new {
+        warn!(reason = %cond.reason, "{}", cond.message);
+        ctx.report.event(
+            svc,
+            EventType::Warning,
+            &cond.reason,
+            "Program",
+            cond.message.clone(),
+        );
+    }
+    let ranges = svc
+        .spec
+        .as_ref()
+        .and_then(|s| s.load_balancer_source_ranges.clone())
+        .unwrap_or_default();
+    let mut conditions = vec![
+        address_condition(ctx, held),
+        cond.clone(),
+        conditions::endpoints(plan.endpoints_dropped),
+    ];
+    conditions.extend(conditions::source_ranges(
+        &ranges,
+        ctx.settings.enforce_source_ranges,
+    ));
+    let want = DesiredStatus {
+        addresses: held.addresses.clone(),
+        conditions,
+        ingress: status::ingress_mode(svc, ctx.settings.defaults),
+    };
+    ctx.report
+        .write_status(&ctx.services_api(svc), svc, &want)
+        .await?;
+    Ok(())
+}
