@@ -52,7 +52,7 @@ pub struct Context {
     /// Consecutive failures per Service, for per-object exponential backoff reset on success.
     pub failures: Mutex<HashMap<ObjectRef<Service>, u32>>,
     /// Candidate endpoints left out per Service (loxilb's 32-per-rule limit), and their sum
-    /// (kept as it changes: summing every Service on every reconcile was O(Services)).
+    /// (kept up to date as it changes, so that no reconcile sums over every Service).
     pub endpoints_dropped: Mutex<(HashMap<String, usize>, usize)>,
     /// Services waiting for an address to free up.
     pub waiting_for_address: Mutex<HashSet<ObjectRef<Service>>>,
@@ -73,7 +73,7 @@ pub struct Context {
 
 impl Context {
     /// Waits until the stores are synced and the address index rebuilt: nothing is allocated
-    /// or programmed before (DESIGN.md §4).
+    /// or programmed before (docs/architecture.md#invariants).
     pub async fn wait_ready(&self) {
         let mut rx = self.ready_rx.clone();
         let _ = rx.wait_for(|r| *r).await;

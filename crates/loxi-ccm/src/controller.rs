@@ -444,7 +444,7 @@ fn tokio_stream_from<T: Send + 'static>(
 }
 
 /// Waits for both stores, then rebuilds the address index from what Services show, before
-/// anything is allocated (DESIGN.md §4).
+/// anything is allocated (docs/architecture.md#invariants).
 async fn start_up(ctx: Arc<Context>, ready_tx: watch::Sender<bool>, stop: Stop) {
     if wait_store(&ctx.services).await.is_err() || wait_store(&ctx.nodes).await.is_err() {
         warn!("store writer dropped before sync");

@@ -1,5 +1,5 @@
-//! Reconciling one Service (DESIGN.md §2): read the stores, confirm or claim an address,
-//! plan rules (pure), apply the difference to every loxilb, report.
+//! Reconciling one Service (docs/architecture.md#data-flow): read the stores, confirm or
+//! claim an address, plan rules (pure), apply the difference to every loxilb, report.
 
 use std::net::IpAddr;
 use std::sync::Arc;
