@@ -3,11 +3,12 @@
 //!
 //! Triggered by a watch on the namespace's Services (so it pays the watch too). Per new
 //! Service: one finalizer merge patch, one durable address claim (an `AddressClaim` created
-//! before the address is used, as DESIGN.md §4 requires of any correct controller), two rule
-//! POSTs (32 endpoints each, the same subset loxi-ccm picks, with loxilb-client's
-//! `apply_rule`), one server-side-apply status patch with a sequential ingress IP. Per
-//! deleted Service: two rule DELETEs, the claim's deletion and one finalizer merge patch. No
-//! Events, no conditions, no re-planning, no bookkeeping beyond a name -> rules map.
+//! before the address is used, as docs/architecture.md#invariants requires of any correct
+//! controller), two rule POSTs (32 endpoints each, the same subset loxi-ccm picks, with
+//! loxilb-client's `apply_rule`), one server-side-apply status patch with a sequential
+//! ingress IP. Per deleted Service: two rule DELETEs, the claim's deletion and one finalizer
+//! merge patch. No Events, no conditions, no re-planning, no bookkeeping beyond a name ->
+//! rules map.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};

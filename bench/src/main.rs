@@ -377,7 +377,7 @@ async fn main() -> Result<()> {
 /// a CRD's objects after the CRD was installed take the API server ~2 s here (its serving
 /// path for the new type is built on first use): a cluster that has had the CRD for more
 /// than a moment does not pay that, and the baseline, which runs after loxi-ccm, never did.
-/// Until 2026-11-22 21:41 loxi-ccm's N = 250 burst paid it (latency p50 ~2.2 s).
+/// Without this warm-up, loxi-ccm's N = 250 burst paid it (latency p50 ~2.2 s).
 async fn warm_up_claims(client: &kube::Client) -> Result<()> {
     use kube::api::{ApiResource, DeleteParams, DynamicObject, PostParams};
     use kube::core::GroupVersionKind;

@@ -235,7 +235,7 @@ impl WriteLease {
 
 /// What every writer of the controller asks: whether this replica may act now. Ready means
 /// it leads, its stores are synced and its address index is rebuilt (nothing is allocated or
-/// programmed before: `docs/architecture.md`, "Nothing before sync"); the write Lease is
+/// programmed before: `docs/architecture.md#invariants`); the write Lease is
 /// asked again right before each write.
 pub struct Gate {
     ready_tx: watch::Sender<bool>,

@@ -645,8 +645,8 @@ async fn sctp_rules_carry_claimed_secondary_addresses() {
 /// kube-loxilb's "fullnat with liveness probes" example: full NAT, liveness on, a TCP probe
 /// with its own port, payloads, interval and retries. The rule carries them; ingress says
 /// ipMode Proxy (full NAT terminates at loxilb); a probe loxilb refuses (http) is reported
-/// and the rule stays as it was; turning liveness off re-creates the rule (CONTRACT §2.5:
-/// monitor cannot change in place).
+/// and the rule stays as it was; turning liveness off re-creates the rule
+/// (docs/loxilb-api.md#updates: monitor cannot change in place).
 #[tokio::test]
 async fn fullnat_with_liveness_probes() {
     let w = World::new("fullnat-probe").await;

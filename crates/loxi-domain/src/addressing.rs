@@ -21,7 +21,7 @@ pub const ANN_NUM_SECONDARY: &str = "loxilb.io/num-secondary-networks";
 pub const ANN_POOL_SELECT_SECONDARY: &str = "loxilb.io/poolSelectSecondary";
 /// Name prefix of the secondary pools from the command line.
 pub const SECONDARY_POOL_PREFIX: &str = "secondary";
-/// loxilb's limit of secondary addresses per rule (CONTRACT.md §5).
+/// loxilb's limit of secondary addresses per rule (docs/loxilb-api.md#limits).
 pub const MAX_SECONDARY: usize = 3;
 
 /// Keep a deleted Service's address for a while (e.g. `24h`), so that re-creating the

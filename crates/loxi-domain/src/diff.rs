@@ -1,4 +1,4 @@
-//! Desired vs observed rules -> the smallest set of loxilb calls (CONTRACT.md §2.5).
+//! Desired vs observed rules -> the smallest set of loxilb calls (docs/loxilb-api.md#updates).
 //!
 //! Comparison is on [`Rule::observable`]: only what `GET /config/loadbalancer/all` can show
 //! (so a rule read back from loxilb, which never lists probe request/response/timeout/retries
@@ -45,8 +45,8 @@ fn fixed_at_create_differs(have: &Rule, want: &Rule) -> bool {
         || have.allowed_sources != want.allowed_sources
 }
 
-/// Fields whose change makes loxilb apply a re-POST (CONTRACT.md §2.5), as far as a listing
-/// shows them.
+/// Fields whose change makes loxilb apply a re-POST (docs/loxilb-api.md#updates), as far as a
+/// listing shows them.
 fn change_set_differs(have: &Rule, want: &Rule) -> bool {
     have.endpoints != want.endpoints
         || have.selection != want.selection
@@ -475,7 +475,7 @@ mod tests {
             stored
         }
 
-        /// loxilb's re-POST of an existing identity (CONTRACT.md §2.5): applied only when
+        /// loxilb's re-POST of an existing identity (docs/loxilb-api.md#updates): applied only when
         /// something in its change set differs; name/monitor/managed/secondaryIPs never.
         fn repost(stored: &Rule, req: &Rule) -> Rule {
             let norm = |r: &Rule| r.clone().normalized();
@@ -529,7 +529,7 @@ mod tests {
         }
 
         /// Applies the actions to loxilb's state. `nat` is loxilb's hidden NAT action, chosen
-        /// from `mode` at creation and never re-derived (CONTRACT.md §2.5 caveat).
+        /// from `mode` at creation and never re-derived (docs/loxilb-api.md#updates, on `mode`).
         fn apply(
             state: &mut BTreeMap<RuleKey, Rule>,
             nat: &mut BTreeMap<RuleKey, NatMode>,

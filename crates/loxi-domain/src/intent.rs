@@ -36,9 +36,10 @@ pub const ANN_NODE_LABEL: &str = "loxilb.io/nodelabel";
 pub const ANN_PREF_LOCAL_POD: &str = "loxilb.io/prefLocalPod";
 pub const ANN_PROXY_PROTOCOL_V2: &str = "loxilb.io/useproxyprotov2";
 
-/// loxilb's upper bound for `inactiveTimeOut` and (silently) `probeTimeout` (CONTRACT.md §5).
+/// loxilb's upper bound for `inactiveTimeOut` and (silently) `probeTimeout`
+/// (docs/loxilb-api.md#limits).
 pub const MAX_TIMEOUT_SECS: u32 = 86_400;
-/// Above this loxilb silently creates no prober (CONTRACT.md §5).
+/// Above this loxilb silently creates no prober (docs/loxilb-api.md#limits).
 pub const MAX_PROBE_RETRIES: u32 = 100;
 /// loxilb's endpoint limit, and so the most weights that can mean anything.
 const MAX_WEIGHTS: usize = 32;
@@ -286,8 +287,8 @@ pub fn parse_intent(
         }
         intent.prio_weights = parse_weights(v)?;
     }
-    // loxilb accepts DSR only with hash selection (CONTRACT.md §2.4); say so here instead of
-    // letting loxilb answer 200 with an error inside.
+    // loxilb accepts DSR only with hash selection and answers 200 with an error inside otherwise
+    // (docs/loxilb-api.md#rejections-inside-a-200): say so here instead.
     if intent.mode == NatMode::Dsr && intent.selection != EndpointSelection::Hash {
         let value = get(annotations, ANN_EP_SELECT).unwrap_or("rr");
         return Err(invalid(

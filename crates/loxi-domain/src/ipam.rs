@@ -1,10 +1,10 @@
 //! IP pools and the address allocator.
 //!
 //! The allocator is an in-memory *index* of who owns which address; the durable record lives
-//! in the API server and the index is rebuilt from it at start-up (DESIGN.md §4). Free space
-//! is kept as a set of disjoint intervals, so taking the lowest free address, claiming a given
-//! one and releasing one are all O(log n) whatever the pool size (a /15 or a /64 costs the
-//! same as a /30): no scan of the pool, ever.
+//! in the API server and the index is rebuilt from it at start-up
+//! (docs/architecture.md#invariants). Free space is kept as a set of disjoint intervals, so
+//! taking the lowest free address, claiming a given one and releasing one are all O(log n)
+//! whatever the pool size (a /15 or a /64 costs the same as a /30): no scan of the pool, ever.
 //!
 //! An address may have several owners (kube-loxilb's shared mode): each owner records its
 //! [`Sharing`], and an owner joins an address only when it is compatible with every owner

@@ -2,7 +2,8 @@
 //!
 //! Everything here is a function from plain data to plain data: no Kubernetes types, no HTTP,
 //! no clocks. The controller turns API objects into the views defined here, asks this crate
-//! what should exist, and applies the answer at its edges (DESIGN.md §2, steps 1 and 3).
+//! what should exist, and applies the answer at its edges (docs/architecture.md#data-flow,
+//! steps 1 and 3).
 
 pub mod address_name;
 pub mod addressing;

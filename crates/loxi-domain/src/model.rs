@@ -152,8 +152,8 @@ impl FromStr for EndpointSelection {
     }
 }
 
-/// The identity of a rule in loxilb (CONTRACT.md §2.3). loxi-ccm never uses `host`, port
-/// ranges or `block`, so those are always empty / 0 for rules it owns.
+/// The identity of a rule in loxilb (docs/loxilb-api.md#rule-identity). loxi-ccm never uses
+/// `host`, port ranges or `block`, so those are always empty / 0 for rules it owns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct RuleKey {
     pub ip: IpAddr,
@@ -207,7 +207,7 @@ impl ProbeType {
     }
 
     /// Reads the wire spelling (as listed by loxilb). `http`/`https` are not accepted: loxilb
-    /// rejects them for rules (CONTRACT.md §2.2), so they never appear in a listing.
+    /// rejects them for rules (docs/loxilb-api.md#rule-fields), so they never appear in a listing.
     pub fn from_loxilb(s: &str) -> Option<ProbeType> {
         Some(match s {
             "" => ProbeType::Default,
@@ -232,7 +232,7 @@ impl ProbeType {
 }
 
 /// Endpoint health probing of a rule. Only `kind` and `port` are ever listed back by loxilb;
-/// the others are write-only (CONTRACT.md §2.6).
+/// the others are write-only (docs/loxilb-api.md#listing-rules).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 pub struct Probe {
     pub kind: ProbeType,
@@ -249,7 +249,7 @@ pub struct Probe {
     pub retries: u32,
 }
 
-/// loxilb's effective idle-session timeout when 0 is sent (CONTRACT.md §2.2).
+/// loxilb's effective idle-session timeout when 0 is sent (docs/loxilb-api.md#rule-fields).
 pub fn default_inactive_timeout(protocol: Protocol) -> u32 {
     match protocol {
         Protocol::Tcp | Protocol::Sctp => 240,

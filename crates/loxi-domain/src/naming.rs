@@ -1,7 +1,7 @@
 //! Rule names that say who owns a rule.
 //!
-//! loxilb rule names are free text and not part of a rule's identity (CONTRACT.md §2.3), so
-//! loxi-ccm encodes ownership in them: `ccm-<cluster>_<namespace>_<service>_<port>_<proto>:<instance>`.
+//! loxilb rule names are free text and not part of a rule's identity
+//! (docs/loxilb-api.md#rule-names), so loxi-ccm encodes ownership in them: `ccm-<cluster>_<namespace>_<service>_<port>_<proto>:<instance>`.
 //! Namespaces and Service names are DNS labels and cannot contain `_`, so the fields split
 //! unambiguously. The part after `:` is the HA instance name, where kube-loxilb and loxilb
 //! expect it (default `llb-inst0`). A rule whose name does not parse with *our* cluster id is

@@ -24,9 +24,9 @@ use crate::model::{Endpoint, EndpointSelection, NatMode, Protocol, Rule, RuleKey
 use crate::naming::{ClusterId, RuleName};
 use crate::selection::{stable_subset, stable_subset_endpoints};
 
-/// loxilb's limit of endpoints per rule (CONTRACT.md §5).
+/// loxilb's limit of endpoints per rule (docs/loxilb-api.md#limits).
 pub const MAX_ENDPOINTS: usize = 32;
-/// loxilb's limit of secondary IPs per rule (CONTRACT.md §5).
+/// loxilb's limit of secondary IPs per rule (docs/loxilb-api.md#limits).
 pub const MAX_SECONDARY_IPS: usize = 3;
 
 /// One port of a Service, as the planner needs it.
@@ -376,7 +376,7 @@ fn pod_candidates(
 }
 
 /// loxilb's DSR forwards without rewriting the destination port: every target must be the
-/// service port (CONTRACT.md §2.2), else loxilb rejects the rule.
+/// service port (docs/loxilb-api.md#rule-fields), else loxilb rejects the rule.
 fn check_dsr(
     intent: &ServiceIntent,
     port: &PortPlan<'_>,

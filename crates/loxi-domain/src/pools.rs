@@ -469,9 +469,9 @@ impl PoolSet {
     }
 
     /// Whether `who` may newly take the specific address `ip` (`loxilb.io/staticIP`,
-    /// `spec.loadBalancerIP`): outside every pool yes (the operator's business, as before
-    /// pools had selectors); inside, only when one pool holding it is enabled and admits
-    /// `who`, so a selector cannot be bypassed by asking for an address by name.
+    /// `spec.loadBalancerIP`): outside every pool yes (the operator's business: selectors
+    /// govern only a pool's own addresses); inside, only when one pool holding it is enabled
+    /// and admits `who`, so a selector cannot be bypassed by asking for an address by name.
     pub fn admits_address(&self, ip: &IpAddr, who: &Requester<'_>) -> Result<(), AllocError> {
         let holding: Vec<&PoolDef> = self.defs.iter().filter(|d| d.pool.contains(ip)).collect();
         let Some(first) = holding.first() else {

@@ -16,7 +16,7 @@
 //! One exception keeps an explicit request from silently landing next to a stranger: a
 //! Service asking for a specific address (`loxilb.io/staticIP`, `spec.loadBalancerIP`) that
 //! another Service already holds joins it only when both carry the same sharing key; without
-//! a key the address is reported in use, as before sharing existed.
+//! a key the address is reported in use.
 //!
 //! A claim records every owner's ports in both modes. The mode only decides whether a
 //! Service may *join* an address someone else holds: switching from shared to unique mode

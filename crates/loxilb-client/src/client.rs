@@ -173,7 +173,7 @@ impl LoxilbClient {
         &self.display
     }
 
-    /// `GET /version`: the cheapest liveness probe (no auth, CONTRACT.md §3.4).
+    /// `GET /version`: the cheapest liveness probe (no auth, docs/loxilb-api.md#liveness).
     pub async fn version(&self) -> Result<VersionInfo, ClientError> {
         let bytes = self.get_ok("version").await?;
         serde_json::from_slice(&bytes)
@@ -204,7 +204,7 @@ impl LoxilbClient {
     }
 
     /// `GET /config/cistate/all`: the HA state of every cluster instance loxilb knows
-    /// (CONTRACT.md §3.2).
+    /// (docs/loxilb-api.md#ha-roles).
     pub async fn cluster_states(&self) -> Result<Vec<CiState>, ClientError> {
         let bytes = self.get_ok("config/cistate/all").await?;
         let list: CiStateList = serde_json::from_slice(&bytes)
@@ -213,7 +213,7 @@ impl LoxilbClient {
     }
 
     /// `POST /config/cistate`. An unknown instance is created first; posting the state it
-    /// already has changes nothing (CONTRACT.md §3.2).
+    /// already has changes nothing (docs/loxilb-api.md#ha-roles).
     pub async fn set_cluster_state(&self, state: &CiState) -> Result<(), ClientError> {
         match self
             .send(Method::POST, "config/cistate", Some(state))
@@ -474,7 +474,7 @@ fn body_mentions(body: &ResultBody, needle: &str) -> bool {
 }
 
 /// A 200 is a success only when `result` is "Success": DSR with a non-hash selection answers
-/// 200 with `{"result":"Error: ..."}` (CONTRACT.md §1.3).
+/// 200 with `{"result":"Error: ..."}` (docs/loxilb-api.md#rejections-inside-a-200).
 fn success_body(bytes: &[u8]) -> Result<(), ClientError> {
     let body: ResultBody = serde_json::from_slice(bytes)
         .map_err(|e| ClientError::BadResponse(format!("write answer: {e}")))?;

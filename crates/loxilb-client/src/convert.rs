@@ -1,8 +1,8 @@
 //! Between the domain's [`Rule`] and the wire's [`LoadbalanceEntry`].
 //!
 //! `to_entry` sends everything a rule holds. `from_entry` reads what a listing shows, which
-//! is less (CONTRACT.md §2.6): never the probe request/response/timeout/retries (read as
-//! empty/0), and the effective `inactiveTimeOut`/`monitor`. loxilb's default
+//! is less (docs/loxilb-api.md#listing-rules): never the probe request/response/timeout/
+//! retries (read as empty/0), and the effective `inactiveTimeOut`/`monitor`. loxilb's default
 //! `inactiveTimeOut` reads back as 0 ("loxilb's default", as it was most likely sent), so a
 //! rule POSTed with 0 reads back equal. The diff compares [`Rule::observable`] forms, which
 //! account for the rest.
@@ -12,7 +12,7 @@ use loxi_domain::{Endpoint, EndpointSelection, NatMode, Protocol, Rule, RuleKey}
 
 use crate::dto::{AllowedSource, EndpointEntry, LoadbalanceEntry, SecondaryIp, ServiceArguments};
 
-/// The complete POST body for a desired rule (`oper` 0: add/replace, CONTRACT.md §2.5).
+/// The complete POST body for a desired rule (`oper` 0: add/replace, docs/loxilb-api.md#updates).
 pub fn to_entry(rule: &Rule) -> LoadbalanceEntry {
     LoadbalanceEntry {
         service_arguments: ServiceArguments {
@@ -239,8 +239,8 @@ mod tests {
 
     #[test]
     fn listing_of_a_posted_rule_needs_no_action() {
-        // As loxilb lists `full_rule()` after it was POSTed (CONTRACT.md §2.6): no write-only
-        // probe fields, effective inactiveTimeOut, endpoints and secondaries sorted.
+        // As loxilb lists `full_rule()` after it was POSTed (docs/loxilb-api.md#listing-rules):
+        // no write-only probe fields, effective inactiveTimeOut, endpoints and secondaries sorted.
         let body = r#"{"serviceArguments":{"externalIP":"192.0.2.7","port":38412,
             "protocol":"sctp","sel":2,"mode":2,"monitor":true,"managed":true,
             "inactiveTimeOut":240,"probetype":"sctp","probeport":38412,
@@ -291,7 +291,7 @@ mod tests {
         entries.iter().filter_map(from_entry).collect()
     }
 
-    /// Every field through the simulator (which follows CONTRACT.md): what is POSTed reads
+    /// Every field through the simulator (which follows docs/loxilb-api.md): what is POSTed reads
     /// back without a difference, and every kind of change converges in one pass.
     #[tokio::test]
     async fn every_field_converges_through_the_simulator() {

@@ -1,4 +1,5 @@
-//! Wire types of the loxilb API (CONTRACT.md §2.2, §2.6, §3.4).
+//! Wire types of the loxilb API (docs/loxilb-api.md: Rule fields, Listing rules, HA roles,
+//! Liveness).
 //!
 //! Requests use loxilb's exact key spellings. Responses omit zero values and send `null` for
 //! empty arrays, so every field defaults and `null` reads as empty; unknown fields are ignored.
@@ -41,7 +42,7 @@ pub struct LoadbalanceEntry {
     pub allowed_sources: Vec<AllowedSource>,
 }
 
-/// `serviceArguments`: every field of CONTRACT.md §2.2.
+/// `serviceArguments`: every field of docs/loxilb-api.md#rule-fields.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct ServiceArguments {
@@ -121,7 +122,7 @@ pub struct AllowedSource {
 }
 
 /// One cluster instance's HA state (`POST /config/cistate`, `GET /config/cistate/all`,
-/// CONTRACT.md §3.2).
+/// docs/loxilb-api.md#ha-roles).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct CiState {
@@ -149,7 +150,7 @@ pub struct VersionInfo {
 }
 
 /// Body of every answer that is not a GET payload: `{"result": ...}` on success, plus
-/// `code`/`message` on errors (CONTRACT.md §1.3-1.4).
+/// `code`/`message` on errors (docs/loxilb-api.md#answers-and-errors).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
 pub(crate) struct ResultBody {

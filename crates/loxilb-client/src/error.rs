@@ -1,4 +1,4 @@
-//! Error classification (CONTRACT.md §1.3-1.5).
+//! Error classification (docs/loxilb-api.md: Answers and errors, Authentication).
 
 use thiserror::Error;
 
@@ -14,7 +14,7 @@ pub enum ClientError {
     /// sent: retrying it unchanged cannot help.
     #[error("loxilb rejected the request (HTTP {status}): {message}")]
     Rejected { status: u16, message: String },
-    /// 403 for a limit such as the 2048-rule high-water mark (CONTRACT.md §5).
+    /// 403 for a limit such as the 2048-rule high-water mark (docs/loxilb-api.md#limits).
     #[error("loxilb capacity exceeded (HTTP {status}): {message}")]
     Capacity { status: u16, message: String },
     /// 401, or the 500 loxilb's token validators answer with.
@@ -89,8 +89,8 @@ pub(crate) fn classify(
                 message: text,
             }
         }
-        // Deterministic core errors loxilb reports as 500 (CONTRACT.md §2.2, §2.5): the same
-        // request will fail the same way.
+        // Deterministic core errors loxilb reports as 500 (docs/loxilb-api.md#handler-errors):
+        // the same request will fail the same way.
         500 if lower.contains("modify error") || lower.contains("not tcp service") => {
             ClientError::Rejected {
                 status,

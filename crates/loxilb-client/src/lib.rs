@@ -1,5 +1,5 @@
 //! Typed client for the loxilb REST API (`/netlox/v1`), following how loxilb really behaves
-//! (`reference/loxilb-api/CONTRACT.md`) rather than only its published spec.
+//! (docs/loxilb-api.md) rather than only its published spec.
 
 mod client;
 pub mod convert;

@@ -214,7 +214,8 @@ async fn changed_endpoints_are_applied_in_place() {
         1,
         "updated in place, not duplicated: {rules:?}"
     );
-    // CONTRACT.md §2.5: kept endpoints stay, new ones are appended; the removed one is hidden.
+    // Kept endpoints stay, new ones are appended; the removed one is hidden
+    // (docs/loxilb-api.md#updates).
     assert_eq!(
         sim_eps(&rules[0]),
         vec![
@@ -409,8 +410,8 @@ async fn delete_by_name_removes_only_exact_name_matches() {
 async fn delete_by_name_escapes_reserved_characters() {
     let sim = start_sim(SimConfig::default()).await;
     let client = client_for(&sim);
-    // Names are free text (CONTRACT.md §2.2): `/`, `?`, `#`, `%` and spaces must survive as
-    // one path segment.
+    // Names are free text (docs/loxilb-api.md#rule-names): `/`, `?`, `#`, `%` and spaces must
+    // survive as one path segment.
     let odd = "team/a b?c#d%e:llb-inst0";
     let plain = "team:llb-inst0";
     client
@@ -438,7 +439,7 @@ async fn delete_by_name_escapes_reserved_characters() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// 3. Error classification (CONTRACT.md §1.3-§1.5, §2.2, §5)
+// 3. Error classification (docs/loxilb-api.md: Answers and errors, Authentication, Limits)
 // ---------------------------------------------------------------------------------------------
 
 #[tokio::test]

@@ -4,7 +4,8 @@
 //! otherwise go unnoticed against both loxilb and the simulator), and every property the spec
 //! marks `required` must be sent.
 //!
-//! Passes with a message when the reference folder is absent (e.g. in a user's clone).
+//! Passes with a message when the reference folder is absent (e.g. in a user's clone; see
+//! docs/testing.md#the-reference-folder).
 
 use loxi_domain::{Endpoint, EndpointSelection, NatMode, Protocol, Rule, RuleKey};
 use loxilb_client::convert::to_entry;

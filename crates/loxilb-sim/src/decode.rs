@@ -1,5 +1,5 @@
 //! JSON decoding with Go `encoding/json` semantics, on top of
-//! `serde_json::Value` (CONTRACT.md §1.2):
+//! `serde_json::Value` (docs/loxilb-api.md#encoding):
 //! keys match case-insensitively (exact spelling preferred), unknown keys are
 //! ignored, `null` leaves a field at its zero value, and a JSON type that does
 //! not fit the Go field type (including out-of-range integers and non-integral

@@ -1,4 +1,4 @@
-//! The two error producers of the real loxilb API server (CONTRACT.md §1.4).
+//! The two error producers of the real loxilb API server (docs/loxilb-api.md#answers-and-errors).
 //!
 //! * Framework errors come from go-openapi (routing, auth, content type,
 //!   decoding, schema validation) and have the body `{"code","message"}`.
@@ -16,8 +16,8 @@ pub(crate) const CODE_INVALID_TYPE: i64 = 601;
 pub(crate) const CODE_REQUIRED: i64 = 602;
 pub(crate) const CODE_ENUM: i64 = 606;
 
-/// Status table of §1.4(b): `(http status, message, triggers)`, checked in
-/// order, first hit wins. A `None` message means "the raw string itself".
+/// Status table of docs/loxilb-api.md#handler-errors: `(http status, message,
+/// triggers)`, checked in order, first hit wins. A `None` message means "the raw string itself".
 const STATUS_TABLE: &[(u16, Option<&str>, &[&str])] = &[
     (
         404,
@@ -203,12 +203,13 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// `200 {"result":"Success"}`: the only success body of POST/DELETE (§1.3).
+/// `200 {"result":"Success"}`: the only success body of POST/DELETE (docs/loxilb-api.md#success).
 pub(crate) fn success() -> Response {
     json_response(200, json!({"result": "Success"}))
 }
 
-/// 200 with an arbitrary `result` text (the DSR quirk of §2.4).
+/// 200 with an arbitrary `result` text (the DSR quirk,
+/// docs/loxilb-api.md#rejections-inside-a-200).
 pub(crate) fn result_200(result: &str) -> Response {
     json_response(200, json!({"result": result}))
 }

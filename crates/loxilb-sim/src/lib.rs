@@ -1,5 +1,5 @@
 //! `loxilb-sim`: a faithful, stateful stand-in for the loxilb REST API
-//! (see `shared/reference/loxilb-api/CONTRACT.md`).
+//! (see `docs/loxilb-api.md`).
 //!
 //! It parses requests itself (from `serde_json::Value`, Go decoding rules)
 //! instead of reusing the client's DTOs, so that it checks the client rather

@@ -260,7 +260,8 @@ fn check_auth(shared: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
             401,
             "unauthenticated for invalid credentials",
         )),
-        // Raw token compared verbatim: no "Bearer " prefix (§1.5).
+        // Raw token compared verbatim: no "Bearer " prefix
+        // (docs/loxilb-api.md#authentication).
         Some(v) if v.as_bytes() == token.as_bytes() => Ok(()),
         Some(_) => Err(ApiError::framework(500, 500, "invalid token")),
     }

@@ -1,6 +1,6 @@
 //! In-memory loxilb state: LB rules (identity, index allocation, update
 //! semantics) and cluster-instance (HA) states. Everything here is wiped by a
-//! simulated restart (CONTRACT.md §4). All methods are synchronous and run
+//! simulated restart (docs/loxilb-api.md#restarts). All methods are synchronous and run
 //! under the single state mutex, mirroring loxilb's global config lock.
 
 use std::collections::{BTreeMap, HashMap};
@@ -60,7 +60,7 @@ pub struct SimRule {
     pub index: u32,
 }
 
-/// Rule identity (§2.3).
+/// Rule identity (docs/loxilb-api.md#rule-identity).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct RuleKey {
     pub host: String,
@@ -212,7 +212,8 @@ impl StoredRule {
     }
 
     /// `LoadbalanceEntry` as GET returns it: zero values omitted, `null` for
-    /// empty arrays, hidden fields never emitted (§2.6).
+    /// empty arrays, hidden fields never emitted
+    /// (docs/loxilb-api.md#listing-rules).
     fn to_api(&self, reach: &Reachability, now: Instant) -> Value {
         let mut sa = Map::new();
         sa.insert("externalIP".into(), json!(self.vip.to_string()));
@@ -375,7 +376,7 @@ impl SimState {
         self.free.push(i);
     }
 
-    /// Create / update / attach / detach (§2.4 step 4 and §2.5).
+    /// Create / update / attach / detach (docs/loxilb-api.md: Creating a rule, Updates).
     pub(crate) fn post_rule(&mut self, r: &LbRequest, c: Checked) -> Result<PostOutcome, String> {
         let key = RuleKey::new(&r.host, c.vip, &r.protocol, r.port, c.port_max, r.block);
         if self.rules.contains_key(&key) {
@@ -525,7 +526,7 @@ impl SimState {
         json!({ "lbAttr": attrs })
     }
 
-    /// `GET /config/endpoint/all` (§3.1 of docs/loxilb-api.md#endpoint-health).
+    /// `GET /config/endpoint/all` (docs/loxilb-api.md#endpoint-health).
     pub(crate) fn list_endpoints(&self, reach: &Reachability) -> Value {
         let mut implicit: Vec<ImplicitEp> = self
             .rules
@@ -573,7 +574,7 @@ impl SimState {
         v
     }
 
-    /// `POST /config/cistate` (§3.2).
+    /// `POST /config/cistate` (docs/loxilb-api.md#ha-roles).
     pub(crate) fn set_ci(&mut self, instance: &str, state: &str, vip: &str) -> Result<(), String> {
         let instance = if instance.is_empty() {
             // Assumption: an absent instance means the default one.
@@ -649,7 +650,7 @@ fn compare_sources(stored: &[String], requested: &[String]) -> SourcesCompared {
     }
 }
 
-/// Endpoint merge per `oper` (§2.5). Returns the new internal list and
+/// Endpoint merge per `oper` (docs/loxilb-api.md#updates). Returns the new internal list and
 /// whether anything endpoint-related changed.
 fn merge_endpoints(
     stored: &[StoredEp],

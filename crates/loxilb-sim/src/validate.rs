@@ -1,5 +1,5 @@
 //! Request validation for `POST /config/loadbalancer`, in loxilb's order
-//! (CONTRACT.md §2.4):
+//! (docs/loxilb-api.md#creating-a-rule):
 //!
 //! 1. [`decode_lb`]: Go-style decoding (400) and go-openapi schema checks
 //!    (422 602 "required", 422 606 "enum").

@@ -1,5 +1,6 @@
 //! LB rule behaviour over real HTTP: create, idempotency, updates, deletes,
-//! limits and the documented loxilb quirks (CONTRACT.md §2, §5).
+//! limits and the documented loxilb quirks (docs/loxilb-api.md, from Rule fields to
+//! Deleting rules, and Limits).
 
 mod common;
 

@@ -1,7 +1,7 @@
 //! What a live loxilb (v0.9.8-dev, eBPF datapath) showed and the simulator now does
 //! (docs/loxilb-api.md#observed-on-a-live-loxilb): the inverted source-list comparison, the
 //! order of a new rule's endpoints, the endpoint probe objects and endpoint health states.
-//! Each test fails against the simulator as it was before it learned the behaviour.
+//! Each test pins one of these behaviours, so the simulator keeps answering as loxilb does.
 
 mod common;
 

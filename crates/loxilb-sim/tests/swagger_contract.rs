@@ -1,7 +1,8 @@
 //! Contract test against loxilb's published swagger.yml (reference data,
 //! read at test time, never copied). Enums, required fields and paths are
 //! derived from the spec, not hard-coded, so a spec update is noticed.
-//! Known SPEC≠CODE deviations (CONTRACT.md) are handled explicitly.
+//! Known SPEC≠CODE deviations (docs/loxilb-api.md#spec-deviations) are handled
+//! explicitly.
 //!
 //! Skips (passes with a message) when the reference folder is absent, e.g.
 //! in a user's clone.
@@ -88,7 +89,7 @@ impl LbSpec {
 }
 
 /// A body loxilb accepts for the given enum combination. The constraints
-/// come from CONTRACT.md §2.2: icmp needs port/targetPort 0, sel 6 (N3)
+/// come from docs/loxilb-api.md#rule-fields: icmp needs port/targetPort 0, sel 6 (N3)
 /// needs udp, mode 3 (DSR) needs sel 1 and targetPort == port, mode 5
 /// (host one-arm) needs the unspecified VIP.
 fn valid_body(port: u16, protocol: &str, sel: i64, mode: i64) -> Value {

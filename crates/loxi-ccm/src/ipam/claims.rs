@@ -1,4 +1,4 @@
-//! Durable address claims (DESIGN.md §4).
+//! Durable address claims (docs/architecture.md#invariants).
 //!
 //! One cluster-scoped `AddressClaim` per allocated address, named after the address, created
 //! **before** the address is published or programmed anywhere. The API server's name

@@ -2,7 +2,7 @@
 //! durable `AddressClaim` records and the Services waiting for an address.
 //!
 //! The claims are the record (one cluster-scoped object per address, written before the
-//! address is published or programmed: `docs/architecture.md`, "Durable allocation"); the
+//! address is published or programmed: `docs/architecture.md#invariants`); the
 //! index is a cache of them, rebuilt at start-up before anything is allocated and kept
 //! current by the claim watch. Everything that reads or changes the index goes through
 //! [`Ipam`]'s methods, under its one lock.

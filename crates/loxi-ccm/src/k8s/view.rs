@@ -11,7 +11,8 @@ use loxi_domain::{
 };
 
 /// Finalizer on Services of our class. The upstream service controller treats any Service
-/// with a class as not its own and would strip the standard finalizer (DESIGN.md §4).
+/// with a class as not its own and would strip the standard finalizer
+/// (docs/architecture.md#finalizers).
 pub const CLASS_FINALIZER: &str = "loxilb.io/loadbalancer-cleanup";
 /// The standard finalizer, for class-less Services served in CCM mode, as the upstream
 /// service controller uses it.

@@ -4,25 +4,26 @@
 //! Per-Service reconciles read the cache instead of listing loxilb each time; a full listing
 //! refreshes it at start-up, after an instance comes back, and at every drift check. All
 //! writes to one instance go through its lock, so a drift check and a reconcile never race
-//! on the same rules (loxilb serializes its config calls anyway, CONTRACT.md §1.1).
+//! on the same rules (loxilb serializes its config calls anyway, docs/loxilb-api.md#transport).
 //!
-//! Rule state is not replicated between loxilb instances (CONTRACT.md §4): each instance is
-//! programmed, probed and repaired on its own.
+//! Rule state is not replicated between loxilb instances (docs/loxilb-api.md#restarts): each
+//! instance is programmed, probed and repaired on its own.
 //!
 //! ## Noticing a restart
 //!
 //! A loxilb that restarts between two probes answers as if nothing happened, but holds
-//! nothing (CONTRACT.md §4). Listing every rule at every probe would show it, at the price
-//! of a 6 MB listing every few seconds on a full instance. Instead, before its first listing
-//! of an instance, the controller places a *restart marker*: a cluster-instance entry named
-//! `loxi-ccm.<cluster id>` in state `NOT_DEFINED` (`POST /config/cistate`). Creating an
-//! unknown instance in the state it is created in changes nothing in loxilb (no VIP, no BGP
-//! preference: CONTRACT.md §3.2), and a restart drops it like every other state. A probe
-//! then reads the small `GET /config/cistate/all`: marker gone means restarted, and every
-//! rule is replayed. A loxilb that refuses the marker is probed by listing its rules, as
-//! before. Rules deleted behind our back without a restart are put back by the drift check.
+//! nothing (docs/loxilb-api.md#detecting-a-restart). Listing every rule at every probe would
+//! show it, at the price of a 6 MB listing every few seconds on a full instance. Instead,
+//! before its first listing of an instance, the controller places a *restart marker*: a
+//! cluster-instance entry named `loxi-ccm.<cluster id>` in state `NOT_DEFINED`
+//! (`POST /config/cistate`). Creating an unknown instance in the state it is created in
+//! changes nothing in loxilb (no VIP, no BGP preference: docs/loxilb-api.md#ha-roles), and a
+//! restart drops it like every other state. A probe then reads the small
+//! `GET /config/cistate/all`: marker gone means restarted, and every rule is replayed. A
+//! loxilb that refuses the marker is probed by listing its rules instead. Rules deleted
+//! behind our back without a restart are put back by the drift check.
 //!
-//! ## loxilb's limits (CONTRACT.md §5)
+//! ## loxilb's limits (docs/loxilb-api.md#limits)
 //!
 //! loxilb refuses the rule after its table is full (403 `rule-hwm error`), and refuses
 //! `allowedSources` on a rule whose internal index is above 28 (400 `rule-allowed-src
@@ -66,14 +67,14 @@ use tracing::{debug, info, warn};
 use crate::metrics::Metrics;
 
 /// loxilb's rule table: internal indexes 1..=2048, the next rule is refused with 403
-/// `rule-hwm error` (CONTRACT.md §5).
+/// `rule-hwm error` (docs/loxilb-api.md#limits).
 pub const DEFAULT_CAPACITY: usize = 2048;
 
 /// Services whose new rules a replay sends at once, unless set (`--concurrency`).
 pub const DEFAULT_PARALLEL_CALLS: usize = 16;
 
 /// loxilb installs `allowedSources` only on rules with an internal index up to this
-/// (CONTRACT.md §2.2, §5).
+/// (docs/loxilb-api.md#source-ranges).
 pub const MAX_ALLOWED_SOURCES_INDEX: usize = 28;
 
 /// Condition reason / Event reason for [`Blocked::Capacity`]; the same as
@@ -642,7 +643,8 @@ fn group_by_service(rules: Vec<Rule>) -> Vec<Vec<Rule>> {
     groups
 }
 
-/// Which limit a loxilb refusal is, if any (CONTRACT.md §1.4: the raw loxilb string).
+/// Which limit a loxilb refusal is, if any, read from loxilb's raw error text
+/// (docs/loxilb-api.md#handler-errors).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Limit {
     Capacity,
@@ -729,9 +731,10 @@ impl Instance {
         self.holdings.lock().await.held()
     }
 
-    /// Liveness probe (`GET /version`, CONTRACT.md §3.4) and, while up, a check that the
+    /// Liveness probe (`GET /version`, docs/loxilb-api.md#liveness) and, while up, a check that the
     /// instance still holds what we believe: a loxilb that restarted between two probes
-    /// answers as if nothing happened, but comes back empty (CONTRACT.md §4).
+    /// answers as if nothing happened, but comes back empty
+    /// (docs/loxilb-api.md#detecting-a-restart).
     pub async fn probe(&self, cluster: &ClusterId, metrics: &Metrics) -> Probe {
         let up = self.client.version().await.is_ok();
         metrics.set_up(self.url(), up);

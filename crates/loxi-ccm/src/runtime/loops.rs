@@ -16,8 +16,8 @@ use crate::loxilb::{Instance, ServiceRules};
 use crate::service::plan::{Desired, desired};
 
 /// Waits for the stores, then (on the leader) rebuilds the address index from the claims and
-/// what Services show, before anything is allocated (`docs/architecture.md`, "Nothing before
-/// sync"); then starts node initialization, which writes too.
+/// what Services show, before anything is allocated (`docs/architecture.md#invariants`);
+/// then starts node initialization, which writes too.
 pub async fn start_up(shared: Arc<Shared>, stop: Stop) {
     let ctx = &shared.service;
     if wait_store(&ctx.inputs.services).await.is_err()

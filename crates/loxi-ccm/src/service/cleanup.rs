@@ -4,7 +4,7 @@
 //! The finalizer is hand-made rather than kube-runtime's `finalizer()` helper: cleanup also
 //! runs for Services that stay (a type or class change), which that helper, made for objects
 //! being deleted, does not cover; and the finalizer's name depends on the Service (the
-//! standard one in CCM mode, our own for our class: `docs/architecture.md`, "Finalizers").
+//! standard one in CCM mode, our own for our class: `docs/architecture.md#finalizers`).
 
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;

@@ -1,4 +1,4 @@
-//! Reconciling one Service, in the five steps of `docs/architecture.md` ("Data flow"):
+//! Reconciling one Service, in the five steps of `docs/architecture.md#data-flow`:
 //! inputs from the stores, addresses from `ipam`, the plan from the domain, the rules through
 //! `loxilb`, and the report. This file only orchestrates; each step lives with its owner.
 
