@@ -918,8 +918,14 @@ async fn a_repeated_event_is_one_event_with_a_count() {
     use loxi_ccm::k8s::events::EventRecorder;
 
     let w = World::new("events").await;
+    // Of a class the controller does not serve: the Events listed below are the test's own,
+    // never the controller's (AddressAllocated, ...) for the same Service.
     let svc = w
-        .create(&World::lb_service("web", Some(CLASS), &[(80, "TCP")]))
+        .create(&World::lb_service(
+            "web",
+            Some("example.com/not-ours"),
+            &[(80, "TCP")],
+        ))
         .await;
     let dropped = prometheus_client::metrics::counter::Counter::<u64>::default();
     let recorder = EventRecorder::new(
