@@ -46,6 +46,14 @@ pub fn retention(
     })
 }
 
+/// The pool a Service names (`loxilb.io/poolSelect`), if any: the one place it is read.
+pub fn selected_pool(annotations: Option<&BTreeMap<String, String>>) -> Option<&str> {
+    annotations
+        .and_then(|a| a.get(ANN_POOL_SELECT))
+        .map(|v| v.trim())
+        .filter(|v| !v.is_empty())
+}
+
 /// The name of the `i`-th secondary pool from the command line.
 pub fn secondary_pool_name(i: usize) -> String {
     format!("{SECONDARY_POOL_PREFIX}{i}")
@@ -135,7 +143,7 @@ pub fn address_slots(
             }
         }
     };
-    let pool = get(ANN_POOL_SELECT).map(str::to_string);
+    let pool = selected_pool(input.annotations).map(str::to_string);
 
     let mut requested: Vec<(IpAddr, &'static str, String)> = Vec::new();
     if let Some(list) = get(ANN_STATIC_IP) {

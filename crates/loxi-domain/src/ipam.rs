@@ -167,6 +167,11 @@ impl AddressBlock {
         self.family == other.family && self.first <= other.last && other.first <= self.last
     }
 
+    /// The first and last usable address, as numbers (for ordering and overlap checks).
+    pub fn bounds(&self) -> (u128, u128) {
+        (self.first, self.last)
+    }
+
     /// Number of usable addresses (saturating for huge IPv6 blocks).
     pub fn size(&self) -> u128 {
         (self.last - self.first).saturating_add(1)

@@ -22,14 +22,12 @@ pub mod cli;
 
 use std::collections::HashMap;
 use std::ffi::OsString;
-use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::parser::ValueSource;
 use clap::{Arg, ArgAction, FromArgMatches};
-use ipnet::IpNet;
 use loxi_domain::ipam::{AddressBlock, Family};
 use loxi_domain::{ClusterId, Defaults, NatMode, Pool};
 use loxilb_client::{ClientConfig, ClientError, LoxilbClient};
@@ -988,42 +986,16 @@ fn named_block(
     })
 }
 
-fn to_u128(ip: IpAddr) -> u128 {
-    match ip {
-        IpAddr::V4(v4) => u32::from(v4) as u128,
-        IpAddr::V6(v6) => u128::from(v6),
-    }
-}
-
-/// First and last usable address of a block, as `loxi_domain::ipam` computes them (network
-/// and, for IPv4, broadcast addresses of prefixes shorter than /31 are skipped).
-fn bounds(block: &AddressBlock) -> Option<(u128, u128)> {
-    let text = block.to_string();
-    let t = text.trim();
-    if let Some((a, b)) = t.split_once('-') {
-        let a: IpAddr = a.trim().parse().ok()?;
-        let b: IpAddr = b.trim().parse().ok()?;
-        return Some((to_u128(a), to_u128(b)));
-    }
-    let net: IpNet = t.parse().ok()?;
-    let mut first = to_u128(net.network());
-    let mut last = to_u128(net.broadcast());
-    if net.max_prefix_len() - net.prefix_len() >= 2 {
-        first += 1;
-        if block.family() == Family::V4 {
-            last -= 1;
-        }
-    }
-    Some((first, last))
-}
-
 /// Any two overlapping blocks (in different pools or in the same one) are an error naming
 /// both.
 fn check_overlaps(entries: &[&BlockEntry]) -> Result<(), ConfigError> {
     let mut spans: Vec<(Family, u128, u128, usize)> = entries
         .iter()
         .enumerate()
-        .filter_map(|(i, e)| bounds(&e.block).map(|(f, l)| (e.block.family(), f, l, i)))
+        .map(|(i, e)| {
+            let (first, last) = e.block.bounds();
+            (e.block.family(), first, last, i)
+        })
         .collect();
     spans.sort_by_key(|&(family, first, last, _)| (family == Family::V6, first, last));
     // The block reaching furthest so far, per family run.
@@ -1518,7 +1490,7 @@ mod tests {
             "2001:db8::1-2001:db8::5",
         ] {
             let block: AddressBlock = text.parse().unwrap();
-            let (first, last) = bounds(&block).unwrap();
+            let (first, last) = block.bounds();
             assert_eq!(last - first + 1, block.size(), "{text}");
         }
     }

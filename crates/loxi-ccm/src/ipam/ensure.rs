@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 use loxi_domain::addressing::{
     ANN_NUM_SECONDARY, ANN_POOL_SELECT, ANN_POOL_SELECT_SECONDARY, AddressInput, AddressSlot,
-    address_slots, secondary_slots,
+    address_slots, secondary_slots, selected_pool,
 };
 use loxi_domain::choice::{Choice, Role, Source, choose_address};
 use loxi_domain::ipam::{Family, Sharing};
@@ -55,11 +55,7 @@ fn slots(svc: &Service, pools: &PoolSet, who: &Requester<'_>) -> Result<Slots, A
         ip_family_policy: spec.and_then(|s| s.ip_family_policy.as_deref()),
         load_balancer_ip: spec.and_then(|s| s.load_balancer_ip.as_deref()),
     };
-    let selected = svc
-        .annotations()
-        .get(ANN_POOL_SELECT)
-        .map(|v| v.trim())
-        .filter(|v| !v.is_empty());
+    let selected = selected_pool(svc.metadata.annotations.as_ref());
     let vips = address_slots(&input, |f| pools.serves(selected, who, f))?;
     // Secondary addresses serve SCTP rules only: a Service without an SCTP port gets none.
     let has_sctp = service_ports(svc)
