@@ -265,7 +265,7 @@ mod tests {
         ));
     }
 
-    /// Applies a diff the way the controller does (fleet.rs): POST, or DELETE then POST.
+    /// Applies a diff the way the controller does (`crates/loxi-ccm/src/loxilb`): POST, or DELETE then POST.
     async fn apply(client: &crate::LoxilbClient, actions: Vec<Action>) {
         for a in actions {
             match a {
