@@ -12,11 +12,11 @@ use common::{CLASS, Options, WAIT, World, annotated, wait_for};
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use loxi_ccm::ipam::claims::{AddressClaim, AddressClaimSpec, ClaimedBy};
-use loxi_ccm::ipam::pools::{
+use loxi_ccm::ipam::address_pools::{
     AddressPool, AddressPoolSpec, AddressPoolStatus, FamilyUsage, LabelSelector,
     LabelSelectorRequirement,
 };
+use loxi_ccm::ipam::claims::{AddressClaim, AddressClaimSpec, ClaimedBy};
 use serde_json::json;
 
 const LONG: Duration = Duration::from_secs(120);

@@ -273,7 +273,7 @@ fn needs(cfg: &Config) -> Vec<Need> {
     for verb in ["list", "watch", "create", "patch", "update", "delete"] {
         needs.push(Need::new(verb, "ipam.loxilb.io", "addressclaims"));
     }
-    // Address pools (crate::ipam::pools) and the namespace labels their selectors read.
+    // Address pools (crate::ipam::address_pools) and the namespace labels their selectors read.
     for verb in ["list", "watch"] {
         needs.push(Need::new(verb, "ipam.loxilb.io", "addresspools"));
         needs.push(Need::new(verb, "", "namespaces"));

@@ -3,8 +3,8 @@
 
 use kube::CustomResourceExt;
 
+use crate::ipam::address_pools::AddressPool;
 use crate::ipam::claims::AddressClaim;
-use crate::ipam::pools::AddressPool;
 
 /// `(file name under deploy/, YAML)` for every CRD.
 pub fn rendered() -> Vec<(&'static str, String)> {

@@ -7,10 +7,10 @@
 //! current by the claim watch. Everything that reads or changes the index goes through
 //! [`Ipam`]'s methods, under its one lock.
 
+pub mod address_pools;
 pub mod claims;
 pub mod crds;
 mod ensure;
-pub mod pools;
 mod release;
 
 use std::collections::HashSet;
@@ -31,8 +31,8 @@ use tracing::{info, warn};
 
 use crate::k8s::view::{owner_key, published_addresses, secondary_owner_key};
 use crate::metrics::Metrics;
+use address_pools::Pools;
 use claims::{AddressClaim, ClaimedBy};
-use pools::Pools;
 
 pub use ensure::Held;
 
@@ -365,9 +365,12 @@ impl Ipam {
     }
 
     /// What a pool's status should say now.
-    pub fn pool_status(&self, pool: &pools::AddressPool) -> pools::AddressPoolStatus {
+    pub fn pool_status(
+        &self,
+        pool: &address_pools::AddressPool,
+    ) -> address_pools::AddressPoolStatus {
         let state = self.state();
-        pools::desired_status(pool, &state.pools, &state.index)
+        address_pools::desired_status(pool, &state.pools, &state.index)
     }
 
     /// Deletes retained claims whose time is up, and takes owners that no longer exist off

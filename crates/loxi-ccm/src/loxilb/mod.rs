@@ -608,7 +608,7 @@ fn without_refused(h: &Holdings, changes: Vec<Action>, report: &mut ApplyReport)
 }
 
 /// What one call did.
-enum Outcome {
+enum CallResult {
     Deleted(RuleKey),
     Posted {
         rule: Rule,
@@ -1022,7 +1022,7 @@ impl Instance {
     async fn record(
         &self,
         h: &mut Holdings,
-        outcomes: Vec<Outcome>,
+        outcomes: Vec<CallResult>,
         report: &mut ApplyReport,
         metrics: &Metrics,
     ) -> Result<(), ClientError> {
@@ -1030,27 +1030,27 @@ impl Instance {
         // Rules of this pass rolled back after a refusal were in loxilb at the refusal.
         let rolled_back = outcomes
             .iter()
-            .filter(|o| matches!(o, Outcome::RolledBack(_)))
+            .filter(|o| matches!(o, CallResult::RolledBack(_)))
             .count();
         for outcome in outcomes {
             match outcome {
-                Outcome::Deleted(key) => {
+                CallResult::Deleted(key) => {
                     h.rules.remove(&key);
                     report.changes += 1;
                     freed = true;
                 }
-                Outcome::Posted { rule, update } => {
+                CallResult::Posted { rule, update } => {
                     h.rules.insert(rule);
                     report.changes += 1;
                     if update {
                         report.updated += 1;
                     }
                 }
-                Outcome::RolledBack(key) => {
+                CallResult::RolledBack(key) => {
                     h.rules.remove(&key);
                     report.changes = report.changes.saturating_sub(1);
                 }
-                Outcome::Refused { rule, limit } => {
+                CallResult::Refused { rule, limit } => {
                     let why = match limit {
                         Limit::Capacity => {
                             // Our count was off (a smaller table, or rules added by someone
@@ -1076,7 +1076,7 @@ impl Instance {
                     h.refused.insert(rule.key, (rule, why.clone()));
                     report.blocked.push(why);
                 }
-                Outcome::Failed(key, e) => report.failed.push((key, e)),
+                CallResult::Failed(key, e) => report.failed.push((key, e)),
             }
         }
         if freed {
@@ -1125,13 +1125,13 @@ impl Instance {
     /// The calls of one Service's pass, in order: deletes (they make room), in-place updates
     /// and re-creations, then the new rules, all or none (a limit refusing one rolls the
     /// others back). Stops at the first transport failure, returned beside what was done.
-    async fn call(&self, work: Work, metrics: &Metrics) -> (Vec<Outcome>, Option<ClientError>) {
+    async fn call(&self, work: Work, metrics: &Metrics) -> (Vec<CallResult>, Option<ClientError>) {
         let mut out = Vec::new();
         for rule in work.deletes {
             match self.delete(&rule.key, metrics).await {
-                Ok(()) => out.push(Outcome::Deleted(rule.key)),
+                Ok(()) => out.push(CallResult::Deleted(rule.key)),
                 Err(e) if is_transport(&e) => return (out, Some(e)),
-                Err(e) => out.push(Outcome::Failed(rule.key, e)),
+                Err(e) => out.push(CallResult::Failed(rule.key, e)),
             }
         }
         for action in work.changes {
@@ -1140,10 +1140,10 @@ impl Instance {
                 Action::Recreate(rule) => {
                     // loxilb reuses the index just freed (LIFO), so this needs no new room.
                     match self.delete(&rule.key, metrics).await {
-                        Ok(()) => out.push(Outcome::Deleted(rule.key)),
+                        Ok(()) => out.push(CallResult::Deleted(rule.key)),
                         Err(e) if is_transport(&e) => return (out, Some(e)),
                         Err(e) => {
-                            out.push(Outcome::Failed(rule.key, e));
+                            out.push(CallResult::Failed(rule.key, e));
                             continue;
                         }
                     }
@@ -1152,11 +1152,11 @@ impl Instance {
                 _ => continue,
             };
             match self.post(&rule, metrics).await {
-                Ok(()) => out.push(Outcome::Posted { rule, update }),
+                Ok(()) => out.push(CallResult::Posted { rule, update }),
                 Err(e) if is_transport(&e) => return (out, Some(e)),
                 Err(e) => match limit_of(&e) {
-                    Some(limit) => out.push(Outcome::Refused { rule, limit }),
-                    None => out.push(Outcome::Failed(rule.key, e)),
+                    Some(limit) => out.push(CallResult::Refused { rule, limit }),
+                    None => out.push(CallResult::Failed(rule.key, e)),
                 },
             }
         }
@@ -1167,7 +1167,7 @@ impl Instance {
             match self.post(&rule, metrics).await {
                 Ok(()) => {
                     created.push(key);
-                    out.push(Outcome::Posted {
+                    out.push(CallResult::Posted {
                         rule,
                         update: false,
                     });
@@ -1175,11 +1175,11 @@ impl Instance {
                 Err(e) if is_transport(&e) => return (out, Some(e)),
                 Err(e) => match limit_of(&e) {
                     Some(limit) => {
-                        out.push(Outcome::Refused { rule, limit });
+                        out.push(CallResult::Refused { rule, limit });
                         refused = true;
                         break;
                     }
-                    None => out.push(Outcome::Failed(key, e)),
+                    None => out.push(CallResult::Failed(key, e)),
                 },
             }
         }
@@ -1187,11 +1187,11 @@ impl Instance {
             // A Service is never half-programmed by a limit, and takes no room it cannot use.
             for key in created {
                 match self.delete(&key, metrics).await {
-                    Ok(()) => out.push(Outcome::RolledBack(key)),
+                    Ok(()) => out.push(CallResult::RolledBack(key)),
                     Err(e) if is_transport(&e) => return (out, Some(e)),
                     Err(e) => {
                         warn!(instance = self.url(), %key, error = %e, "could not roll back a rule");
-                        out.push(Outcome::Failed(key, e));
+                        out.push(CallResult::Failed(key, e));
                     }
                 }
             }

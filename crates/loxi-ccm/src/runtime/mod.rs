@@ -25,8 +25,8 @@ use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
 use crate::config::Config;
+use crate::ipam::address_pools::{AddressPool, Pools};
 use crate::ipam::claims::AddressClaim;
-use crate::ipam::pools::{AddressPool, Pools};
 use crate::ipam::{self, Ipam};
 use crate::k8s::events::EventRecorder;
 use crate::k8s::view::Selection;

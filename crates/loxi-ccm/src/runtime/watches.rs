@@ -14,8 +14,8 @@ use loxi_domain::intent::ANN_MULTUS_NETS;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+use crate::ipam::address_pools::AddressPool;
 use crate::ipam::claims::AddressClaim;
-use crate::ipam::pools::AddressPool;
 use crate::k8s::view::SERVICE_NAME_LABEL;
 use crate::service::Context;
 

@@ -35,7 +35,7 @@ pub enum ReconcileError {
 }
 
 /// How a pass ended, for the metric.
-pub enum Outcome {
+pub enum PassEnd {
     Done,
     /// The Service has a problem only its owner can fix; reported, nothing to retry.
     Problem,
@@ -67,8 +67,8 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, R
     let started = Instant::now();
     let result = reconcile_service(&svc, &ctx).instrument(span).await;
     let label = match &result {
-        Ok(Outcome::Done) => "success",
-        Ok(Outcome::Problem) => "invalid",
+        Ok(PassEnd::Done) => "success",
+        Ok(PassEnd::Problem) => "invalid",
         Err(_) => "error",
     };
     ctx.report.metrics.reconciled(label, started.elapsed());
@@ -79,13 +79,13 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, R
 }
 
 /// One pass over one Service.
-async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<Outcome, ReconcileError> {
+async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<PassEnd, ReconcileError> {
     if departures::is_placeholder(svc) {
         return departed(svc, ctx).await;
     }
     if !ctx.selection.serves(svc) || svc.metadata.deletion_timestamp.is_some() {
         cleanup(svc, ctx).await?;
-        return Ok(Outcome::Done);
+        return Ok(PassEnd::Done);
     }
     // 1. Inputs: the Service as the store holds it (read above); the Nodes and endpoints
     //    are read from their stores by the planner in step 3. Before anything is claimed,
@@ -101,7 +101,7 @@ async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<Outcome, Reco
         Err(EnsureError::Kube(e)) => return Err(e.into()),
         Err(EnsureError::Problem(problem)) => {
             report::address_problem(svc, ctx, &Problem::Address(problem)).await?;
-            return Ok(Outcome::Problem);
+            return Ok(PassEnd::Problem);
         }
     };
     report::allocated(svc, ctx, &held);
@@ -109,10 +109,10 @@ async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<Outcome, Reco
     // 3. The plan (pure). A problem only the owner can fix leaves existing rules as they are.
     let plan = match rules_for(svc, ctx, &held.addresses, &held.secondaries) {
         Ok(Some(plan)) => plan,
-        Ok(None) => return Ok(Outcome::Done),
+        Ok(None) => return Ok(PassEnd::Done),
         Err(problem) => {
             report::plan_problem(svc, ctx, &held, &problem).await?;
-            return Ok(Outcome::Problem);
+            return Ok(PassEnd::Problem);
         }
     };
 
@@ -132,13 +132,13 @@ async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<Outcome, Reco
     report::programmed(svc, ctx, &held, &plan, &programmed).await?;
     match programmed.retry {
         Some(e) => Err(ReconcileError::Loxilb(e)),
-        None => Ok(Outcome::Done),
+        None => Ok(PassEnd::Done),
     }
 }
 
 /// A Service that left the Service watch while carrying our finalizer (`departures`):
 /// cleaned up as it is now, then its placeholder is dropped.
-async fn departed(placeholder: &Service, ctx: &Context) -> Result<Outcome, ReconcileError> {
+async fn departed(placeholder: &Service, ctx: &Context) -> Result<PassEnd, ReconcileError> {
     let now = ctx
         .services_api(placeholder)
         .get_opt(&placeholder.name_any())
@@ -148,7 +148,7 @@ async fn departed(placeholder: &Service, ctx: &Context) -> Result<Outcome, Recon
             if ctx.selection.serves(&now) && now.metadata.deletion_timestamp.is_none() {
                 // Back to LoadBalancer: the watch sends it again, which replaces the
                 // placeholder and reconciles it.
-                return Ok(Outcome::Done);
+                return Ok(PassEnd::Done);
             }
             cleanup(&now, ctx).await?;
         }
@@ -157,7 +157,7 @@ async fn departed(placeholder: &Service, ctx: &Context) -> Result<Outcome, Recon
         _ => {}
     }
     ctx.departures.forget(placeholder);
-    Ok(Outcome::Done)
+    Ok(PassEnd::Done)
 }
 
 /// Per-Service exponential backoff (0.5 s doubling to 5 min), reset on success.

@@ -46,7 +46,7 @@ pub async fn install_crds(client: &kube::Client) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for crd in [
         loxi_ccm::ipam::claims::AddressClaim::crd(),
-        loxi_ccm::ipam::pools::AddressPool::crd(),
+        loxi_ccm::ipam::address_pools::AddressPool::crd(),
     ] {
         let name = crd.metadata.name.clone().unwrap();
         let _ = crds.create(&PostParams::default(), &crd).await;
