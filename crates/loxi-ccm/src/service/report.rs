@@ -73,11 +73,8 @@ impl Report {
             return Ok(false);
         }
         status::write(api, svc, want).await?;
-        if let (Some(rv), Ok(mut m)) = (
-            svc.metadata.resource_version.clone(),
-            self.superseded.lock(),
-        ) {
-            m.insert(ObjectRef::from_obj(svc), rv);
+        if let Some(rv) = svc.metadata.resource_version.clone() {
+            lock(&self.superseded).insert(ObjectRef::from_obj(svc), rv);
         }
         Ok(true)
     }
@@ -87,31 +84,28 @@ impl Report {
         let Some(rv) = svc.metadata.resource_version.as_deref() else {
             return false;
         };
-        self.superseded
-            .lock()
-            .is_ok_and(|m| m.get(&ObjectRef::from_obj(svc)).is_some_and(|v| v == rv))
+        lock(&self.superseded)
+            .get(&ObjectRef::from_obj(svc))
+            .is_some_and(|v| v == rv)
     }
 
     /// The Service is no longer ours: nothing remembered about it is kept.
     pub fn forget(&self, svc: &Service) {
-        if let Ok(mut m) = self.superseded.lock() {
-            m.remove(&ObjectRef::from_obj(svc));
-        }
+        lock(&self.superseded).remove(&ObjectRef::from_obj(svc));
         self.record_dropped(&crate::k8s::view::owner_key(svc), 0);
     }
 
     /// Records how many candidate endpoints the Service's rules leave out (0: none, or gone).
     pub fn record_dropped(&self, key: &str, dropped: usize) {
-        if let Ok(mut guard) = self.endpoints_dropped.lock() {
-            let (per, total) = &mut *guard;
-            let before = if dropped > 0 {
-                per.insert(key.to_string(), dropped)
-            } else {
-                per.remove(key)
-            };
-            *total = (*total + dropped).saturating_sub(before.unwrap_or(0));
-            self.metrics.set_endpoints_dropped(*total);
-        }
+        let mut guard = lock(&self.endpoints_dropped);
+        let (per, total) = &mut *guard;
+        let before = if dropped > 0 {
+            per.insert(key.to_string(), dropped)
+        } else {
+            per.remove(key)
+        };
+        *total = (*total + dropped).saturating_sub(before.unwrap_or(0));
+        self.metrics.set_endpoints_dropped(*total);
     }
 
     /// Records the programming problem `svc` has now (`None`: none) and says whether it is
@@ -125,9 +119,7 @@ impl Report {
         problem: Option<&str>,
         exists: impl Fn(&ObjectRef<Service>) -> bool,
     ) -> bool {
-        let Ok(mut warned) = self.warned.lock() else {
-            return true;
-        };
+        let mut warned = lock(&self.warned);
         let Some(reason) = problem else {
             warned.remove(svc);
             return false;
@@ -141,6 +133,12 @@ impl Report {
         warned.insert(svc.clone(), reason.to_string());
         true
     }
+}
+
+/// The map behind a lock, also after a panic elsewhere held it: each change to it is one
+/// whole insert or remove, so what a panicking holder left is consistent.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 // The report of each way a pass can end (step 5 of `reconcile`).
