@@ -475,10 +475,9 @@ async fn start_up(ctx: Arc<Context>, ready_tx: watch::Sender<bool>, stop: Stop) 
         let mut ipam = ctx.ipam.lock().expect("ipam lock");
         // The pools (flags and AddressPool resources), under the allocator lock so that a
         // pool event cannot slip in between (crate::pools::refresh takes the same lock).
+        // Invalid pools are logged by `install` (once: the pool watch may have installed
+        // the same set already).
         let set = ctx.pools.compute(&ctx.cfg.pools, &ctx.cfg.secondary_pools);
-        for (name, problems) in &set.invalid {
-            warn!(pool = %name, problems = ?problems, "address pool ignored: invalid");
-        }
         *ipam = Allocator::new(set.pools());
         ctx.pools.install(set);
         // The durable record first: every claim and every owner it lists, whoever made it.

@@ -276,14 +276,29 @@ impl Pools {
     }
 
     /// Makes `set` the one in effect; the caller holds the allocator lock and rebuilds the
-    /// index over `set.pools()` itself.
+    /// index over `set.pools()` itself. Logs each pool left out as invalid, once per distinct
+    /// problem: the pool watch installs the set before start-up installs it again, and a
+    /// pool's status and Event already say it every time it changes.
     pub fn install(&self, set: PoolSet) {
         let set = Arc::new(set);
-        match self.current.lock() {
-            Ok(mut c) => *c = set,
-            Err(e) => *e.into_inner() = set,
+        let old = {
+            let mut c = self.current.lock().unwrap_or_else(|e| e.into_inner());
+            std::mem::replace(&mut *c, set.clone())
+        };
+        for (name, problems) in newly_invalid(&old, &set) {
+            warn!(pool = %name, problems = ?problems, "address pool ignored: invalid");
         }
     }
+}
+
+/// The invalid pools of `new` that `old` did not have, or had with other problems.
+fn newly_invalid<'a>(
+    old: &PoolSet,
+    new: &'a PoolSet,
+) -> impl Iterator<Item = (&'a String, &'a Vec<String>)> {
+    new.invalid
+        .iter()
+        .filter(|(name, problems)| old.invalid.get(*name) != Some(*problems))
 }
 
 /// Re-reads the pool resources. When the pools changed, the address index is rebuilt over
@@ -303,11 +318,6 @@ pub fn refresh(ctx: &Context) -> bool {
                 *ipam = ipam.with_pools(set.pools());
                 let names: Vec<&str> = set.defs.iter().map(|d| d.name()).collect();
                 info!(pools = ?names, "address pools changed: index rebuilt, no address moved");
-            }
-            for (name, problems) in &set.invalid {
-                if old.invalid.get(name) != Some(problems) {
-                    warn!(pool = %name, problems = ?problems, "address pool ignored: invalid");
-                }
             }
             ctx.pools.install(set);
             true

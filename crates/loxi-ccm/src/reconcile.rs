@@ -353,7 +353,27 @@ async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<Outcome, Reco
             format!("allocated {}", text.join(", ")),
         );
     }
-    let address_cond = Cond::new(COND_ADDRESS, true, "Allocated", described.join(", "));
+    // A retain period that does not parse decides nothing now: the Service is served, and
+    // told (condition message, one Warning per new problem) that the value is ignored.
+    let mut address_text = described.join(", ");
+    if let Err(e) = retain_annotation(svc) {
+        let warning = format!("{e}; ignored: {RETAIN_IGNORED}");
+        let shown = status::current_condition(svc, COND_ADDRESS)
+            .is_some_and(|c| c.message.contains(&warning));
+        if !shown {
+            warn!(reason = e.reason(), "{warning}");
+            publish(
+                ctx,
+                svc,
+                EventType::Warning,
+                e.reason(),
+                "Reconcile",
+                warning.clone(),
+            );
+        }
+        address_text = format!("{address_text}; {warning}");
+    }
+    let address_cond = Cond::new(COND_ADDRESS, true, "Allocated", address_text);
 
     let plan = match desired_rules_for(svc, ctx, &addresses, &secondaries) {
         Ok(Some(plan)) => plan,
@@ -793,16 +813,6 @@ async fn ensure_addresses_now(
         .get(loxi_domain::addressing::ANN_POOL_SELECT)
         .map(|v| v.trim())
         .filter(|v| !v.is_empty());
-    // A retain period that does not parse must not silently mean "do not retain".
-    if let Some(v) = svc.annotations().get(ANN_RETAIN)
-        && crate::cli::parse_duration(v).is_err()
-    {
-        return Ok(Err(Problem::Annotation(AnnotationError {
-            annotation: ANN_RETAIN,
-            value: v.clone(),
-            reason: "expected a duration such as 30m, 24h or 3600".into(),
-        })));
-    }
     let slots = match address_slots(&input, |f| pools.serves(selected, &who, f)) {
         Ok(s) => s,
         Err(e) => return Ok(Err(Problem::Annotation(e))),
@@ -1357,20 +1367,52 @@ async fn release_addresses_except(
 /// re-creating the Service gets the same address.
 pub const ANN_RETAIN: &str = "loxilb.io/retain-address";
 
+/// What a `loxilb.io/retain-address` that does not parse means (docs/annotations.md).
+const RETAIN_IGNORED: &str =
+    "at deletion the address is retained as its pool's retainAddresses says (default: released)";
+
+/// The period `loxilb.io/retain-address` asks for: `None` when absent or empty (kube-loxilb's
+/// rule), `0` to release at once. A value that does not parse is reported and otherwise
+/// ignored, as if absent: it never stops the Service from being served.
+fn retain_annotation(svc: &Service) -> Result<Option<Duration>, AnnotationError> {
+    let Some(value) = svc
+        .annotations()
+        .get(ANN_RETAIN)
+        .filter(|v| !v.trim().is_empty())
+    else {
+        return Ok(None);
+    };
+    crate::cli::parse_duration(value)
+        .map(Some)
+        .map_err(|_| AnnotationError {
+            annotation: ANN_RETAIN,
+            value: value.clone(),
+            reason: "expected a duration such as 30m, 24h or 3600".into(),
+        })
+}
+
 /// Gives the Service's addresses back (their rules are gone by now): takes it off their
 /// claims (deleted when it was the last owner), or keeps an address it held alone as
 /// retained for this namespace/name when asked to. A shared address is not retained: it
 /// stays with its other owners anyway.
 async fn release_addresses(svc: &Service, ctx: &Context) -> Result<(), ReconcileError> {
-    release_addresses_of(svc, ctx, &owner_key(svc)).await?;
-    release_addresses_of(svc, ctx, &secondary_owner_key(svc)).await
+    // The annotation wins over the pool's `retainAddresses` (`0` there: release at once);
+    // one that does not parse counts as absent (reported while the Service was served).
+    let annotated = retain_annotation(svc).unwrap_or_else(|e| {
+        warn!("{e}; ignored: {RETAIN_IGNORED}");
+        None
+    });
+    release_addresses_of(svc, ctx, &owner_key(svc), annotated).await?;
+    release_addresses_of(svc, ctx, &secondary_owner_key(svc), annotated).await
 }
 
-/// [`release_addresses`] for the addresses held under owner key `key`.
+/// [`release_addresses`] for the addresses held under owner key `key`; `annotated` is the
+/// Service's `loxilb.io/retain-address`.
 async fn release_addresses_of(
     svc: &Service,
     ctx: &Context,
     key: &str,
+    annotated: Option<Duration>,
 ) -> Result<(), ReconcileError> {
     let ns = svc.namespace().unwrap_or_default();
     let name = svc.name_any();
@@ -1380,11 +1422,6 @@ async fn release_addresses_of(
         .lock()
         .map(|i| i.addresses_of(key).to_vec())
         .unwrap_or_default();
-    // The annotation wins over the pool's `retainAddresses` (`0` there: release at once).
-    let annotated = svc
-        .annotations()
-        .get(ANN_RETAIN)
-        .map(|v| crate::cli::parse_duration(v).unwrap_or_default());
     let pools = ctx.pools.current();
     let mut released = Vec::new();
     for ip in ips {
@@ -1406,8 +1443,10 @@ async fn release_addresses_of(
         let alone = claim.as_ref().is_some_and(|c| c.owners().len() == 1);
         match (claim, ours, retain) {
             (Some(c), true, Some(d)) if alone => {
+                // Saturating: a period past the year 9999 keeps the address for good.
                 let until = k8s_openapi::jiff::Timestamp::now()
-                    + k8s_openapi::jiff::SignedDuration::try_from(d).unwrap_or_default();
+                    .saturating_add(d)
+                    .unwrap_or(k8s_openapi::jiff::Timestamp::MAX);
                 claims::retain(&ctx.claims_api, &c, until).await?;
                 info!(%ip, %until, "address retained");
                 continue; // still indexed for this namespace/name
