@@ -40,8 +40,11 @@
 //! edit applies without restart. Edits also trigger a pass over every Node: the ConfigMap is
 //! watched, the file is polled every 10 s. A broken inventory (syntax, unknown key, bad CIDR
 //! ...) blocks initialization (logged, Warning Event `InventoryInvalid` on waiting Nodes)
-//! rather than initializing Nodes without their topology. Without either source the
-//! inventory is empty.
+//! rather than initializing Nodes without their topology. So does one that cannot be read
+//! (file missing, ConfigMap or its key missing, API error): Warning Event
+//! `InventoryUnavailable` on waiting Nodes, retried with backoff and as soon as the file or
+//! ConfigMap changes. Each waiting Node gets one Event per distinct problem, not one per
+//! retry. Without either source the inventory is empty.
 //!
 //! Every decision is in the pure [`plan_node`] (+ [`desired_taints`]); [`run`] only reads,
 //! plans and writes, and writes nothing for a Node already in the desired state.
@@ -84,6 +87,7 @@ pub const REASON_NOT_IN_INVENTORY: &str = "NodeNotInInventory";
 pub const REASON_INVALID_NODE_IP: &str = "InvalidNodeIP";
 pub const REASON_NODE_IP_UNKNOWN: &str = "NodeIPUnknown";
 pub const REASON_INVENTORY_INVALID: &str = "InventoryInvalid";
+pub const REASON_INVENTORY_UNAVAILABLE: &str = "InventoryUnavailable";
 
 /// How often `--inventory-file` is checked for changes (a ConfigMap mounted as a volume is
 /// refreshed by the kubelet about once a minute, so faster polling buys nothing).
@@ -660,7 +664,18 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Ctx>) -> Result<Action, NodeInitErr
     }
     let inventory = match ctx.source.load(&ctx.client).await {
         Ok(inv) => inv,
-        Err(e @ LoadError::Unavailable { .. }) => return Err(NodeInitError::Inventory(e)),
+        Err(e @ LoadError::Unavailable { .. }) => {
+            // May pass by itself (or by creating the file / ConfigMap): retried with backoff,
+            // and the waiting Node says why it stays tainted.
+            if has_taint(&node, TAINT_UNINITIALIZED) {
+                ctx.warn_once(
+                    &node,
+                    REASON_INVENTORY_UNAVAILABLE,
+                    &format!("{e}; the node stays uninitialized until the inventory can be read"),
+                );
+            }
+            return Err(NodeInitError::Inventory(e));
+        }
         Err(e) => {
             // Only the inventory's author can fix this, and the fix (a ConfigMap or file
             // change) re-triggers every Node: no point retrying until then.

@@ -1205,3 +1205,157 @@ async fn a_pool_overlapping_itself_and_a_pools_network_address_are_reported() {
     delete_pools(&w, &[&twice]).await;
     w.finish().await;
 }
+
+/// A `loxilb.io/retain-address` that does not parse is reported (a Warning Event, the
+/// address condition's message) and otherwise ignored, as if absent: the Service gets its
+/// address and rules, and at deletion the pool's setting applies (here none: released).
+#[tokio::test]
+async fn an_unparseable_retain_address_is_reported_and_ignored() {
+    let w = World::new("retainbad").await;
+    w.add_node("node-a", "10.1.11.1").await;
+    w.create(&annotated(
+        World::lb_service("soon", Some(CLASS), &[(80, "TCP")]),
+        &[("loxilb.io/retain-address", "soon")],
+    ))
+    .await;
+    let ip = w.wait_for_ip("soon").await;
+    wait_for("its rule", WAIT, || async {
+        (w.rules_for(&ip).len() == 1).then_some(())
+    })
+    .await;
+    let condition = |value: &'static str| {
+        let w = &w;
+        async move {
+            wait_for(
+                &format!("the address condition naming {value:?}"),
+                WAIT,
+                || async {
+                    let s = w.get("soon").await?;
+                    let (status, reason, message) =
+                        World::condition(&s, "loxilb.io/AddressAllocated")?;
+                    message
+                        .contains(&format!("{value:?}"))
+                        .then_some((status, reason, message))
+                },
+            )
+            .await
+        }
+    };
+    let (status, reason, message) = condition("soon").await;
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "Allocated"));
+    assert!(
+        message.starts_with(&ip)
+            && message.contains("annotation loxilb.io/retain-address=\"soon\" is invalid")
+            && message.contains("ignored"),
+        "{message}"
+    );
+    let s = w.get("soon").await.unwrap();
+    let (programmed, _, _) = World::condition(&s, "loxilb.io/Programmed").unwrap();
+    assert_eq!(programmed, "True");
+    let warnings = || async {
+        w.event_reasons("soon")
+            .await
+            .into_iter()
+            .filter(|r| r == "InvalidAnnotation")
+            .count()
+    };
+    wait_for("a Warning InvalidAnnotation", WAIT, || async {
+        (warnings().await == 1).then_some(())
+    })
+    .await;
+
+    // Fixed: the warning goes. Broken again (another value): reported again.
+    for value in ["1h", "forever"] {
+        w.services
+            .patch(
+                "soon",
+                &PatchParams::default(),
+                &Patch::Merge(json!({
+                    "metadata": { "annotations": { "loxilb.io/retain-address": value } }
+                })),
+            )
+            .await
+            .unwrap();
+    }
+    let (status, _, _) = condition("forever").await;
+    assert_eq!(status, "True");
+    wait_for("a second Warning", WAIT, || async {
+        (warnings().await == 2).then_some(())
+    })
+    .await;
+    assert_eq!(w.wait_for_ip("soon").await, ip, "the address never moved");
+
+    // Deleted with the bad value: as if absent, so released (the default pool retains none).
+    w.services
+        .delete("soon", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("deleted and its address released", WAIT, || async {
+        let gone = w.get("soon").await.is_none();
+        let released = !w.claims().await.iter().any(|c| c.spec.address == ip);
+        (gone && released).then_some(())
+    })
+    .await;
+    assert!(w.sim.rules().is_empty());
+    w.finish().await;
+}
+
+/// Log lines written by the code running on the test's thread (a `#[tokio::test]` runs the
+/// in-process controller's tasks on it).
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn lines_with(&self, needles: &[&str]) -> Vec<String> {
+        String::from_utf8_lossy(&self.0.lock().unwrap())
+            .lines()
+            .filter(|l| needles.iter().all(|n| l.contains(n)))
+            .map(str::to_string)
+            .collect()
+    }
+    fn clear(&self) {
+        self.0.lock().unwrap().clear();
+    }
+}
+
+/// An AddressPool that does not validate is logged once per start (the pool watch installs
+/// the pools before start-up installs them again).
+#[tokio::test]
+async fn an_invalid_pool_is_logged_once_per_start() {
+    let log = Captured::default();
+    let writer = log.clone();
+    let _log = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::WARN)
+            .finish(),
+    );
+    let mut w = World::new("apoollog").await;
+    w.add_node("node-a", "10.1.12.1").await;
+    stop_when_serving(&mut w).await;
+    let bad = create_pool(&w, "bad", pool_spec(&w.ns, &["10.252.0.0/33"])).await;
+    log.clear();
+    w.start_controller(&Options::default()).await;
+    // Serving: start-up is over. The pool status says why the pool is left out.
+    w.serve_one_port("after", 80).await;
+    wait_pool_status(&w, &bad, "Ready=False InvalidSpec", |s| {
+        pool_condition(s, "Ready").1 == "InvalidSpec"
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let lines = log.lines_with(&["address pool ignored: invalid", &bad]);
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    delete_pools(&w, &[&bad]).await;
+    w.finish().await;
+}

@@ -234,6 +234,21 @@ impl World {
             .collect()
     }
 
+    /// The Events about a Node with this reason.
+    async fn events(&self, name: &str, reason: &str) -> Vec<Event> {
+        Api::<Event>::namespaced(self.client.clone(), "default")
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| {
+                e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                    && e.reason.as_deref() == Some(reason)
+            })
+            .collect()
+    }
+
     async fn wait_event(&self, name: &str, type_: &str, reason: &str) {
         wait_for(&format!("a {type_} Event {reason} on {name}"), || async {
             self.event_reasons(name)
@@ -532,6 +547,126 @@ async fn invalid_inventory_blocks_initialization_until_fixed() {
     .unwrap();
     let n = w.wait_node("initialized", "ni-bad-1", initialized).await;
     assert_eq!(label(&n, LABEL_ZONE), Some("z"));
+
+    w.finish().await;
+    let _ = std::fs::remove_file(path);
+}
+
+const INVENTORY_UNAVAILABLE: &str = "InventoryUnavailable";
+
+/// The notes of the Events about `node` with reason InventoryUnavailable, after checking
+/// that each was published once (a retry does not count the same Event again).
+async fn unavailable_notes(w: &World, node: &str) -> Vec<String> {
+    let events = w.events(node, INVENTORY_UNAVAILABLE).await;
+    for e in &events {
+        assert_eq!(e.type_.as_deref(), Some("Warning"), "{e:?}");
+        assert!(e.series.is_none(), "published again on a retry: {e:?}");
+    }
+    events.into_iter().filter_map(|e| e.note).collect()
+}
+
+#[tokio::test]
+async fn missing_inventory_configmap_is_reported_on_waiting_nodes() {
+    const CM: &str = "inventory-missing";
+    let mut w = World::start(configmap_args(CM, false)).await;
+    // Left over by a failed run: the test starts without the ConfigMap.
+    let _ = w.configmaps().delete(CM, &DeleteParams::default()).await;
+    let plain = w.add_node("ni-miss-plain", "10.0.8.2", vec![]).await;
+    w.add_node("ni-miss-1", "10.0.8.1", vec![uninitialized()])
+        .await;
+
+    w.wait_event("ni-miss-1", "Warning", INVENTORY_UNAVAILABLE)
+        .await;
+    // Retried with backoff meanwhile (0.5 s, 1 s, 2 s ...), without another Event.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let notes = unavailable_notes(&w, "ni-miss-1").await;
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(
+        notes[0].contains(&format!("ConfigMap {NS}/{CM}"))
+            && notes[0].contains("the ConfigMap does not exist"),
+        "{}",
+        notes[0]
+    );
+    let n = w.node("ni-miss-1").await;
+    assert!(has_taint(&n, TAINT_UNINITIALIZED));
+    assert_eq!(provider_id(&n), None);
+    // Only Nodes waiting for initialization are blocked, so only they are told.
+    assert!(unavailable_notes(&w, "ni-miss-plain").await.is_empty());
+    assert_eq!(
+        w.node("ni-miss-plain").await.metadata.resource_version,
+        plain.metadata.resource_version
+    );
+
+    // Another problem: the ConfigMap without the key. One more Event, naming it.
+    let cm = json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": { "name": CM, "namespace": NS },
+        "data": { "inventory.yml": "nodes: []\n" },
+    });
+    w.configmaps()
+        .patch(
+            CM,
+            &PatchParams::apply("ni-test").force(),
+            &Patch::Apply(cm),
+        )
+        .await
+        .unwrap();
+    w.configmaps.push(CM.into());
+    wait_for("an Event about the missing key", || async {
+        let notes = unavailable_notes(&w, "ni-miss-1").await;
+        (notes.len() == 2).then_some(notes)
+    })
+    .await
+    .iter()
+    .find(|n| n.contains("has no key inventory.yaml"))
+    .expect("the second Event names the key");
+    assert!(has_taint(&w.node("ni-miss-1").await, TAINT_UNINITIALIZED));
+
+    // The inventory appears: the waiting Node is initialized, without a restart.
+    w.put_configmap(
+        CM,
+        "nodes:\n  - match: { name: \"ni-miss-*\" }\n    zone: found\n",
+    )
+    .await;
+    let n = w.wait_node("initialized", "ni-miss-1", initialized).await;
+    assert_eq!(label(&n, LABEL_ZONE), Some("found"));
+    assert_eq!(provider_id(&n), Some("loxilb://ni-miss-1"));
+
+    w.finish().await;
+}
+
+#[tokio::test]
+async fn missing_inventory_file_is_reported_until_it_appears() {
+    let path = std::env::temp_dir().join(format!("loxi-ccm-ni-absent-{}.yaml", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let mut w = World::start(NodeInitArgs {
+        inventory_file: Some(path.clone()),
+        ..NodeInitArgs::default()
+    })
+    .await;
+    w.add_node("ni-nofile-1", "10.0.9.1", vec![uninitialized()])
+        .await;
+    w.wait_event("ni-nofile-1", "Warning", INVENTORY_UNAVAILABLE)
+        .await;
+    let notes = unavailable_notes(&w, "ni-nofile-1").await;
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(
+        notes[0].contains(&format!("file {}", path.display())),
+        "{}",
+        notes[0]
+    );
+    assert!(has_taint(&w.node("ni-nofile-1").await, TAINT_UNINITIALIZED));
+
+    // The file is polled: once written, the waiting Node is initialized.
+    std::fs::write(
+        &path,
+        "nodes:\n  - match: { cidr: 10.0.9.0/24 }\n    zone: z9\n",
+    )
+    .unwrap();
+    let n = w.wait_node("initialized", "ni-nofile-1", initialized).await;
+    assert_eq!(label(&n, LABEL_ZONE), Some("z9"));
+    assert_eq!(unavailable_notes(&w, "ni-nofile-1").await.len(), 1);
 
     w.finish().await;
     let _ = std::fs::remove_file(path);

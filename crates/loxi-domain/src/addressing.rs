@@ -28,13 +28,21 @@ pub const MAX_SECONDARY: usize = 3;
 /// Service gets the same address.
 pub const ANN_RETAIN: &str = "loxilb.io/retain-address";
 
+/// What a `loxilb.io/retain-address` that does not parse means (`docs/annotations.md`).
+pub const RETAIN_IGNORED: &str =
+    "at deletion the address is retained as its pool's retainAddresses says (default: released)";
+
 /// How long a deleted Service's addresses are kept for it (`loxilb.io/retain-address`):
-/// `Ok(None)` without the annotation (the pool's setting applies); a value that is not a
-/// duration is an error to report, never silently "do not retain".
+/// `Ok(None)` when absent or empty (kube-loxilb's rule: the pool's setting applies), zero to
+/// release at once. A value that is not a duration is an error to report; it never stops the
+/// Service from being served, and at deletion it counts as absent.
 pub fn retention(
     annotations: Option<&BTreeMap<String, String>>,
 ) -> Result<Option<std::time::Duration>, AnnotationError> {
-    let Some(raw) = annotations.and_then(|a| a.get(ANN_RETAIN)) else {
+    let Some(raw) = annotations
+        .and_then(|a| a.get(ANN_RETAIN))
+        .filter(|v| !v.trim().is_empty())
+    else {
         return Ok(None);
     };
     crate::duration::parse_duration(raw).map(Some).map_err(|_| {

@@ -19,10 +19,9 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "h" => n * 3600.0,
         _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ms, s, m or h)")),
     };
-    if !(secs.is_finite() && secs >= 0.0) {
-        return Err(format!("{s:?} is not a valid duration"));
-    }
-    Ok(Duration::from_secs_f64(secs))
+    // `try_`: a number past what a Duration holds (about 5.8e11 years) is an error, not a
+    // panic (annotations and pool settings are read with this).
+    Duration::try_from_secs_f64(secs).map_err(|_| format!("{s:?} is not a valid duration"))
 }
 
 #[cfg(test)]
@@ -37,5 +36,9 @@ mod tests {
         assert_eq!(parse_duration("3").unwrap(), Duration::from_secs(3));
         assert!(parse_duration("3 parsecs").is_err());
         assert!(parse_duration("-1s").is_err());
+        // Past what a Duration holds: refused, never a panic.
+        assert!(parse_duration("99999999999999999999h").is_err());
+        assert!(parse_duration("99999999999999999999").is_err());
+        assert!(parse_duration(&"9".repeat(400)).is_err());
     }
 }

@@ -780,6 +780,23 @@ impl Config {
                     return Err(bad(id, v, "must not be empty"));
                 }
             }
+            // Refused here rather than by the API server on every attempt to take the Lease.
+            if !is_dns_label(&args.leader_elect_namespace) {
+                return Err(bad(
+                    "leader_elect_namespace",
+                    &args.leader_elect_namespace,
+                    "not a namespace name (RFC 1123 label: at most 63 characters of [a-z0-9-], \
+                     starting and ending with a letter or digit)",
+                ));
+            }
+            if !loxi_domain::address_name::is_object_name(&args.leader_elect_name) {
+                return Err(bad(
+                    "leader_elect_name",
+                    &args.leader_elect_name,
+                    "not a Lease name (RFC 1123 subdomain: at most 253 characters of [a-z0-9-.], \
+                     starting and ending with a letter or digit)",
+                ));
+            }
         }
 
         let ca_pem = match &args.loxilb_ca_file {
@@ -916,6 +933,15 @@ struct BlockEntry {
 
 fn non_empty(items: &[String]) -> impl Iterator<Item = &str> {
     items.iter().map(|s| s.trim()).filter(|s| !s.is_empty())
+}
+
+/// Whether `name` is an RFC 1123 label, as namespace names must be.
+fn is_dns_label(name: &str) -> bool {
+    let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    name.len() <= 63
+        && name.starts_with(alnum)
+        && name.ends_with(alnum)
+        && name.chars().all(|c| alnum(c) || c == '-')
 }
 
 fn valid_pool_name(name: &str) -> bool {
@@ -1388,6 +1414,78 @@ mod tests {
             e.ends_with("key \"lbMode\": expects one value, got a list of 2"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn leader_election_names_are_kubernetes_names() {
+        let cidr = "--external-cidr=192.0.2.0/24";
+        // A Lease name is an RFC 1123 subdomain: no upper case, no underscore.
+        let e = err(run(
+            &[BASE[0], cidr, "--leader-elect-name=Loxi-CCM"],
+            &env_of(&[]),
+        ));
+        assert!(
+            e.starts_with("flag --leader-elect-name: invalid value \"Loxi-CCM\": not a Lease name"),
+            "{e}"
+        );
+        let e = err(run(
+            &[BASE[0], cidr],
+            &env_of(&[("LOXI_CCM_LEADER_ELECT_NAME", "loxi_ccm")]),
+        ));
+        assert!(
+            e.starts_with("environment LOXI_CCM_LEADER_ELECT_NAME: invalid value \"loxi_ccm\""),
+            "{e}"
+        );
+        // A namespace name is an RFC 1123 label: no dot either.
+        for bad in ["Kube-System", "kube.system", "-ns", &"n".repeat(64)] {
+            let flag = format!("--leader-elect-namespace={bad}");
+            let e = err(run(&[BASE[0], cidr, &flag], &env_of(&[])));
+            assert!(
+                e.starts_with(&format!(
+                    "flag --leader-elect-namespace: invalid value {bad:?}: not a namespace name"
+                )),
+                "{e}"
+            );
+        }
+        let file = temp_file("leasename", "leaderElectName: \"ccm.\"\n");
+        let e = err(run(
+            &[BASE[0], cidr],
+            &env_of(&[("LOXI_CCM_CONFIG", file.to_str().unwrap())]),
+        ));
+        assert!(
+            e.starts_with(&format!(
+                "config file {}: key \"leaderElectName\": invalid value \"ccm.\"",
+                file.display()
+            )),
+            "{e}"
+        );
+        // Valid names, including a dotted Lease name and the longest namespace.
+        let long_ns = format!("--leader-elect-namespace={}", "n".repeat(63));
+        let loaded = run(
+            &[
+                BASE[0],
+                cidr,
+                "--leader-elect-name=loxi-ccm.example.org",
+                &long_ns,
+            ],
+            &env_of(&[]),
+        )
+        .unwrap();
+        let lease = loaded.config().unwrap().leader.unwrap();
+        assert_eq!(lease.name, "loxi-ccm.example.org");
+        assert_eq!(lease.namespace, "n".repeat(63));
+        // Without leader election the names are not used, so not checked.
+        let loaded = run(
+            &[
+                BASE[0],
+                cidr,
+                "--leader-elect=false",
+                "--leader-elect-name=X",
+            ],
+            &env_of(&[]),
+        )
+        .unwrap();
+        assert!(loaded.config().unwrap().leader.is_none());
     }
 
     #[test]

@@ -136,8 +136,10 @@ impl Ipam {
         }
         match retain {
             Some(d) if claim.owners().len() == 1 => {
+                // Saturating: a period past the year 9999 keeps the address for good.
                 let until = k8s_openapi::jiff::Timestamp::now()
-                    + k8s_openapi::jiff::SignedDuration::try_from(d).unwrap_or_default();
+                    .saturating_add(d)
+                    .unwrap_or(k8s_openapi::jiff::Timestamp::MAX);
                 claims::retain(&self.claims_api, &claim, until).await?;
                 info!(%ip, %until, "address retained");
                 Ok(true)

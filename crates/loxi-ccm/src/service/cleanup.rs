@@ -10,7 +10,9 @@ use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::EventType;
+use loxi_domain::addressing::{RETAIN_IGNORED, retention};
 use serde_json::json;
+use tracing::warn;
 
 use super::context::{Context, rule_owner};
 use super::reconcile::ReconcileError;
@@ -60,11 +62,11 @@ pub async fn cleanup(svc: &Service, ctx: &Context) -> Result<(), ReconcileError>
         match step {
             Step::RemoveRules => remove_rules(svc, ctx).await?,
             Step::ReleaseAddresses => {
-                // A retention that does not parse releases at once (zero), as the Service is
-                // gone and cannot be told any more.
-                let retention =
-                    loxi_domain::addressing::retention(svc.metadata.annotations.as_ref())
-                        .unwrap_or(Some(std::time::Duration::ZERO));
+                // One that does not parse counts as absent (reported while it was served).
+                let retention = retention(svc.metadata.annotations.as_ref()).unwrap_or_else(|e| {
+                    warn!("{e}; ignored: {RETAIN_IGNORED}");
+                    None
+                });
                 ctx.ipam.release_all(svc, retention).await?;
             }
             Step::ClearStatus => status::clear(&ctx.services_api(svc), svc).await?,

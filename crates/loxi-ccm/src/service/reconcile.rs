@@ -104,7 +104,7 @@ async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<PassEnd, Reco
             return Ok(PassEnd::Problem);
         }
     };
-    report::allocated(svc, ctx, &held);
+    report::addresses(svc, ctx, &held);
 
     // 3. The plan (pure). A problem only the owner can fix leaves existing rules as they are.
     let plan = match rules_for(svc, ctx, &held.addresses, &held.secondaries) {

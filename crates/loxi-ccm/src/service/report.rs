@@ -10,6 +10,7 @@ use kube::api::Api;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
+use loxi_domain::addressing::{RETAIN_IGNORED, retention};
 use loxi_domain::plan::Plan;
 use tracing::{info, warn};
 
@@ -143,8 +144,15 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 // The report of each way a pass can end (step 5 of `reconcile`).
 
+/// A `loxilb.io/retain-address` that does not parse: the warning that goes with the
+/// Service's address (it is served all the same).
+fn retention_warning(svc: &Service) -> Option<String> {
+    let e = retention(svc.metadata.annotations.as_ref()).err()?;
+    Some(format!("{e}; ignored: {RETAIN_IGNORED}"))
+}
+
 /// The address condition of a Service holding `held`.
-fn address_condition(ctx: &Context, held: &Held) -> Cond {
+fn address_condition(svc: &Service, ctx: &Context, held: &Held) -> Cond {
     let mut described: Vec<String> = held
         .addresses
         .iter()
@@ -155,11 +163,30 @@ fn address_condition(ctx: &Context, held: &Held) -> Cond {
             .iter()
             .map(|ip| format!("secondary {ip}{}", ctx.ipam.origin(ip))),
     );
-    Cond::new(COND_ADDRESS, true, "Allocated", described.join(", "))
+    let mut text = described.join(", ");
+    if let Some(warning) = retention_warning(svc) {
+        text = format!("{text}; {warning}");
+    }
+    Cond::new(COND_ADDRESS, true, "Allocated", text)
 }
 
-/// A Normal Event for addresses newly allocated in this pass.
-pub fn allocated(svc: &Service, ctx: &Context, held: &Held) {
+/// Events about the Service's addresses: a Normal one for addresses newly allocated in this
+/// pass, a Warning for a retention value that does not parse (once: not while the address
+/// condition already says it).
+pub fn addresses(svc: &Service, ctx: &Context, held: &Held) {
+    if let Some(warning) = retention_warning(svc)
+        && !status::current_condition(svc, COND_ADDRESS)
+            .is_some_and(|c| c.message.contains(&warning))
+    {
+        warn!(reason = "InvalidAnnotation", "{warning}");
+        ctx.report.event(
+            svc,
+            EventType::Warning,
+            "InvalidAnnotation",
+            "Reconcile",
+            warning,
+        );
+    }
     if held.newly.is_empty() {
         return;
     }
@@ -240,7 +267,7 @@ pub async fn plan_problem(
     problem: &Problem,
 ) -> Result<(), ReconcileError> {
     let mut conditions = vec![
-        address_condition(ctx, held),
+        address_condition(svc, ctx, held),
         Cond::new(
             COND_PROGRAMMED,
             false,
@@ -366,7 +393,7 @@ pub async fn programmed(
         .and_then(|s| s.load_balancer_source_ranges.clone())
         .unwrap_or_default();
     let mut conditions = vec![
-        address_condition(ctx, held),
+        address_condition(svc, ctx, held),
         cond.clone(),
         conditions::endpoints(plan.endpoints_dropped),
     ];
