@@ -1,3 +1,4 @@
+use std::io::IsTerminal as _;
 use std::process::ExitCode;
 
 use tracing_subscriber::EnvFilter;
@@ -6,12 +7,34 @@ use loxi_ccm::config::check::Report;
 use loxi_ccm::config::cli::LogFormat;
 use loxi_ccm::config::{LoadError, Loaded, Mode, load};
 
-fn init_logging(format: LogFormat, filter: &str) {
+/// Where log lines go: standard output for `run`, standard error for `check` (whose report
+/// is on standard output).
+#[derive(Clone, Copy)]
+enum LogTo {
+    Stdout,
+    Stderr,
+}
+
+/// Text logs are coloured only when they go to a terminal: a file or a pipe (a container
+/// runtime's log, `| grep`) gets plain text, without ANSI escape codes.
+fn init_logging(format: LogFormat, filter: &str, to: LogTo) {
     let filter = EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().flatten_event(true).init(),
+    let ansi = match to {
+        LogTo::Stdout => std::io::stdout().is_terminal(),
+        LogTo::Stderr => std::io::stderr().is_terminal(),
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi);
+    match (format, to) {
+        (LogFormat::Text, LogTo::Stdout) => builder.init(),
+        (LogFormat::Text, LogTo::Stderr) => builder.with_writer(std::io::stderr).init(),
+        (LogFormat::Json, LogTo::Stdout) => builder.json().flatten_event(true).init(),
+        (LogFormat::Json, LogTo::Stderr) => builder
+            .with_writer(std::io::stderr)
+            .json()
+            .flatten_event(true)
+            .init(),
     }
 }
 
@@ -50,7 +73,11 @@ fn print_report(report: &Report) -> ExitCode {
 }
 
 async fn run(loaded: Loaded) -> ExitCode {
-    init_logging(loaded.args.log_format, &loaded.args.log_level);
+    init_logging(
+        loaded.args.log_format,
+        &loaded.args.log_level,
+        LogTo::Stdout,
+    );
     let cfg = match loaded.config() {
         Ok(cfg) => cfg,
         Err(e) => {
@@ -65,7 +92,10 @@ async fn run(loaded: Loaded) -> ExitCode {
         match loxi_ccm::k8s::api::client(loaded.args.kubeconfig.as_deref(), cfg.kube_api).await {
             Ok(c) => c,
             Err(e) => {
-                eprintln!("error: Kubernetes client: {e:#}");
+                eprintln!(
+                    "error: Kubernetes client: {}",
+                    loxi_ccm::k8s::api::anyhow_text(&e)
+                );
                 return ExitCode::FAILURE;
             }
         };
@@ -73,7 +103,7 @@ async fn run(loaded: Loaded) -> ExitCode {
     {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", loxi_ccm::k8s::api::anyhow_text(&e));
             ExitCode::FAILURE
         }
     }
@@ -141,6 +171,13 @@ async fn run_main() -> ExitCode {
     };
     match loaded.mode {
         Mode::Run => run(loaded).await,
-        Mode::Check => print_report(&loxi_ccm::config::check::run(&loaded).await),
+        Mode::Check => {
+            init_logging(
+                loaded.args.log_format,
+                &loaded.args.log_level,
+                LogTo::Stderr,
+            );
+            print_report(&loxi_ccm::config::check::run(&loaded).await)
+        }
     }
 }

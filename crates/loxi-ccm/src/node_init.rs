@@ -254,7 +254,7 @@ impl InventorySource {
                 let map = api
                     .get_opt(&cm.name)
                     .await
-                    .map_err(|e| unavailable(e.to_string()))?
+                    .map_err(|e| unavailable(crate::k8s::api::error_text(&e)))?
                     .ok_or_else(|| unavailable("the ConfigMap does not exist".into()))?;
                 map.data
                     .and_then(|mut d| d.remove(CONFIGMAP_KEY))

@@ -11,12 +11,37 @@ use loxilb_sim::{SimConfig, Simulator};
 /// Runs `loxi-ccm check <args>` with exactly `env` as its environment (nothing inherited, so
 /// the developer's LOXI_CCM_* / KUBECONFIG cannot leak in).
 async fn check(args: &[&str], env: &[(&str, &str)]) -> Output {
+    loxi_ccm("check", args, env).await
+}
+
+/// Runs `loxi-ccm <command> <args>` as [`check`] does (output to pipes, not a terminal); a
+/// `run` that has not stopped after 60 s is killed and fails the test.
+async fn loxi_ccm(command: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_loxi-ccm"));
-    cmd.arg("check").args(args).env_clear();
+    cmd.arg(command).args(args).env_clear().kill_on_drop(true);
     for (k, v) in env {
         cmd.env(k, v);
     }
-    cmd.output().await.expect("the loxi-ccm binary runs")
+    tokio::time::timeout(std::time::Duration::from_secs(60), cmd.output())
+        .await
+        .unwrap_or_else(|_| panic!("loxi-ccm {command} {args:?} did not stop within 60 s"))
+        .expect("the loxi-ccm binary runs")
+}
+
+/// The report line starting with `prefix` (`FAIL service watch`).
+fn line(out: &Output, prefix: &str) -> String {
+    stdout(out)
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("no line {prefix:?}:\n{}", text(out)))
+}
+
+/// Messages for people: no Debug dumps of kube errors, no Debug-escaped text, no colours.
+fn assert_readable(all: &str) {
+    for raw in ["Status {", "ApiError", "\\u{", "[V4]", "[V6]", "\x1b["] {
+        assert!(!all.contains(raw), "{raw:?} in:\n{all}");
+    }
 }
 
 fn text(out: &Output) -> String {
@@ -213,4 +238,329 @@ async fn good_configuration_passes_every_check() {
         );
     }
     assert!(text(&out).contains("check passed"), "{}", text(&out));
+}
+
+/// 401 (a token the API server does not know) is refused credentials, not "unreachable";
+/// 403 (a ServiceAccount without any RBAC) fails the Service lines naming the missing
+/// permission; kube errors are shown as code, reason and message, also at start-up. And an
+/// inventory ConfigMap that is missing or invalid fails the check.
+#[tokio::test]
+async fn refusals_and_inventory_configmaps_are_reported_by_name() {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+    use kube::api::{Api, ObjectMeta, PostParams};
+
+    let cp = testenv::ControlPlane::start().await.expect("control plane");
+    let loxilb = format!("--loxilb-url=http://127.0.0.1:{}", closed_port());
+    let base = [loxilb.as_str(), "--external-cidr=192.0.2.0/24"];
+
+    // 401.
+    let unknown = cp.dir().join("unknown-token.kubeconfig");
+    cp.write_kubeconfig(&unknown, "not-a-valid-token").unwrap();
+    let kc = format!("--kubeconfig={}", unknown.display());
+    let out = check(&[base[0], base[1], &kc], &[]).await;
+    let all = text(&out);
+    let api = line(&out, "FAIL kubernetes API");
+    assert!(
+        api.contains("authentication failed") && api.contains("401 Unauthorized"),
+        "{all}"
+    );
+    assert!(!api.contains("unreachable"), "{all}");
+    assert_readable(&all);
+
+    // The same credentials at start-up: the kube error as code and reason.
+    let out = loxi_ccm(
+        "run",
+        &[
+            base[0],
+            base[1],
+            &kc,
+            "--leader-elect=false",
+            "--disable-node-init",
+            "--admin-addr=127.0.0.1:0",
+        ],
+        &[],
+    )
+    .await;
+    let all = text(&out);
+    assert!(!out.status.success(), "{all}");
+    assert!(all.contains("401 Unauthorized"), "{all}");
+    assert_readable(&all);
+
+    // 403: authenticated, but no permission at all.
+    let admin = cp.admin_client().await.unwrap();
+    let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), "default");
+    let sa = ServiceAccount {
+        metadata: ObjectMeta {
+            name: Some("nobody".into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    sas.create(&PostParams::default(), &sa).await.unwrap();
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(3600),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let token = sas
+        .create_token_request("nobody", &PostParams::default(), &request)
+        .await
+        .unwrap()
+        .status
+        .and_then(|s| s.token)
+        .expect("a token");
+    let nobody = cp.dir().join("nobody.kubeconfig");
+    cp.write_kubeconfig(&nobody, &token).unwrap();
+    let kc = format!("--kubeconfig={}", nobody.display());
+    let out = check(&[base[0], base[1], &kc, "--cluster-id=test"], &[]).await;
+    let all = text(&out);
+    assert!(!out.status.success(), "{all}");
+    assert!(
+        line(&out, "OK   kubernetes API").contains("reachable"),
+        "{all}"
+    );
+    let watch = line(&out, "FAIL service watch");
+    assert!(
+        watch.contains("forbidden") && watch.contains("missing permission list services"),
+        "{all}"
+    );
+    let credentials = line(&out, "FAIL kubernetes credentials");
+    assert!(
+        credentials.contains("authenticated as system:serviceaccount:default:nobody")
+            && credentials.contains("403 Forbidden"),
+        "{all}"
+    );
+    assert!(line(&out, "FAIL kubernetes nodes").contains("missing permission list nodes"));
+    assert_readable(&all);
+
+    // The inventory ConfigMap: missing, invalid, then valid.
+    let admin_kc = format!("--kubeconfig={}", cp.kubeconfig_path().display());
+    let with_cm = [
+        base[0],
+        base[1],
+        &admin_kc,
+        "--cluster-id=test",
+        "--inventory-configmap=kube-system/inventory",
+    ];
+    let out = check(&with_cm, &[]).await;
+    let inventory = line(&out, "FAIL node inventory");
+    assert!(
+        inventory.contains("ConfigMap kube-system/inventory")
+            && inventory.contains("does not exist"),
+        "{}",
+        text(&out)
+    );
+    let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), "kube-system");
+    let mut cm = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some("inventory".into()),
+            ..Default::default()
+        },
+        data: Some(
+            [(
+                "inventory.yaml".to_string(),
+                "nodes:\n  - match: { cidr: 10.0.0.0/33 }\n    zone: a\n".to_string(),
+            )]
+            .into(),
+        ),
+        ..Default::default()
+    };
+    cms.create(&PostParams::default(), &cm).await.unwrap();
+    let out = check(&with_cm, &[]).await;
+    let inventory = line(&out, "FAIL node inventory");
+    assert!(
+        inventory.contains("inventory entry 0") && inventory.contains("not an IP block"),
+        "{}",
+        text(&out)
+    );
+    cm.data = Some(
+        [(
+            "inventory.yaml".to_string(),
+            "nodes:\n  - match: { cidr: 10.0.0.0/24 }\n    zone: a\n".to_string(),
+        )]
+        .into(),
+    );
+    cms.replace("inventory", &PostParams::default(), &cm)
+        .await
+        .unwrap();
+    let out = check(&with_cm, &[]).await;
+    assert!(
+        line(&out, "OK   node inventory").contains("valid, 1 entry"),
+        "{}",
+        text(&out)
+    );
+}
+
+/// An inventory file is checked even without a usable kubeconfig: a missing file and an
+/// invalid one fail with node initialization's own error; `--disable-node-init` skips it.
+#[tokio::test]
+async fn a_missing_or_invalid_inventory_file_fails_the_check() {
+    let base = [
+        "--loxilb-url=http://127.0.0.1:11111",
+        "--external-cidr=192.0.2.0/24",
+        "--kubeconfig=/nonexistent/kubeconfig",
+    ];
+    let missing = std::env::temp_dir().join("loxi-ccm-check-test-no-such-inventory.yaml");
+    let flag = format!("--inventory-file={}", missing.display());
+    let out = check(&[base[0], base[1], base[2], &flag], &[]).await;
+    let inventory = line(&out, "FAIL node inventory");
+    assert!(
+        inventory.contains(&format!("file {}", missing.display()))
+            && inventory.contains("No such file"),
+        "{}",
+        text(&out)
+    );
+
+    let bad = temp_file(
+        "inventory",
+        "nodes:\n  - match: { name: \"web-*\" }\n    colour: red\n",
+    );
+    let flag = format!("--inventory-file={}", bad.display());
+    let out = check(&[base[0], base[1], base[2], &flag], &[]).await;
+    assert!(!out.status.success(), "{}", text(&out));
+    let inventory = line(&out, "FAIL node inventory");
+    assert!(
+        inventory.contains("inventory entry 0: unknown key `colour`"),
+        "{}",
+        text(&out)
+    );
+    let out = check(
+        &[base[0], base[1], base[2], &flag, "--disable-node-init"],
+        &[],
+    )
+    .await;
+    assert!(!stdout(&out).contains("node inventory"), "{}", text(&out));
+}
+
+/// A CA file (for loxilb, or named by the kubeconfig) without a certificate is refused by
+/// name, before anything tries to connect with it.
+#[tokio::test]
+async fn ca_files_without_a_certificate_are_refused_by_name() {
+    let empty = temp_file("no-cert-ca", "# a CA bundle without a certificate\n");
+    let out = check(
+        &[
+            "--loxilb-url=https://127.0.0.1:11111",
+            "--external-cidr=192.0.2.0/24",
+            &format!("--loxilb-ca-file={}", empty.display()),
+        ],
+        &[],
+    )
+    .await;
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        line(&out, "FAIL configuration").contains(&format!(
+            "flag --loxilb-ca-file: CA file {} holds no certificate",
+            empty.display()
+        )),
+        "{}",
+        text(&out)
+    );
+
+    let server = format!("https://127.0.0.1:{}", closed_port());
+    let kubeconfig = |cluster: &str| {
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: \
+             {server}\n{cluster}users:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: \
+             x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n"
+        )
+    };
+    let by_file = temp_file(
+        "ca-file-kubeconfig",
+        &kubeconfig(&format!("    certificate-authority: {}\n", empty.display())),
+    );
+    let by_data = temp_file(
+        "ca-data-kubeconfig",
+        // base64 of "no certificate here\n"
+        &kubeconfig("    certificate-authority-data: bm8gY2VydGlmaWNhdGUgaGVyZQo=\n"),
+    );
+    for (kc, expected) in [
+        (
+            &by_file,
+            format!("CA file {} holds no certificate", empty.display()),
+        ),
+        (
+            &by_data,
+            "the certificate-authority-data holds no certificate".to_string(),
+        ),
+    ] {
+        let out = check(
+            &[
+                "--loxilb-url=http://127.0.0.1:11111",
+                "--external-cidr=192.0.2.0/24",
+                &format!("--kubeconfig={}", kc.display()),
+            ],
+            &[],
+        )
+        .await;
+        let client = line(&out, "FAIL kubernetes client");
+        assert!(
+            client.contains(&format!("kubeconfig {}", kc.display())) && client.contains(&expected),
+            "{}",
+            text(&out)
+        );
+    }
+}
+
+/// A missing kubeconfig says its OS error once (check and run), with the path as typed;
+/// `run`'s text log in a pipe has no colour codes; a value with an invisible character is
+/// quoted once, as it is, not Debug-escaped.
+#[tokio::test]
+async fn errors_and_logs_are_plain_text() {
+    let out = check(
+        &[
+            "--loxilb-url=http://127.0.0.1:11111",
+            "--external-cidr=192.0.2.0/24",
+            "--kubeconfig=/nonexistent/kubeconfig",
+        ],
+        &[],
+    )
+    .await;
+    let client = line(&out, "FAIL kubernetes client");
+    assert_eq!(client.matches("(os error 2)").count(), 1, "{client}");
+    assert!(
+        client.contains("kubeconfig /nonexistent/kubeconfig"),
+        "{client}"
+    );
+    assert!(!client.contains("'\""), "{client}");
+
+    // `run`: the file is read (logged), then the kubeconfig fails.
+    let file = temp_file(
+        "plain-run",
+        "loxilbUrl: http://127.0.0.1:11111\nexternalCidr: 192.0.2.0/24\n",
+    );
+    let out = loxi_ccm(
+        "run",
+        &[
+            &format!("--config={}", file.display()),
+            "--kubeconfig=/nonexistent/kubeconfig",
+            "--admin-addr=127.0.0.1:0",
+        ],
+        &[],
+    )
+    .await;
+    let all = text(&out);
+    assert!(!out.status.success(), "{all}");
+    assert!(stdout(&out).contains("configuration file read"), "{all}");
+    assert!(!all.contains('\x1b'), "colour codes in a pipe:\n{all:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.matches("(os error 2)").count(), 1, "{stderr}");
+    assert!(!stderr.contains("'\""), "{stderr}");
+
+    let out = check(
+        &[
+            "--loxilb-url=http://127.0.0.1:11111",
+            "--external-cidr=10.0.0.0/8\u{200b}",
+        ],
+        &[],
+    )
+    .await;
+    let all = text(&out);
+    assert!(
+        all.contains("flag --external-cidr: invalid value \"10.0.0.0/8\u{200b}\""),
+        "{all}"
+    );
+    assert_readable(&all);
 }

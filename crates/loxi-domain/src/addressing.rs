@@ -192,7 +192,14 @@ pub fn address_slots(
                 return Err(bad(
                     source,
                     &text,
-                    &format!("{family} address, but the Service asks for {families:?}"),
+                    &format!(
+                        "{family} address, but the Service asks for {}",
+                        families
+                            .iter()
+                            .map(Family::to_string)
+                            .collect::<Vec<_>>()
+                            .join(" and ")
+                    ),
                 ));
             }
         }
@@ -337,6 +344,23 @@ mod tests {
         )
         .unwrap();
         assert_eq!(fams(&s), [Family::V6]);
+    }
+
+    #[test]
+    fn a_static_address_of_another_family_names_the_families() {
+        let a = ann(&[(ANN_STATIC_IP, "2001:db8::10")]);
+        let e = address_slots(
+            &AddressInput {
+                annotations: Some(&a),
+                ..Default::default()
+            },
+            |_| true,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.reason, "IPv6 address, but the Service asks for IPv4",
+            "{e}"
+        );
     }
 
     #[test]

@@ -4,7 +4,11 @@
 //! 2. The Kubernetes API: `GET /version`, then the credentials (who we are, listing Services
 //!    and Nodes), the cluster identity, and the permissions `run` uses (one
 //!    SelfSubjectAccessReview per verb and resource).
-//! 3. Every loxilb: `GET /version` (reachable) and a rule listing (which, unlike `/version`,
+//!    A 401 answer is reported as refused credentials and a 403 as a missing permission
+//!    (named); only a connection failure or a timeout is "unreachable".
+//! 3. The node-initialization inventory (`--inventory-file` / `--inventory-configmap`),
+//!    loaded and validated by the code node initialization uses.
+//! 4. Every loxilb: `GET /version` (reachable) and a rule listing (which, unlike `/version`,
 //!    needs the token when loxilb runs with authentication).
 //!
 //! One line per check, `OK` or `FAIL` with the reason; [`Report::passed`] decides the exit code.
@@ -23,9 +27,11 @@ use k8s_openapi::api::authorization::v1::{
 use k8s_openapi::api::core::v1::{Namespace, Node, Service};
 use kube::api::{Api, ListParams, PostParams};
 use loxi_domain::ClusterId;
+use loxi_domain::text::shown;
 use loxilb_client::{ClientConfig, LoxilbClient};
 
 use crate::config::{Config, ConfigError, Loaded};
+use crate::node_init::InventorySource;
 
 /// Upper bound for one Kubernetes call of the check.
 const KUBE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -112,10 +118,14 @@ pub async fn run(loaded: &Loaded) -> Report {
         Err(e) => return Report::config_failure(&e),
     };
     report.pass("configuration", describe_config(&cfg, loaded));
-    let (kube_lines, loxilb_lines) = tokio::join!(
-        kube_checks(loaded.args.kubeconfig.as_deref(), &cfg),
-        loxilb_checks(&cfg)
-    );
+    let kube_and_inventory = async {
+        let (mut lines, api) = kube_checks(loaded.args.kubeconfig.as_deref(), &cfg).await;
+        lines
+            .lines
+            .extend(inventory_check(api.as_ref(), &cfg).await);
+        lines
+    };
+    let (kube_lines, loxilb_lines) = tokio::join!(kube_and_inventory, loxilb_checks(&cfg));
     report.lines.extend(kube_lines.lines);
     report.lines.extend(loxilb_lines.lines);
     report
@@ -149,54 +159,67 @@ fn describe_config(cfg: &Config, loaded: &Loaded) -> String {
     text
 }
 
-async fn with_timeout<T, E: fmt::Display>(
-    fut: impl Future<Output = Result<T, E>>,
-) -> Result<T, String> {
+/// Why a Kubernetes call of the check failed.
+enum KubeFailure {
+    /// No answer in time.
+    Timeout,
+    Error(kube::Error),
+}
+
+impl KubeFailure {
+    /// The HTTP code of the API server's answer, when it answered.
+    fn code(&self) -> Option<u16> {
+        match self {
+            KubeFailure::Timeout => None,
+            KubeFailure::Error(e) => crate::k8s::api::status_code(e),
+        }
+    }
+
+    /// What went wrong with `action` (`listing Services in all namespaces`), which needs
+    /// `need`: refused credentials (401), a missing permission (403), no connection, or the
+    /// API server's answer.
+    fn explain(&self, action: &str, need: &Need) -> String {
+        match self.code() {
+            Some(401) => format!(
+                "{action} failed: the API server refused the credentials (authentication \
+                 failed): {self}"
+            ),
+            Some(403) => format!("{action} is forbidden: missing permission {need}: {self}"),
+            Some(_) => format!("{action} failed: {self}"),
+            None => format!("{action} failed, the API server is unreachable: {self}"),
+        }
+    }
+}
+
+impl fmt::Display for KubeFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KubeFailure::Timeout => write!(f, "no answer within {}s", KUBE_TIMEOUT.as_secs()),
+            KubeFailure::Error(e) => f.write_str(&crate::k8s::api::error_text(e)),
+        }
+    }
+}
+
+async fn with_timeout<T>(
+    fut: impl Future<Output = Result<T, kube::Error>>,
+) -> Result<T, KubeFailure> {
     match tokio::time::timeout(KUBE_TIMEOUT, fut).await {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err(format!("no answer within {}s", KUBE_TIMEOUT.as_secs())),
+        Ok(Err(e)) => Err(KubeFailure::Error(e)),
+        Err(_) => Err(KubeFailure::Timeout),
     }
 }
 
 /// A client with short timeouts (the check must not hang on an unreachable API server), and
 /// the API server URL for the report.
 async fn kube_client(kubeconfig: Option<&Path>) -> anyhow::Result<(kube::Client, String)> {
-    loxilb_client::install_crypto_provider();
-    let mut config = match kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &Default::default())
-                .await
-                .with_context(|| format!("using kubeconfig {}", path.display()))?
-        }
-        None => kube::Config::infer().await.context(
-            "no kubeconfig given and none found (in-cluster, $KUBECONFIG, ~/.kube/config)",
-        )?,
-    };
+    let mut config = crate::k8s::api::config(kubeconfig).await?;
     config.connect_timeout = Some(Duration::from_secs(5));
     config.read_timeout = Some(KUBE_TIMEOUT);
     let url = config.cluster_url.to_string();
     let client = crate::k8s::api::from_config(config, crate::k8s::api::RateLimit::NONE)
         .context("building the Kubernetes client")?;
     Ok((client, url.trim_end_matches('/').to_string()))
-}
-
-/// `context: cause: cause`, leaving out causes the text before already quotes (kube's errors
-/// often repeat their source).
-fn error_chain(e: &anyhow::Error) -> String {
-    let mut text = String::new();
-    for cause in e.chain() {
-        let part = cause.to_string();
-        if !text.contains(&part) {
-            if !text.is_empty() {
-                text.push_str(": ");
-            }
-            text.push_str(&part);
-        }
-    }
-    text
 }
 
 /// One permission `run` relies on.
@@ -247,7 +270,7 @@ impl fmt::Display for Need {
             write!(f, "/{}", self.subresource)?;
         }
         if let Some(name) = &self.name {
-            write!(f, " {name:?}")?;
+            write!(f, " {}", shown(name))?;
         }
         match &self.namespace {
             Some(ns) => write!(f, " in namespace {ns}"),
@@ -332,25 +355,45 @@ async fn allowed(client: &kube::Client, need: &Need) -> Result<bool, String> {
         ..Default::default()
     };
     let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
-    let answer = with_timeout(api.create(&PostParams::default(), &review)).await?;
+    let answer = with_timeout(api.create(&PostParams::default(), &review))
+        .await
+        .map_err(|e| e.to_string())?;
     Ok(answer.status.is_some_and(|s| s.allowed))
 }
 
-async fn kube_checks(kubeconfig: Option<&Path>, cfg: &Config) -> Report {
+/// The Kubernetes checks, and the client when the API server answers with the credentials.
+async fn kube_checks(kubeconfig: Option<&Path>, cfg: &Config) -> (Report, Option<kube::Client>) {
     let mut r = Report::default();
     let (client, url) = match kube_client(kubeconfig).await {
         Ok(c) => c,
         Err(e) => {
-            r.fail("kubernetes client", error_chain(&e));
-            return r;
+            r.fail("kubernetes client", crate::k8s::api::anyhow_text(&e));
+            return (r, None);
         }
     };
     let api_name = format!("kubernetes API {url}");
     match with_timeout(client.apiserver_version()).await {
         Ok(info) => r.pass(api_name, format!("reachable, version {}", info.git_version)),
         Err(e) => {
-            r.fail(api_name, format!("unreachable: {e}"));
-            return r;
+            let (detail, go_on) = match e.code() {
+                Some(401) => (
+                    format!(
+                        "reachable, but authentication failed: the API server refused the \
+                         credentials of the kubeconfig ({e})"
+                    ),
+                    false,
+                ),
+                Some(403) => (
+                    format!("reachable, but reading /version is forbidden: {e}"),
+                    true,
+                ),
+                Some(_) => (format!("reachable, but /version failed: {e}"), true),
+                None => (format!("unreachable: {e}"), false),
+            };
+            r.fail(api_name, detail);
+            if !go_on {
+                return (r, None);
+            }
         }
     }
 
@@ -371,18 +414,28 @@ async fn kube_checks(kubeconfig: Option<&Path>, cfg: &Config) -> Report {
         ),
         None => (Api::all(client.clone()), "all namespaces".to_string()),
     };
+    let ns = cfg.namespace.as_deref();
+    let list_services = Need::new("list", "", "services").ns(ns);
     let one = ListParams::default().limit(1);
     match with_timeout(services.list(&one)).await {
         Ok(_) => r.pass(
             "kubernetes credentials",
             format!("authenticated{who}; can list Services in {scope}"),
         ),
+        Err(e) if e.code() == Some(403) => r.fail(
+            "kubernetes credentials",
+            format!(
+                "authenticated{who}, but {}",
+                e.explain(&format!("listing Services in {scope}"), &list_services)
+            ),
+        ),
         Err(e) => r.fail(
             "kubernetes credentials",
-            format!("listing Services in {scope}{who} failed: {e}"),
+            e.explain(&format!("listing Services in {scope}{who}"), &list_services),
         ),
     }
-    // Informational: where the API server cannot filter, every Service is watched.
+    // Where the API server cannot filter by type, every Service is watched (informational);
+    // any other failure (a refusal, no answer) means the watch cannot run.
     let by_type = one.clone().fields(crate::k8s::view::TYPE_SELECTOR);
     match with_timeout(services.list_metadata(&by_type)).await {
         Ok(_) => r.pass(
@@ -392,9 +445,13 @@ async fn kube_checks(kubeconfig: Option<&Path>, cfg: &Config) -> Report {
                 crate::k8s::view::TYPE_SELECTOR
             ),
         ),
-        Err(e) => r.pass(
+        Err(e) if matches!(e.code(), Some(400 | 422)) => r.pass(
             "service watch",
             format!("every Service (the API server cannot filter by type: {e})"),
+        ),
+        Err(e) => r.fail(
+            "service watch",
+            e.explain(&format!("listing Services in {scope}"), &list_services),
         ),
     }
     let nodes: Api<Node> = Api::all(client.clone());
@@ -410,7 +467,10 @@ async fn kube_checks(kubeconfig: Option<&Path>, cfg: &Config) -> Report {
                 }
             ),
         ),
-        Err(e) => r.fail("kubernetes nodes", format!("listing Nodes failed: {e}")),
+        Err(e) => r.fail(
+            "kubernetes nodes",
+            e.explain("listing Nodes", &Need::new("list", "", "nodes")),
+        ),
     }
 
     match &cfg.cluster_id {
@@ -428,7 +488,11 @@ async fn kube_checks(kubeconfig: Option<&Path>, cfg: &Config) -> Report {
                 Err(e) => r.fail(
                     "cluster id",
                     format!(
-                        "reading namespace kube-system failed ({e}); grant it or set --cluster-id"
+                        "{}; grant it or set --cluster-id",
+                        e.explain(
+                            "reading namespace kube-system",
+                            &Need::new("get", "", "namespaces").named("kube-system")
+                        )
                     ),
                 ),
             }
@@ -466,7 +530,58 @@ async fn kube_checks(kubeconfig: Option<&Path>, cfg: &Config) -> Report {
             format!("all {} permissions `run` uses are granted", needs.len()),
         );
     }
-    r
+    (r, Some(client))
+}
+
+/// The node-initialization inventory, loaded and validated by node initialization's own code
+/// (nothing when node initialization is off or has no inventory). `api` is the client when
+/// the API server answers; a ConfigMap inventory is not read without one (the API line
+/// already failed), a file inventory is.
+async fn inventory_check(api: Option<&kube::Client>, cfg: &Config) -> Option<CheckLine> {
+    let source = cfg.node_init.source();
+    if cfg.node_init.disable_node_init || source == InventorySource::Empty {
+        return None;
+    }
+    let client = match (api, &source) {
+        (Some(client), _) => client.clone(),
+        // Loading a file does not call the API server: a client that would not reach one.
+        (None, InventorySource::File(_)) => crate::k8s::api::from_config(
+            kube::Config::new("http://127.0.0.1:1".parse().ok()?),
+            crate::k8s::api::RateLimit::NONE,
+        )
+        .ok()?,
+        (None, _) => return None,
+    };
+    let name = "node inventory".to_string();
+    let line = match tokio::time::timeout(KUBE_TIMEOUT, source.load(&client)).await {
+        Ok(Ok(inventory)) => CheckLine {
+            ok: true,
+            name,
+            detail: format!(
+                "{source}: valid, {} {}",
+                inventory.entries.len(),
+                if inventory.entries.len() == 1 {
+                    "entry"
+                } else {
+                    "entries"
+                }
+            ),
+        },
+        Ok(Err(e)) => CheckLine {
+            ok: false,
+            name,
+            detail: e.to_string(),
+        },
+        Err(_) => CheckLine {
+            ok: false,
+            name,
+            detail: format!(
+                "reading the inventory from {source}: no answer within {}s",
+                KUBE_TIMEOUT.as_secs()
+            ),
+        },
+    };
+    Some(line)
 }
 
 async fn loxilb_checks(cfg: &Config) -> Report {
@@ -532,6 +647,36 @@ mod tests {
              http://127.0.0.1:1 is unreachable\n"
         );
         assert_eq!(r.summary(), "check failed: 1 of 2 checks failed");
+    }
+
+    #[test]
+    fn refusals_are_told_apart_from_outages() {
+        let api = |code: u16, reason: &str, message: &str| {
+            let s = kube::core::Status::failure(message, reason).with_code(code);
+            KubeFailure::Error(kube::Error::Api(Box::new(s)))
+        };
+        let need = Need::new("list", "", "services").ns(Some("web"));
+        let text = api(401, "Unauthorized", "Unauthorized").explain("listing Services", &need);
+        assert_eq!(
+            text,
+            "listing Services failed: the API server refused the credentials (authentication \
+             failed): 401 Unauthorized"
+        );
+        let text =
+            api(403, "Forbidden", "services is forbidden: no").explain("listing Services", &need);
+        assert_eq!(
+            text,
+            "listing Services is forbidden: missing permission list services in namespace web: \
+             403 Forbidden: services is forbidden: no"
+        );
+        let text = KubeFailure::Timeout.explain("listing Services", &need);
+        assert!(text.contains("unreachable"), "{text}");
+        assert_eq!(
+            Need::new("get", "", "namespaces")
+                .named("kube\u{200b}system")
+                .to_string(),
+            "get namespaces \"kube\u{200b}system\""
+        );
     }
 
     #[test]

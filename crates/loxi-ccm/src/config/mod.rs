@@ -29,6 +29,7 @@ use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::parser::ValueSource;
 use clap::{Arg, ArgAction, FromArgMatches};
 use loxi_domain::ipam::{AddressBlock, Family};
+use loxi_domain::text::shown;
 use loxi_domain::{ClusterId, Defaults, NatMode, Pool};
 use loxilb_client::{ClientConfig, ClientError, LoxilbClient};
 use thiserror::Error;
@@ -122,7 +123,9 @@ impl Origin {
         match self {
             Origin::Flag => format!("flag --{long}"),
             Origin::Env(var) => format!("environment {var}"),
-            Origin::File { path, key } => format!("config file {}: key {key:?}", path.display()),
+            Origin::File { path, key } => {
+                format!("config file {}: key {}", path.display(), shown(key))
+            }
             Origin::Default => format!("default of --{long}"),
         }
     }
@@ -310,8 +313,9 @@ fn parse_file(path: &Path, text: &str, args: &[&Arg]) -> Result<FileLayer, Confi
                 return Err(ConfigError::invalid(
                     &at,
                     format!(
-                        "key {key:?} is a kube-loxilb / loxi-ccm (Go) setting that loxi-ccm does \
-                         not support: remove it (see docs/migration.md)"
+                        "key {} is a kube-loxilb / loxi-ccm (Go) setting that loxi-ccm does \
+                         not support: remove it (see docs/migration.md)",
+                        shown(&key)
                     ),
                 ));
             }
@@ -320,10 +324,10 @@ fn parse_file(path: &Path, text: &str, args: &[&Arg]) -> Result<FileLayer, Confi
                 .unwrap_or_default();
             return Err(ConfigError::invalid(
                 &at,
-                format!("unknown key {key:?}{hint}"),
+                format!("unknown key {}{hint}", shown(&key)),
             ));
         };
-        let origin = format!("{at}: key {key:?}");
+        let origin = format!("{at}: key {}", shown(&key));
         let Some(values) = scalars(&value).map_err(|m| ConfigError::invalid(&origin, m))? else {
             continue; // `key:` with no value: as if absent
         };
@@ -346,7 +350,9 @@ fn parse_file(path: &Path, text: &str, args: &[&Arg]) -> Result<FileLayer, Confi
             return Err(ConfigError::invalid(
                 &at,
                 format!(
-                    "keys {first:?} and {second:?} both set --{}: keep one",
+                    "keys {} and {} both set --{}: keep one",
+                    shown(first),
+                    shown(second),
                     arg.get_long().unwrap_or(&id)
                 ),
             ));
@@ -591,7 +597,7 @@ where
                     _ => {
                         return Err(invalid(ConfigError::invalid(
                             origin.describe(long),
-                            format!("invalid value {v:?}: expected true or false"),
+                            format!("invalid value {}: expected true or false", shown(v)),
                         )));
                     }
                 }
@@ -674,7 +680,7 @@ fn attribute(e: clap::Error, origins: &Origins, mode: Mode) -> LoadError {
             };
             ConfigError::invalid(
                 origin.describe(&long),
-                format!("invalid value {value:?}: {reason}"),
+                format!("invalid value {}: {reason}", shown(&value)),
             )
         }
         _ => {
@@ -709,7 +715,7 @@ impl Config {
         let bad = |id: &str, value: &str, reason: &str| {
             ConfigError::invalid(
                 origins.describe(id),
-                format!("invalid value {value:?}: {reason}"),
+                format!("invalid value {}: {reason}", shown(value)),
             )
         };
         let mode: NatMode = args.lb_mode.trim().parse().map_err(|()| {
@@ -800,12 +806,18 @@ impl Config {
         }
 
         let ca_pem = match &args.loxilb_ca_file {
-            Some(path) => Some(std::fs::read(path).map_err(|e| {
-                ConfigError::invalid(
-                    origins.describe("loxilb_ca_file"),
-                    format!("cannot read {}: {e}", path.display()),
-                )
-            })?),
+            Some(path) => {
+                let pem = std::fs::read(path).map_err(|e| {
+                    ConfigError::invalid(
+                        origins.describe("loxilb_ca_file"),
+                        format!("cannot read {}: {e}", path.display()),
+                    )
+                })?;
+                check_ca_bundle(&pem, path).map_err(|message| {
+                    ConfigError::invalid(origins.describe("loxilb_ca_file"), message)
+                })?;
+                Some(pem)
+            }
             None => None,
         };
         let token = match (&args.loxilb_token, &args.loxilb_token_file) {
@@ -921,6 +933,33 @@ impl Config {
     }
 }
 
+/// Checks that a CA bundle (`pem`, read from `path`) holds at least one PEM certificate: a
+/// file without one is accepted by the TLS libraries and makes every connection fail later,
+/// with an error that names neither the file nor the cause.
+pub fn check_ca_bundle(pem: &[u8], path: &Path) -> Result<(), String> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut certificates = 0;
+    for item in CertificateDer::pem_slice_iter(pem) {
+        match item {
+            Ok(_) => certificates += 1,
+            Err(e) => {
+                return Err(format!(
+                    "CA file {} is not a valid PEM bundle: {e}",
+                    path.display()
+                ));
+            }
+        }
+    }
+    if certificates == 0 {
+        return Err(format!(
+            "CA file {} holds no certificate (expected PEM blocks -----BEGIN CERTIFICATE-----)",
+            path.display()
+        ));
+    }
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------------------------
 // Pools.
 
@@ -964,13 +1003,17 @@ fn parse_block(
     let block: AddressBlock = block_text
         .parse()
         .map_err(|e: loxi_domain::ipam::BlockError| {
-            ConfigError::invalid(&origin, format!("invalid value {value:?}: {}", e.reason))
+            ConfigError::invalid(
+                &origin,
+                format!("invalid value {}: {}", shown(value), e.reason),
+            )
         })?;
     if block.family() != family {
         return Err(ConfigError::invalid(
             &origin,
             format!(
-                "invalid value {value:?}: {block_text} is {}; {} blocks go in {other_family_hint}",
+                "invalid value {}: {block_text} is {}; {} blocks go in {other_family_hint}",
+                shown(value),
                 block.family(),
                 block.family()
             ),
@@ -991,7 +1034,10 @@ fn named_block(
     let Some((name, text)) = item.split_once('=') else {
         return Err(ConfigError::invalid(
             &origin,
-            format!("invalid value {item:?}: expected <pool name>=<CIDR or range>"),
+            format!(
+                "invalid value {}: expected <pool name>=<CIDR or range>",
+                shown(item)
+            ),
         ));
     };
     let name = name.trim();
@@ -999,8 +1045,10 @@ fn named_block(
         return Err(ConfigError::invalid(
             &origin,
             format!(
-                "invalid value {item:?}: pool name {name:?} must be 1-63 letters, digits, '-', \
-                 '_' or '.', starting with a letter or digit"
+                "invalid value {}: pool name {} must be 1-63 letters, digits, '-', '_' or \
+                 '.', starting with a letter or digit",
+                shown(item),
+                shown(name)
             ),
         ));
     }

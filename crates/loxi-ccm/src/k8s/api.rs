@@ -56,15 +56,151 @@ impl RateLimit {
 /// A client from an explicit kubeconfig, or the usual inference (in-cluster, then
 /// `$KUBECONFIG` / `~/.kube/config`).
 pub async fn client(kubeconfig: Option<&Path>, limit: RateLimit) -> anyhow::Result<kube::Client> {
+    from_config(config(kubeconfig).await?, limit)
+}
+
+/// The client configuration from an explicit kubeconfig, or the usual inference. Errors say
+/// which file is wrong and how, once: a kubeconfig that cannot be read, and a certificate
+/// authority (file or `certificate-authority-data`) holding no certificate, which would
+/// otherwise surface later as a TLS failure on every request.
+pub async fn config(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Config> {
     loxilb_client::install_crypto_provider();
-    let config = match kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)?;
-            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
+    let Some(path) = kubeconfig else {
+        let config = kube::Config::infer().await.map_err(|e| {
+            anyhow::anyhow!(
+                "no usable kubeconfig given or found (in-cluster, $KUBECONFIG, ~/.kube/config): {}",
+                error_chain(&e)
+            )
+        })?;
+        if config.root_cert.as_ref().is_some_and(|c| c.is_empty()) {
+            anyhow::bail!("the Kubernetes API's certificate authority holds no certificate");
         }
-        None => kube::Config::infer().await?,
+        return Ok(config);
     };
-    from_config(config, limit)
+    let shown = path.display();
+    let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| match e {
+        kube::config::KubeconfigError::ReadConfig(io, _) => {
+            anyhow::anyhow!("cannot read kubeconfig {shown}: {io}")
+        }
+        other => anyhow::anyhow!("kubeconfig {shown}: {}", error_chain(&other)),
+    })?;
+    // The CA file the kubeconfig names, checked here so the error names it (kube's own
+    // error names neither the file nor the kubeconfig, and an empty file passes it).
+    if let Some(cluster) = current_cluster(&kc)
+        && cluster.certificate_authority_data.is_none()
+        && let Some(ca) = &cluster.certificate_authority
+    {
+        let pem = std::fs::read(ca).map_err(|e| {
+            anyhow::anyhow!(
+                "cannot read CA file {ca} (certificate-authority of kubeconfig {shown}): {e}"
+            )
+        })?;
+        crate::config::check_ca_bundle(&pem, Path::new(ca))
+            .map_err(|e| anyhow::anyhow!("kubeconfig {shown}: {e}"))?;
+    }
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .map_err(|e| anyhow::anyhow!("kubeconfig {shown}: {}", error_chain(&e)))?;
+    if config.root_cert.as_ref().is_some_and(|c| c.is_empty()) {
+        anyhow::bail!(
+            "kubeconfig {shown}: the certificate-authority-data holds no certificate (expected \
+             PEM blocks -----BEGIN CERTIFICATE-----)"
+        );
+    }
+    Ok(config)
+}
+
+/// The cluster of the kubeconfig's current context (what kube connects to by default).
+fn current_cluster(kc: &kube::config::Kubeconfig) -> Option<&kube::config::Cluster> {
+    let context = kc.current_context.as_deref()?;
+    let cluster = kc
+        .contexts
+        .iter()
+        .find(|c| c.name == context)?
+        .context
+        .as_ref()?
+        .cluster
+        .as_str();
+    kc.clusters
+        .iter()
+        .find(|c| c.name == cluster)?
+        .cluster
+        .as_ref()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors as people read them.
+
+/// A failed Kubernetes call as messages show it: an answer of the API server as its HTTP
+/// code, reason and message (`403 Forbidden: services is forbidden: User "x" cannot list
+/// ...`), anything else (a connection failure, a timeout) as its chain of causes, each said
+/// once. Never kube's Debug dump of the answer.
+pub fn error_text(e: &kube::Error) -> String {
+    error_chain(e)
+}
+
+/// The HTTP code of the API server's answer, when the error is one.
+pub fn status_code(e: &kube::Error) -> Option<u16> {
+    match e {
+        kube::Error::Api(s) => Some(s.code),
+        _ => None,
+    }
+}
+
+/// `401 Unauthorized`, `403 Forbidden: services is forbidden: ...`, `500 InternalError: x`.
+pub fn status_text(s: &kube::core::Status) -> String {
+    let reason = s.reason.as_str();
+    let mut text = match (s.code, reason.is_empty()) {
+        (0, true) => String::new(),
+        (0, false) => reason.to_string(),
+        (code, true) => code.to_string(),
+        (code, false) => format!("{code} {reason}"),
+    };
+    if !s.message.is_empty() && s.message != reason {
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&s.message);
+    }
+    if text.is_empty() {
+        text.push_str("the API server refused the request without a reason");
+    }
+    text
+}
+
+/// [`error_text`] for any error: its Display, then each cause the text before does not
+/// already say; an API server's answer found on the way is shown by [`status_text`] and
+/// ends the chain (what it wraps only repeats it).
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    chain_text(std::iter::successors(Some(e), |e| e.source()))
+}
+
+/// [`error_chain`] for an `anyhow` error (its contexts first).
+pub fn anyhow_text(e: &anyhow::Error) -> String {
+    chain_text(e.chain())
+}
+
+fn chain_text<'a>(causes: impl Iterator<Item = &'a (dyn std::error::Error + 'static)>) -> String {
+    let mut text = String::new();
+    for cause in causes {
+        let (part, last) = if let Some(kube::Error::Api(s)) = cause.downcast_ref::<kube::Error>() {
+            (status_text(s), true)
+        } else if let Some(s) = cause.downcast_ref::<kube::core::Status>() {
+            (status_text(s), true)
+        } else {
+            (cause.to_string(), false)
+        };
+        if !text.contains(&part) {
+            if !text.is_empty() {
+                text.push_str(": ");
+            }
+            text.push_str(&part);
+        }
+        if last {
+            break;
+        }
+    }
+    text
 }
 
 /// The client for `config` (see the module docs for how it differs from kube's).
@@ -195,6 +331,90 @@ mod tests {
 
     fn limit(qps: f64, burst: u32) -> RateLimit {
         RateLimit { qps, burst }
+    }
+
+    fn status(code: u16, reason: &str, message: &str) -> kube::core::Status {
+        kube::core::Status::failure(message, reason).with_code(code)
+    }
+
+    #[test]
+    fn api_errors_read_as_code_reason_and_message() {
+        let unauthorized = kube::Error::Api(Box::new(status(401, "Unauthorized", "Unauthorized")));
+        assert_eq!(error_text(&unauthorized), "401 Unauthorized");
+        assert_eq!(status_code(&unauthorized), Some(401));
+        let forbidden = kube::Error::Api(Box::new(status(
+            403,
+            "Forbidden",
+            "services is forbidden: User \"x\" cannot list resource \"services\"",
+        )));
+        assert_eq!(
+            error_text(&forbidden),
+            "403 Forbidden: services is forbidden: User \"x\" cannot list resource \"services\""
+        );
+        // Inside an anyhow chain, after its context; never the Debug dump.
+        let e = anyhow::Error::new(forbidden).context("reading namespace kube-system");
+        let text = anyhow_text(&e);
+        assert_eq!(
+            text,
+            "reading namespace kube-system: 403 Forbidden: services is forbidden: User \"x\" \
+             cannot list resource \"services\""
+        );
+        assert!(
+            !text.contains("Status {") && !text.contains("ApiError"),
+            "{text}"
+        );
+        assert_eq!(status_text(&status(500, "", "")), "500");
+    }
+
+    #[test]
+    fn causes_are_said_once() {
+        let io = std::io::Error::from(std::io::ErrorKind::NotFound);
+        let said = io.to_string();
+        let e = anyhow::Error::new(kube::config::KubeconfigError::ReadConfig(io, "/x".into()))
+            .context("Kubernetes client");
+        let text = anyhow_text(&e);
+        assert_eq!(text.matches(&said).count(), 1, "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_kubeconfig_names_what_is_wrong() {
+        let dir = std::env::temp_dir().join(format!("loxi-ccm-kube-api-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let missing = dir.join("missing.kubeconfig");
+        let e = anyhow_text(&config(Some(&missing)).await.unwrap_err());
+        assert!(
+            e.starts_with(&format!("cannot read kubeconfig {}: ", missing.display())),
+            "{e}"
+        );
+        let ca = dir.join("empty-ca.pem");
+        std::fs::write(
+            &ca,
+            "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
+        )
+        .unwrap();
+        let kc = dir.join("ca.kubeconfig");
+        std::fs::write(
+            &kc,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: \
+                 https://127.0.0.1:1\n    certificate-authority: {}\nusers:\n- name: u\n  \
+                 user: {{}}\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: \
+                 u\ncurrent-context: x\n",
+                ca.display()
+            ),
+        )
+        .unwrap();
+        let e = anyhow_text(&config(Some(&kc)).await.unwrap_err());
+        assert_eq!(
+            e,
+            format!(
+                "kubeconfig {}: CA file {} holds no certificate (expected PEM blocks \
+                 -----BEGIN CERTIFICATE-----)",
+                kc.display(),
+                ca.display()
+            )
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
