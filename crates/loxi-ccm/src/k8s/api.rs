@@ -324,10 +324,10 @@ where
     }
 }
 
-/// Used for the API server's CA and for loxilb's (`--loxilb-ca-file`).
 /// Checks that a CA bundle (`pem`, read from `path`) holds at least one PEM certificate: a
 /// file without one is accepted by the TLS libraries and makes every connection fail later,
-/// with an error that names neither the file nor the cause.
+/// with an error that names neither the file nor the cause. Used for the API server's CA and
+/// for loxilb's (`--loxilb-ca-file`).
 pub fn check_ca_bundle(pem: &[u8], path: &Path) -> Result<(), String> {
     use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject;
