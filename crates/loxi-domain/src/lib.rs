@@ -7,6 +7,7 @@
 
 pub mod address_name;
 pub mod addressing;
+pub mod bgp;
 pub mod choice;
 pub mod diff;
 pub mod duration;
