@@ -1,5 +1,6 @@
 //! The HTTP client.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -7,6 +8,10 @@ use reqwest::{Method, StatusCode};
 use serde::Serialize;
 use url::Url;
 
+use crate::bgp::{
+    BgpDefinedSet, BgpGlobal, BgpNeighbor, BgpNeighborStatus, BgpPolicy, BgpPolicyApply,
+    DefinedSetKind, DefinedSetList, NeighborList, PolicyList,
+};
 use crate::dto::{CiState, CiStateList, LoadbalanceEntry, ResultBody, VersionInfo};
 use crate::error::{ClientError, classify};
 use crate::listing::{self, ChunkReader, Listing};
@@ -278,6 +283,228 @@ impl LoxilbClient {
             .extend(["config", "loadbalancer", "name", name]);
         match self.send_url::<()>(Method::DELETE, url, None).await? {
             Answer::Ok(bytes) => success_body(&bytes),
+            Answer::Status(status, body) => {
+                Err(classify(status.as_u16(), body.message, body.result))
+            }
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // BGP (docs/loxilb-api.md#bgp). With loxilb running without BGP, every call fails with
+    // `ClientError::BgpDisabled`.
+    // -----------------------------------------------------------------------------------------
+
+    /// `POST /config/bgp/global`: starts goBGP. Repeating it does not change a running
+    /// configuration: a changed one needs a loxilb restart.
+    pub async fn set_bgp_global(&self, global: &BgpGlobal) -> Result<(), ClientError> {
+        let url = self.url_of(&["config", "bgp", "global"])?;
+        self.write_url(Method::POST, url, Some(global)).await
+    }
+
+    /// `POST /config/bgp/neigh`; an existing peer (409, `can't overwrite the existing
+    /// peer`) is [`WriteOutcome::AlreadyPresent`], whatever its settings. Needs the global
+    /// configuration first.
+    pub async fn add_bgp_neighbor(
+        &self,
+        neighbor: &BgpNeighbor,
+    ) -> Result<WriteOutcome, ClientError> {
+        let url = self.url_of(&["config", "bgp", "neigh"])?;
+        match self.send_url(Method::POST, url, Some(neighbor)).await? {
+            Answer::Ok(bytes) => success_body(&bytes).map(|()| WriteOutcome::Applied),
+            Answer::Status(StatusCode::CONFLICT, body) if body_mentions(&body, "exist") => {
+                Ok(WriteOutcome::AlreadyPresent)
+            }
+            Answer::Status(status, body) => {
+                Err(classify(status.as_u16(), body.message, body.result))
+            }
+        }
+    }
+
+    /// `DELETE /config/bgp/neigh/{ip}?remoteAs=<n>`. `remoteAs` is always sent (without it
+    /// loxilb closes the connection unanswered), as the int32 the route declares: an AS above
+    /// 2147483647 goes as its two's complement, which loxilb converts back. An unknown peer
+    /// is [`DeleteOutcome::AlreadyAbsent`].
+    pub async fn delete_bgp_neighbor(
+        &self,
+        ip: IpAddr,
+        remote_as: u32,
+    ) -> Result<DeleteOutcome, ClientError> {
+        let mut url = self.url_of(&["config", "bgp", "neigh", &ip.to_string()])?;
+        url.query_pairs_mut()
+            .append_pair("remoteAs", &remote_as.cast_signed().to_string());
+        match self.send_url::<()>(Method::DELETE, url, None).await? {
+            Answer::Ok(bytes) => success_body(&bytes).map(|()| DeleteOutcome::Deleted),
+            Answer::Status(status, body)
+                if status.is_server_error()
+                    && body_mentions(&body, "can't delete a peer configuration") =>
+            {
+                Ok(DeleteOutcome::AlreadyAbsent)
+            }
+            Answer::Status(status, body) => {
+                Err(classify(status.as_u16(), body.message, body.result))
+            }
+        }
+    }
+
+    /// `GET /config/bgp/neigh/all`: every configured peer with its session state.
+    pub async fn list_bgp_neighbors(&self) -> Result<Vec<BgpNeighborStatus>, ClientError> {
+        let url = self.url_of(&["config", "bgp", "neigh", "all"])?;
+        let list: NeighborList = self.get_json(url, "BGP neighbour list").await?;
+        Ok(list.neighbors)
+    }
+
+    /// `POST /config/bgp/policy/definedsets/{kind}`: creates the set, or adds the members
+    /// to an existing one of that name.
+    pub async fn add_bgp_defined_set(
+        &self,
+        kind: DefinedSetKind,
+        set: &BgpDefinedSet,
+    ) -> Result<(), ClientError> {
+        let url = self.url_of(&[
+            "config",
+            "bgp",
+            "policy",
+            "definedsets",
+            kind.as_path_segment(),
+        ])?;
+        self.write_url(Method::POST, url, Some(set)).await
+    }
+
+    /// `DELETE /config/bgp/policy/definedsets/{kind}/{name}`; an unknown set is
+    /// [`DeleteOutcome::AlreadyAbsent`], one a policy uses an error.
+    pub async fn delete_bgp_defined_set(
+        &self,
+        kind: DefinedSetKind,
+        name: &str,
+    ) -> Result<DeleteOutcome, ClientError> {
+        let url = self.url_of(&[
+            "config",
+            "bgp",
+            "policy",
+            "definedsets",
+            kind.as_path_segment(),
+            name,
+        ])?;
+        self.delete_url(url, None::<&()>).await
+    }
+
+    /// `GET /config/bgp/policy/definedsets/{kind}/all`.
+    pub async fn list_bgp_defined_sets(
+        &self,
+        kind: DefinedSetKind,
+    ) -> Result<Vec<BgpDefinedSet>, ClientError> {
+        let url = self.url_of(&[
+            "config",
+            "bgp",
+            "policy",
+            "definedsets",
+            kind.as_path_segment(),
+            "all",
+        ])?;
+        let list: DefinedSetList = self.get_json(url, "BGP defined set list").await?;
+        Ok(list.sets)
+    }
+
+    /// `POST /config/bgp/policy/definitions`: a new policy, or more statements for an
+    /// existing one. A statement name already in use (in any policy) is refused.
+    pub async fn add_bgp_policy(&self, policy: &BgpPolicy) -> Result<(), ClientError> {
+        let url = self.url_of(&["config", "bgp", "policy", "definitions"])?;
+        self.write_url(Method::POST, url, Some(policy)).await
+    }
+
+    /// `DELETE /config/bgp/policy/definitions/{name}`, with its statements; an unknown
+    /// policy is [`DeleteOutcome::AlreadyAbsent`], an applied one an error.
+    pub async fn delete_bgp_policy(&self, name: &str) -> Result<DeleteOutcome, ClientError> {
+        let url = self.url_of(&["config", "bgp", "policy", "definitions", name])?;
+        self.delete_url(url, None::<&()>).await
+    }
+
+    /// `GET /config/bgp/policy/definitions/all`, loxilb's own policies included.
+    pub async fn list_bgp_policies(&self) -> Result<Vec<BgpPolicy>, ClientError> {
+        let url = self.url_of(&["config", "bgp", "policy", "definitions", "all"])?;
+        let list: PolicyList = self.get_json(url, "BGP policy list").await?;
+        Ok(list.policies)
+    }
+
+    /// `POST /config/bgp/policy/apply`: appends the policies to the target's direction and
+    /// sets its default action. A policy already applied there (500 `duplicated policy`) is
+    /// [`WriteOutcome::AlreadyPresent`].
+    pub async fn apply_bgp_policy(
+        &self,
+        apply: &BgpPolicyApply,
+    ) -> Result<WriteOutcome, ClientError> {
+        let url = self.url_of(&["config", "bgp", "policy", "apply"])?;
+        match self.send_url(Method::POST, url, Some(apply)).await? {
+            Answer::Ok(bytes) => success_body(&bytes).map(|()| WriteOutcome::Applied),
+            Answer::Status(status, body)
+                if status.is_server_error() && body_mentions(&body, "duplicated policy") =>
+            {
+                Ok(WriteOutcome::AlreadyPresent)
+            }
+            Answer::Status(status, body) => {
+                Err(classify(status.as_u16(), body.message, body.result))
+            }
+        }
+    }
+
+    /// `DELETE /config/bgp/policy/apply` (with the body, `routeAction` included): removes
+    /// the named policies, or all of the direction when none is named. Policies not applied
+    /// there are ignored; an unknown policy is an error.
+    pub async fn unapply_bgp_policy(&self, apply: &BgpPolicyApply) -> Result<(), ClientError> {
+        let url = self.url_of(&["config", "bgp", "policy", "apply"])?;
+        self.write_url(Method::DELETE, url, Some(apply)).await
+    }
+
+    /// The API URL of these path segments, each percent-encoded as needed.
+    fn url_of(&self, segments: &[&str]) -> Result<Url, ClientError> {
+        let mut url = (*self.base).clone();
+        url.path_segments_mut()
+            .map_err(|()| ClientError::Config("base URL cannot have segments".into()))?
+            .pop_if_empty()
+            .extend(segments);
+        Ok(url)
+    }
+
+    /// A write whose only success is 200 `{"result":"Success"}`.
+    async fn write_url<B: Serialize>(
+        &self,
+        method: Method,
+        url: Url,
+        body: Option<&B>,
+    ) -> Result<(), ClientError> {
+        match self.send_url(method, url, body).await? {
+            Answer::Ok(bytes) => success_body(&bytes),
+            Answer::Status(status, body) => {
+                Err(classify(status.as_u16(), body.message, body.result))
+            }
+        }
+    }
+
+    /// A delete that reads a 404 `not found` as already gone.
+    async fn delete_url<B: Serialize>(
+        &self,
+        url: Url,
+        body: Option<&B>,
+    ) -> Result<DeleteOutcome, ClientError> {
+        match self.send_url(Method::DELETE, url, body).await? {
+            Answer::Ok(bytes) => success_body(&bytes).map(|()| DeleteOutcome::Deleted),
+            Answer::Status(StatusCode::NOT_FOUND, body) if body_mentions(&body, "not found") => {
+                Ok(DeleteOutcome::AlreadyAbsent)
+            }
+            Answer::Status(status, body) => {
+                Err(classify(status.as_u16(), body.message, body.result))
+            }
+        }
+    }
+
+    async fn get_json<T: serde::de::DeserializeOwned>(
+        &self,
+        url: Url,
+        what: &str,
+    ) -> Result<T, ClientError> {
+        match self.send_url::<()>(Method::GET, url, None).await? {
+            Answer::Ok(bytes) => serde_json::from_slice(&bytes)
+                .map_err(|e| ClientError::BadResponse(format!("{what}: {e}"))),
             Answer::Status(status, body) => {
                 Err(classify(status.as_u16(), body.message, body.result))
             }

@@ -17,6 +17,10 @@ pub enum ClientError {
     /// 403 for a limit such as the 2048-rule high-water mark (docs/loxilb-api.md#limits).
     #[error("loxilb capacity exceeded (HTTP {status}): {message}")]
     Capacity { status: u16, message: String },
+    /// 403 `loxilb BGP mode is disabled`: loxilb runs without BGP (`-b`), so no BGP call can
+    /// work until it is restarted with it (docs/loxilb-api.md#bgp).
+    #[error("loxilb runs without BGP (HTTP {status}): {message}")]
+    BgpDisabled { status: u16, message: String },
     /// 401, or the 500 loxilb's token validators answer with.
     #[error("loxilb refused the credentials (HTTP {status}): {message}")]
     Unauthorized { status: u16, message: String },
@@ -52,6 +56,7 @@ impl ClientError {
             ClientError::Timeout { .. } => "LoxilbTimeout",
             ClientError::Rejected { .. } => "LoxilbRejected",
             ClientError::Capacity { .. } => "CapacityExceeded",
+            ClientError::BgpDisabled { .. } => "LoxilbBgpDisabled",
             ClientError::Unauthorized { .. } => "LoxilbUnauthorized",
             ClientError::Server { .. } => "LoxilbServerError",
             ClientError::BadResponse(_) => "LoxilbBadResponse",
@@ -60,6 +65,19 @@ impl ClientError {
         }
     }
 }
+
+/// goBGP refusals loxilb answers with 500 (docs/loxilb-api.md#bgp): the same request fails
+/// the same way until something else changes, so they are not retried.
+const DETERMINISTIC_500: &[&str] = &[
+    "can't delete a peer configuration",
+    "already defined",
+    "duplicated policy",
+    "doesn't have per peer policy",
+    "is in use",
+    "gobgp is already started",
+    "hasn't started yet",
+    "unsupported type",
+];
 
 /// Classifies a non-success answer from its status and body text.
 pub(crate) fn classify(
@@ -79,6 +97,10 @@ pub(crate) fn classify(
             status,
             message: text,
         },
+        403 if lower.contains("bgp mode is disabled") => ClientError::BgpDisabled {
+            status,
+            message: text,
+        },
         403 => ClientError::Capacity {
             status,
             message: text,
@@ -91,7 +113,10 @@ pub(crate) fn classify(
         }
         // Deterministic core errors loxilb reports as 500 (docs/loxilb-api.md#handler-errors):
         // the same request will fail the same way.
-        500 if lower.contains("modify error") || lower.contains("not tcp service") => {
+        500 if lower.contains("modify error")
+            || lower.contains("not tcp service")
+            || DETERMINISTIC_500.iter().any(|t| lower.contains(t)) =>
+        {
             ClientError::Rejected {
                 status,
                 message: text,

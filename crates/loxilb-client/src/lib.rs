@@ -1,12 +1,17 @@
 //! Typed client for the loxilb REST API (`/netlox/v1`), following how loxilb really behaves
 //! (docs/loxilb-api.md) rather than only its published spec.
 
+pub mod bgp;
 mod client;
 pub mod convert;
 pub mod dto;
 mod error;
 pub mod listing;
 
+pub use bgp::{
+    BgpDefinedSet, BgpGlobal, BgpNeighbor, BgpNeighborStatus, BgpPolicy, BgpPolicyApply, BgpPrefix,
+    BgpStatement, DefinedSetKind, PolicyDirection, RouteAction,
+};
 pub use client::{
     ClientConfig, DeleteOutcome, LoxilbClient, RetryPolicy, WriteGate, WriteOutcome,
     install_crypto_provider,

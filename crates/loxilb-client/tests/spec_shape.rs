@@ -2,15 +2,23 @@
 //! at test time): every key the client sends must be a property of the matching definition
 //! (exact, case-sensitive spelling; loxilb itself matches case-insensitively, so a typo would
 //! otherwise go unnoticed against both loxilb and the simulator), and every property the spec
-//! marks `required` must be sent.
+//! marks `required` must be sent. A value the spec restricts to an enum must be one of it.
+//! This covers the rule body and every BGP body (docs/loxilb-api.md#bgp).
 //!
 //! Passes with a message when the reference folder is absent (e.g. in a user's clone; see
 //! docs/testing.md#the-reference-folder).
 
 use loxi_domain::{Endpoint, EndpointSelection, NatMode, Protocol, Rule, RuleKey};
+use loxilb_client::bgp::{
+    BgpActions, BgpAsPathLength, BgpAsPathPrepend, BgpConditions, BgpMatchAsPathSet,
+    BgpMatchCommunitySet, BgpMatchConditions, BgpMatchNeighborSet, BgpMatchPrefixSet,
+    BgpSetActions, BgpSetCommunity,
+};
 use loxilb_client::convert::to_entry;
 use loxilb_client::{
-    AllowedSource, EndpointEntry, LoadbalanceEntry, SecondaryIp, ServiceArguments,
+    AllowedSource, BgpDefinedSet, BgpGlobal, BgpNeighbor, BgpPolicy, BgpPolicyApply, BgpPrefix,
+    BgpStatement, EndpointEntry, LoadbalanceEntry, PolicyDirection, RouteAction, SecondaryIp,
+    ServiceArguments,
 };
 use serde_json::Value;
 
@@ -43,18 +51,22 @@ fn resolve<'a>(spec: &'a Value, mut schema: &'a Value) -> &'a Value {
     panic!("$ref cycle");
 }
 
-/// The body schema of `POST /config/loadbalancer`, i.e. the `LoadbalanceEntry` definition.
-fn lb_entry_schema(spec: &Value) -> &Value {
-    let params = spec
-        .pointer("/paths/~1config~1loadbalancer/post/parameters")
-        .and_then(Value::as_array)
-        .expect("POST /config/loadbalancer has parameters");
+/// The schema of the body `method path` takes.
+fn body_schema<'a>(spec: &'a Value, method: &str, path: &str) -> &'a Value {
+    let params = spec["paths"][path][method]["parameters"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{method} {path} has parameters"));
     let body = params
         .iter()
         .map(|p| resolve(spec, p))
         .find(|p| p.get("in").and_then(Value::as_str) == Some("body"))
-        .expect("POST /config/loadbalancer takes a body");
-    let schema = resolve(spec, &body["schema"]);
+        .unwrap_or_else(|| panic!("{method} {path} takes a body"));
+    resolve(spec, &body["schema"])
+}
+
+/// The body schema of `POST /config/loadbalancer`, i.e. the `LoadbalanceEntry` definition.
+fn lb_entry_schema(spec: &Value) -> &Value {
+    let schema = body_schema(spec, "post", "/config/loadbalancer");
     assert_eq!(
         schema,
         resolve(spec, &spec["definitions"]["LoadbalanceEntry"]),
@@ -106,7 +118,17 @@ fn check(spec: &Value, schema: &Value, value: &Value, path: &str, problems: &mut
                 check(spec, item_schema, item, &format!("{path}[{i}]"), problems);
             }
         }
-        _ => {}
+        scalar => {
+            if let Some(allowed) = schema.get("enum").and_then(Value::as_array) {
+                let same = |a: &Value| match (a.as_f64(), scalar.as_f64()) {
+                    (Some(x), Some(y)) => x == y,
+                    _ => a == scalar,
+                };
+                if !allowed.iter().any(same) {
+                    problems.push(format!("{path}: {scalar} is not in the spec's enum"));
+                }
+            }
+        }
     }
 }
 
@@ -247,5 +269,210 @@ fn checker_catches_misspelled_and_missing_keys() {
             "LoadbalanceEntry.serviceArguments.externalIp: not a property in the spec (spec spells it \"externalIP\")"
                 .to_string(),
         ]
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// BGP bodies
+// ---------------------------------------------------------------------------------------------
+
+/// Checks a serialized BGP body against the body schema of `method path`.
+fn assert_bgp_body_matches(method: &str, path: &str, body: &impl serde::Serialize) {
+    let Some(spec) = load_spec() else {
+        return;
+    };
+    let schema = body_schema(&spec, method, path);
+    let body = serde_json::to_value(body).unwrap();
+    let mut problems = Vec::new();
+    check(
+        &spec,
+        schema,
+        &body,
+        &format!("{method} {path}"),
+        &mut problems,
+    );
+    assert!(
+        problems.is_empty(),
+        "request body does not match swagger.yml:\n  {}\nbody: {body:#}",
+        problems.join("\n  ")
+    );
+}
+
+fn full_statement() -> BgpStatement {
+    let community = |s: &str| BgpMatchCommunitySet {
+        community_set: s.into(),
+        match_set_options: "any".into(),
+    };
+    let set = |m: &str| BgpSetCommunity {
+        options: "add".into(),
+        set_community_method: vec![m.into()],
+    };
+    BgpStatement {
+        name: "s1".into(),
+        conditions: BgpConditions {
+            match_prefix_set: Some(BgpMatchPrefixSet {
+                prefix_set: "ps1".into(),
+                match_set_option: "any".into(),
+            }),
+            match_neighbor_set: Some(BgpMatchNeighborSet {
+                neighbor_set: "ns1".into(),
+                match_set_option: "invert".into(),
+            }),
+            bgp_conditions: Some(BgpMatchConditions {
+                afi_safi_in: vec!["ipv4-unicast".into()],
+                as_path_length: Some(BgpAsPathLength {
+                    operator: "ge".into(),
+                    value: 2,
+                }),
+                match_as_path_set: Some(BgpMatchAsPathSet {
+                    as_path_set: "as1".into(),
+                    match_set_options: "all".into(),
+                }),
+                match_community_set: Some(community("c1")),
+                match_ext_community_set: Some(community("e1")),
+                match_large_community_set: Some(community("l1")),
+                next_hop_in_list: vec!["10.0.0.1".into()],
+                rpki: "valid".into(),
+                route_type: "external".into(),
+            }),
+        },
+        actions: BgpActions {
+            route_disposition: "accept-route".into(),
+            bgp_actions: Some(BgpSetActions {
+                set_med: "10".into(),
+                set_next_hop: "10.0.0.254".into(),
+                set_local_pref: 200,
+                set_community: Some(set("65000:1")),
+                set_ext_community: Some(set("rt:65000:2")),
+                set_large_community: Some(set("65000:3:4")),
+                set_as_path_prepend: Some(BgpAsPathPrepend {
+                    asn: "65000".into(),
+                    repeat_n: 2,
+                }),
+            }),
+        },
+    }
+}
+
+#[test]
+fn bgp_global_and_neighbor_bodies_match_the_spec() {
+    let global = BgpGlobal {
+        router_id: "192.168.10.5".parse().unwrap(),
+        local_as: 4_200_000_001,
+        set_next_hop_self: true,
+        listen_port: 1179,
+    };
+    let body = serde_json::to_value(&global).unwrap();
+    assert!(body.get("SetNextHopSelf").is_some(), "the spec's capital S");
+    assert_bgp_body_matches("post", "/config/bgp/global", &global);
+    let neighbor = BgpNeighbor {
+        ip_address: "2001:db8::1".parse().unwrap(),
+        remote_as: 65001,
+        remote_port: 1179,
+        set_multi_hop: true,
+    };
+    assert_bgp_body_matches("post", "/config/bgp/neigh", &neighbor);
+    assert_bgp_body_matches(
+        "post",
+        "/config/bgp/neigh",
+        &BgpNeighbor::new("10.0.0.1".parse().unwrap(), 65001),
+    );
+}
+
+#[test]
+fn bgp_defined_set_bodies_match_the_spec() {
+    let path = "/config/bgp/policy/definedsets/{defineset_type}";
+    let prefixes = BgpDefinedSet {
+        name: "ps1".into(),
+        list: vec![],
+        prefix_list: vec![BgpPrefix::new("10.0.0.0/24", 24, 32)],
+    };
+    assert_bgp_body_matches("post", path, &prefixes);
+    let list = BgpDefinedSet {
+        name: "ns1".into(),
+        list: vec!["10.0.0.1/32".into()],
+        prefix_list: vec![],
+    };
+    let body = serde_json::to_value(&list).unwrap();
+    assert!(body.get("List").is_some(), "the spec's capital L");
+    assert_bgp_body_matches("post", path, &list);
+    assert_bgp_body_matches(
+        "post",
+        path,
+        &BgpDefinedSet {
+            name: "empty".into(),
+            ..Default::default()
+        },
+    );
+}
+
+#[test]
+fn bgp_policy_bodies_match_the_spec() {
+    let policy = BgpPolicy {
+        name: "p1".into(),
+        statements: vec![full_statement(), BgpStatement::default()],
+    };
+    let body = serde_json::to_value(&policy).unwrap();
+    // The walk must reach every nested object the client can send.
+    for pointer in [
+        "/statements/0/conditions/bgpConditions/matchLargeCommunitySet/communitySet",
+        "/statements/0/actions/bgpActions/setAsPathPrepend/repeatN",
+        "/statements/1/conditions",
+        "/statements/1/actions",
+    ] {
+        assert!(body.pointer(pointer).is_some(), "{pointer} serialized");
+    }
+    assert_bgp_body_matches("post", "/config/bgp/policy/definitions", &policy);
+}
+
+#[test]
+fn bgp_policy_apply_bodies_match_the_spec() {
+    for (direction, action) in [
+        (PolicyDirection::Import, RouteAction::Accept),
+        (PolicyDirection::Export, RouteAction::Reject),
+    ] {
+        let apply = BgpPolicyApply::global(direction, vec!["p1".into()], action);
+        assert_bgp_body_matches("post", "/config/bgp/policy/apply", &apply);
+        assert_bgp_body_matches("delete", "/config/bgp/policy/apply", &apply);
+        let all = BgpPolicyApply::global(direction, vec![], action);
+        assert_bgp_body_matches("delete", "/config/bgp/policy/apply", &all);
+    }
+}
+
+#[test]
+fn the_neighbor_delete_takes_an_int32_remote_as_query() {
+    // The client always sends `remoteAs` and wraps a 4-byte AS to fit the declared int32
+    // (crates/loxilb-client/src/client.rs, `delete_bgp_neighbor`).
+    let Some(spec) = load_spec() else {
+        return;
+    };
+    let params = spec["paths"]["/config/bgp/neigh/{ip_address}"]["delete"]["parameters"]
+        .as_array()
+        .expect("parameters");
+    let query: Vec<&Value> = params.iter().filter(|p| p["in"] == "query").collect();
+    assert_eq!(query.len(), 1);
+    assert_eq!(query[0]["name"], "remoteAs");
+    assert_eq!(query[0]["type"], "integer");
+    assert_eq!(query[0]["format"], "int32");
+}
+
+#[test]
+fn checker_catches_a_value_outside_an_enum() {
+    let Some(spec) = load_spec() else {
+        return;
+    };
+    let schema = body_schema(&spec, "post", "/config/bgp/policy/apply");
+    let mut body = serde_json::to_value(BgpPolicyApply::global(
+        PolicyDirection::Export,
+        vec![],
+        RouteAction::Accept,
+    ))
+    .unwrap();
+    body["policyType"] = "EXPORT".into();
+    let mut problems = Vec::new();
+    check(&spec, schema, &body, "apply", &mut problems);
+    assert_eq!(
+        problems,
+        ["apply.policyType: \"EXPORT\" is not in the spec's enum"]
     );
 }

@@ -10,6 +10,9 @@
 //! | `GET`/`PUT /admin/latency` | `{"ms":N}` | delay before every API call |
 //! | `GET`/`PUT`/`DELETE /admin/fault` | `{"status":500,"rate":1.0,"onlyWrites":true}` | error injection |
 //! | `POST /admin/endpoint-health` | `{"ip":"10.0.0.1","reachable":false}` | the address answers loxilb's health probes or not (`Simulator::set_endpoint_reachable`) |
+//! | `GET /admin/bgp` | – | BGP on/off, goBGP's configuration and the advertisement counts, same as `Simulator::bgp()` |
+//! | `PUT /admin/bgp` | `{"enabled":true}` | loxilb's BGP mode on or off (`Simulator::set_bgp_enabled`) |
+//! | `PUT /admin/bgp/peer-state` | `{"ip":"10.0.0.1","state":"ESTABLISHED","updowntime":"00:05:00"}` | a peer's session state; `updowntime` optional (counts from now); 404 for an unknown peer (`Simulator::set_bgp_peer_state`) |
 //! | `GET /admin/rules` | – | stored rules, same as `Simulator::rules()` |
 //! | `GET /admin/stats` | – | counters and knobs |
 
@@ -38,6 +41,8 @@ pub(crate) fn routes() -> Router<AppState> {
             put(set_fault).delete(clear_fault).get(get_fault),
         )
         .route("/admin/endpoint-health", post(set_endpoint_health))
+        .route("/admin/bgp", get(get_bgp).put(set_bgp))
+        .route("/admin/bgp/peer-state", put(set_peer_state))
         .route("/admin/rules", get(rules))
         .route("/admin/stats", get(stats))
 }
@@ -178,6 +183,60 @@ async fn clear_fault(State(app): State<AppState>) -> Response {
 
 async fn get_fault(State(app): State<AppState>) -> Response {
     ok(json!({"fault": app.shared.current_fault()}))
+}
+
+#[derive(Deserialize)]
+struct BgpReq {
+    enabled: bool,
+}
+
+async fn get_bgp(State(app): State<AppState>) -> Response {
+    ok(json!(app.shared.bgp_snapshot()))
+}
+
+async fn set_bgp(State(app): State<AppState>, body: Bytes) -> Response {
+    match parse::<BgpReq>(&body) {
+        Ok(Some(r)) => {
+            app.shared.set_bgp_enabled(r.enabled);
+            ok(json!({"result": "Success", "enabled": r.enabled}))
+        }
+        Ok(None) => bad_request("body {\"enabled\":bool} required"),
+        Err(e) => bad_request(e),
+    }
+}
+
+#[derive(Deserialize)]
+struct PeerStateReq {
+    ip: String,
+    state: String,
+    updowntime: Option<String>,
+}
+
+async fn set_peer_state(State(app): State<AppState>, body: Bytes) -> Response {
+    let r = match parse::<PeerStateReq>(&body) {
+        Ok(Some(r)) => r,
+        Ok(None) => {
+            return bad_request(
+                "body {\"ip\":\"...\",\"state\":\"ESTABLISHED\",\"updowntime\":\"...\"} required",
+            );
+        }
+        Err(e) => return bad_request(e),
+    };
+    let found = app
+        .shared
+        .state()
+        .bgp
+        .set_peer_state(&r.ip, &r.state, r.updowntime.as_deref())
+        .is_some();
+    if found {
+        ok(json!({"result": "Success"}))
+    } else {
+        (
+            StatusCode::NOT_FOUND,
+            axum::Json(json!({"error": format!("no BGP peer {}", r.ip)})),
+        )
+            .into_response()
+    }
 }
 
 async fn rules(State(app): State<AppState>) -> Response {

@@ -133,6 +133,24 @@ impl<'a> GoObj<'a> {
         }
     }
 
+    /// Array of strings (`[]string`); a `null` item decodes as `""`, like Go's decoder does.
+    pub(crate) fn string_array(&self, key: &str) -> Result<Option<Vec<String>>, ApiError> {
+        let items = match self.raw(key) {
+            None => return Ok(None),
+            Some(Value::Array(items)) => items,
+            Some(v) => return Err(self.type_error(key, v, "[]string")),
+        };
+        items
+            .iter()
+            .map(|item| match item {
+                Value::Null => Ok(String::new()),
+                Value::String(s) => Ok(s.clone()),
+                v => Err(self.type_error(key, v, "string")),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
+    }
+
     /// Array of objects; `null` items are kept as `None` (nil pointers in Go).
     pub(crate) fn object_array(
         &self,

@@ -123,7 +123,15 @@ pub(crate) enum ApiError {
     Handler(String),
     /// Injected by the fault knob: handler shape with a forced status.
     Injected(u16),
+    /// loxilb's handler crashed (a nil pointer): Go's HTTP server closes the connection without
+    /// answering. The response carries [`DropConnection`], which the listener turns into a
+    /// closed connection (see `server.rs`).
+    Crash(&'static str),
 }
+
+/// Marks a response that must not be sent: the connection is closed instead.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DropConnection;
 
 impl ApiError {
     pub(crate) fn framework(status: u16, code: i64, message: impl Into<String>) -> Self {
@@ -191,6 +199,16 @@ impl IntoResponse for ApiError {
                     status,
                     json!({"code": status, "message": message, "fields": null, "result": raw}),
                 )
+            }
+            ApiError::Crash(why) => {
+                tracing::debug!(why, "simulated handler crash: closing the connection");
+                // Only seen if the router is served without the simulator's listener.
+                let mut resp = json_response(
+                    500,
+                    json!({"code": 500, "message": format!("loxilb-sim: handler crash ({why})")}),
+                );
+                resp.extensions_mut().insert(DropConnection);
+                resp
             }
             ApiError::Injected(status) => {
                 let raw = "simulated fault (loxilb-sim fault injection)";

@@ -6,12 +6,13 @@
 //! than mirroring it.
 //!
 //! The API lives under [`API_BASE`]; a small admin API under `/admin` on the
-//! same listener drives the simulation (restart, down/up, latency, faults).
+//! same listener drives the simulation (restart, down/up, latency, faults, BGP).
 //! While the simulator is down its listener is closed, so `POST /admin/up`
 //! cannot be reached: come back with [`Simulator::come_up`] or with the timed
 //! form `POST /admin/down {"seconds":N}`.
 
 mod admin;
+mod bgp;
 mod decode;
 mod endpoints;
 mod errors;
@@ -21,12 +22,16 @@ mod state;
 mod validate;
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub use bgp::{
+    SESSION_STATES, SimBgp, SimBgpAssignment, SimBgpDefinedSet, SimBgpGlobal, SimBgpNeighbor,
+    SimBgpPolicy,
+};
 pub use errors::status_for;
 pub use routes::{ApiRoute, api_routes};
 pub use state::{SimEndpoint, SimRule};
@@ -43,6 +48,10 @@ pub struct SimConfig {
     pub auth_token: Option<String>,
     /// Reported by `GET /version`.
     pub version: String,
+    /// loxilb started with BGP (`-b`): the `/config/bgp` calls work and rules with `bgp`
+    /// are counted for advertisement. Off (loxilb's default), every BGP call answers 403
+    /// (docs/loxilb-api.md#bgp). Can be switched later with [`Simulator::set_bgp_enabled`].
+    pub bgp: bool,
 }
 
 impl Default for SimConfig {
@@ -51,6 +60,7 @@ impl Default for SimConfig {
             max_rules: 2048,
             auth_token: None,
             version: "0.9.8-sim".to_string(),
+            bgp: false,
         }
     }
 }
@@ -93,6 +103,8 @@ pub(crate) struct Shared {
     /// Endpoint addresses a test made unreachable (kept across restarts: not loxilb state).
     reachability: Mutex<endpoints::Reachability>,
     restarts: AtomicU64,
+    /// loxilb runs with BGP: a start option, so a restart keeps it.
+    bgp_enabled: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -103,6 +115,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Shared {
     fn new(cfg: SimConfig) -> Self {
+        let bgp = cfg.bgp;
         Shared {
             state: Mutex::new(state::SimState::new(cfg.max_rules)),
             cfg,
@@ -116,7 +129,20 @@ impl Shared {
             writes: AtomicU64::new(0),
             reachability: Mutex::default(),
             restarts: AtomicU64::new(0),
+            bgp_enabled: AtomicBool::new(bgp),
         }
+    }
+
+    pub(crate) fn bgp_enabled(&self) -> bool {
+        self.bgp_enabled.load(Ordering::Relaxed)
+    }
+
+    fn set_bgp_enabled(&self, on: bool) {
+        self.bgp_enabled.store(on, Ordering::Relaxed);
+    }
+
+    fn bgp_snapshot(&self) -> SimBgp {
+        self.state().bgp.snapshot(self.bgp_enabled())
     }
 
     pub(crate) fn state(&self) -> MutexGuard<'_, state::SimState> {
@@ -208,6 +234,7 @@ impl Shared {
             "restarts": self.restarts.load(Ordering::Relaxed),
             "version": self.cfg.version,
             "authEnabled": self.cfg.auth_token.is_some(),
+            "bgpEnabled": self.bgp_enabled(),
         })
     }
 }
@@ -289,8 +316,9 @@ impl Simulator {
     }
 
     /// Simulated loxilb restart: all state back to boot defaults (rules,
-    /// HA states, request/fault counters). Latency and fault settings, which
-    /// are simulator knobs rather than loxilb state, are kept.
+    /// HA states, goBGP's configuration and the advertisement counts, request/fault
+    /// counters). Latency and fault settings, which are simulator knobs rather than loxilb
+    /// state, are kept, and so is whether BGP is on (a start option).
     pub fn restart(&self) {
         self.inner.shared.restart();
         tracing::info!("simulated restart: state wiped");
@@ -355,6 +383,46 @@ impl Simulator {
     /// Sets or clears fault injection (resets the deterministic counter).
     pub fn set_fault(&self, f: Option<Fault>) {
         self.inner.shared.set_fault(f);
+    }
+
+    /// Turns loxilb's BGP mode on or off (as if loxilb had been started with or without
+    /// `-b`; the BGP state itself is kept). Off, every `/config/bgp` call answers 403 and
+    /// rules with `bgp` are not counted for advertisement.
+    pub fn set_bgp_enabled(&self, on: bool) {
+        self.inner.shared.set_bgp_enabled(on);
+    }
+
+    pub fn bgp_enabled(&self) -> bool {
+        self.inner.shared.bgp_enabled()
+    }
+
+    /// Everything the simulated goBGP holds (global, peers, sets, policies, assignments)
+    /// and the advertisement reference counts.
+    pub fn bgp(&self) -> SimBgp {
+        self.inner.shared.bgp_snapshot()
+    }
+
+    /// Advertisement references per address (only addresses with at least one), keyed by
+    /// the address text loxilb was given (docs/loxilb-api.md#bgp).
+    pub fn bgp_advertisements(&self) -> std::collections::BTreeMap<String, u32> {
+        self.inner.shared.state().bgp.advertisements()
+    }
+
+    /// References held for one address (0: not advertised).
+    pub fn bgp_advertisement_count(&self, ip: &str) -> u32 {
+        self.bgp_advertisements().get(ip).copied().unwrap_or(0)
+    }
+
+    /// Sets the session state goBGP reports for a peer (one of [`SESSION_STATES`], not
+    /// checked) and its `updowntime` text; without one, the time counts from now. `false`
+    /// when no such peer is configured.
+    pub fn set_bgp_peer_state(&self, ip: &str, state: &str, updowntime: Option<&str>) -> bool {
+        self.inner
+            .shared
+            .state()
+            .bgp
+            .set_peer_state(ip, state, updowntime)
+            .is_some()
     }
 
     /// API calls received since start or the last restart (admin excluded).

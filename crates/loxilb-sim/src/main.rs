@@ -13,7 +13,9 @@ use loxilb_sim::{API_BASE, SimConfig, Simulator};
 /// The loxilb API is served under /netlox/v1; a JSON admin API under /admin
 /// on the same listener offers: POST /admin/restart, POST /admin/down
 /// [{"seconds":N}], PUT /admin/latency {"ms":N}, PUT|DELETE /admin/fault
-/// {"status":500,"rate":1.0,"onlyWrites":true}, GET /admin/rules, GET /admin/stats.
+/// {"status":500,"rate":1.0,"onlyWrites":true}, GET|PUT /admin/bgp {"enabled":true},
+/// PUT /admin/bgp/peer-state {"ip":"...","state":"ESTABLISHED"}, GET /admin/rules,
+/// GET /admin/stats.
 /// While down the listener is closed, so only the timed form of /admin/down
 /// brings the simulator back.
 #[derive(Debug, Parser)]
@@ -30,6 +32,10 @@ struct Args {
     /// Require `Authorization: <TOKEN>` (verbatim, no "Bearer") on every API call except /version.
     #[arg(long, env = "LOXILB_SIM_TOKEN")]
     token: Option<String>,
+
+    /// Run as loxilb started with BGP (`-b`): /config/bgp works instead of answering 403.
+    #[arg(long, env = "LOXILB_SIM_BGP")]
+    bgp: bool,
 
     /// Artificial delay in milliseconds added before every API call.
     #[arg(long, env = "LOXILB_SIM_LATENCY_MS", default_value_t = 0)]
@@ -64,6 +70,7 @@ async fn main() -> anyhow::Result<()> {
     let cfg = SimConfig {
         max_rules: args.max_rules,
         auth_token: args.token,
+        bgp: args.bgp,
         ..SimConfig::default()
     };
     let sim = Simulator::start(args.listen, cfg)

@@ -16,6 +16,7 @@ use axum::http::{HeaderMap, Method, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
+use crate::bgp::BgpOp;
 use crate::decode::{GoObj, body_object, parse_body};
 use crate::errors::{ApiError, CODE_INVALID_TYPE, ok_json, result_200, success};
 use crate::state::RuleKey;
@@ -39,8 +40,8 @@ enum Op {
     EpList,
     EpCreate,
     EpDelete,
-    /// BGP is disabled (loxilb's default): every BGP route answers 403.
-    Bgp,
+    /// `/config/bgp/...` (403 while BGP is off, loxilb's default).
+    Bgp(BgpOp),
 }
 
 struct RouteDef {
@@ -97,34 +98,50 @@ const ROUTES: &[RouteDef] = &[
     ),
     r("GET", "/config/cistate/all", Op::CiList),
     r("POST", "/config/cistate", Op::CiSet),
-    r("GET", "/config/bgp/neigh/all", Op::Bgp),
-    r("POST", "/config/bgp/neigh", Op::Bgp),
-    r("DELETE", "/config/bgp/neigh/{ip_address}", Op::Bgp),
+    r("GET", "/config/bgp/neigh/all", Op::Bgp(BgpOp::NeighList)),
+    r("POST", "/config/bgp/neigh", Op::Bgp(BgpOp::NeighAdd)),
+    r(
+        "DELETE",
+        "/config/bgp/neigh/{ip_address}",
+        Op::Bgp(BgpOp::NeighDelete),
+    ),
     r(
         "GET",
         "/config/bgp/policy/definedsets/{defineset_type}/{type_name}",
-        Op::Bgp,
+        Op::Bgp(BgpOp::SetGet),
     ),
     r(
         "DELETE",
         "/config/bgp/policy/definedsets/{defineset_type}/{type_name}",
-        Op::Bgp,
+        Op::Bgp(BgpOp::SetDelete),
     ),
     r(
         "POST",
         "/config/bgp/policy/definedsets/{defineset_type}",
-        Op::Bgp,
+        Op::Bgp(BgpOp::SetAdd),
     ),
-    r("GET", "/config/bgp/policy/definitions/all", Op::Bgp),
-    r("POST", "/config/bgp/policy/definitions", Op::Bgp),
+    r(
+        "GET",
+        "/config/bgp/policy/definitions/all",
+        Op::Bgp(BgpOp::PolicyList),
+    ),
+    r(
+        "POST",
+        "/config/bgp/policy/definitions",
+        Op::Bgp(BgpOp::PolicyAdd),
+    ),
     r(
         "DELETE",
         "/config/bgp/policy/definitions/{policy_name}",
-        Op::Bgp,
+        Op::Bgp(BgpOp::PolicyDelete),
     ),
-    r("POST", "/config/bgp/policy/apply", Op::Bgp),
-    r("DELETE", "/config/bgp/policy/apply", Op::Bgp),
-    r("POST", "/config/bgp/global", Op::Bgp),
+    r("POST", "/config/bgp/policy/apply", Op::Bgp(BgpOp::ApplyAdd)),
+    r(
+        "DELETE",
+        "/config/bgp/policy/apply",
+        Op::Bgp(BgpOp::ApplyDelete),
+    ),
+    r("POST", "/config/bgp/global", Op::Bgp(BgpOp::Global)),
 ];
 
 /// One served API route: HTTP method and path template relative to
@@ -393,22 +410,18 @@ async fn handle(shared: &Shared, parts: &Parts, body: Body) -> Result<Response, 
         }
         Op::EpDelete => ep_delete(shared, &params, &query),
         Op::LbDeleteAll => {
-            shared.state().delete_all();
+            shared.state().delete_all(shared.bgp_enabled());
             Ok(success())
         }
         Op::LbDeleteName => {
             let name = params.get("lb_name").map_or("", String::as_str);
-            shared.state().delete_by_name(name);
+            shared.state().delete_by_name(name, shared.bgp_enabled());
             Ok(success())
         }
         Op::LbDeleteTuple => lb_delete_tuple(shared, &params, &query),
         Op::CiList => Ok(ok_json(shared.state().list_ci())),
         Op::CiSet => ci_set(shared, &bytes),
-        Op::Bgp => {
-            // A body would still be decoded before the handler runs.
-            parse_body(&bytes)?;
-            Err(ApiError::handler("loxilb BGP mode is disabled"))
-        }
+        Op::Bgp(op) => crate::bgp::handle(shared, op, &params, &query, &bytes),
     }
 }
 
@@ -418,10 +431,15 @@ fn lb_create(shared: &Shared, bytes: &[u8]) -> Result<Response, ApiError> {
         return Ok(result_200(text));
     }
     let checked = core_check(&req).map_err(ApiError::Handler)?;
-    let outcome = shared
-        .state()
-        .post_rule(&req, checked)
-        .map_err(ApiError::Handler)?;
+    let mut state = shared.state();
+    let outcome = state.post_rule(&req, checked).map_err(ApiError::Handler)?;
+    // Every 200 of a rule with `bgp` (creation or update) adds a reference to its addresses,
+    // as written in the request (docs/loxilb-api.md#bgp); nothing is counted with BGP off.
+    if req.bgp && shared.bgp_enabled() {
+        let ips = std::iter::once(req.external_ip.clone()).chain(req.secondary_ips.clone());
+        state.bgp.advertise(ips);
+    }
+    drop(state);
     tracing::debug!(?outcome, vip = %req.external_ip, port = req.port, proto = %req.protocol, "lb rule");
     Ok(success())
 }
@@ -442,10 +460,10 @@ fn lb_delete_tuple(
         Some(raw) => go_u32(number_param("block", "query", raw)?),
         None => 0,
     };
-    if let Some(raw) = query.get("bgp").filter(|v| !v.is_empty()) {
-        // Only affects BGP withdrawal, which is disabled here; still validated.
-        bool_param("bgp", raw)?;
-    }
+    let bgp = match query.get("bgp").filter(|v| !v.is_empty()) {
+        Some(raw) => bool_param("bgp", raw)?,
+        None => false,
+    };
     // Handler.
     let proto = get("proto").unwrap_or("");
     if !matches!(proto, "tcp" | "udp" | "sctp" | "icmp" | "none") {
@@ -463,9 +481,13 @@ fn lb_delete_tuple(
         Some(h) => h,
     };
     let key = RuleKey::new(host, ip, proto, port, port_max, block);
+    // `?bgp=true` withdraws the address as written in the path, whether or not a rule
+    // matched (docs/loxilb-api.md#bgp).
+    let raw_ip = get("ip_address").unwrap_or("");
+    let withdraw = (bgp && shared.bgp_enabled()).then_some(raw_ip);
     shared
         .state()
-        .delete_rule(&key)
+        .delete_tuple(&key, withdraw)
         .map_err(ApiError::Handler)?;
     Ok(success())
 }
@@ -528,7 +550,10 @@ mod tests {
     #[test]
     fn literal_beats_param_and_405() {
         let (op, _) = route(&Method::GET, "/config/bgp/neigh/all", "").unwrap();
-        assert_eq!(op, Op::Bgp);
+        assert_eq!(op, Op::Bgp(BgpOp::NeighList));
+        let (op, p) = route(&Method::DELETE, "/config/bgp/neigh/10.0.0.1", "").unwrap();
+        assert_eq!(op, Op::Bgp(BgpOp::NeighDelete));
+        assert_eq!(p["ip_address"], "10.0.0.1");
         let (op, p) = route(&Method::DELETE, "/config/loadbalancer/name/all", "").unwrap();
         assert_eq!(op, Op::LbDeleteName);
         assert_eq!(p["lb_name"], "all");

@@ -2,11 +2,17 @@
 //! so that "going down" really closes the listening socket (connections are
 //! refused, like a dead loxilb) and also closes every open keep-alive
 //! connection, and so that coming back up can rebind the same address.
+//!
+//! It also closes a connection without answering when a handler asks for it
+//! ([`crate::errors::DropConnection`]): that is what loxilb's Go server does when a handler
+//! crashes on a nil pointer (docs/loxilb-api.md#bgp).
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
@@ -75,11 +81,53 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|down| *down).await;
 }
 
+/// The service error that makes hyper close the connection without writing an answer.
+#[derive(Debug)]
+struct Crashed;
+
+impl std::fmt::Display for Crashed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("simulated handler crash")
+    }
+}
+
+impl std::error::Error for Crashed {}
+
+/// The axum router as a hyper service; a response marked [`crate::errors::DropConnection`]
+/// becomes a service error, on which hyper drops the connection unanswered.
+#[derive(Clone)]
+struct AppService(axum::Router);
+
+impl hyper::service::Service<hyper::Request<Incoming>> for AppService {
+    type Response = axum::response::Response;
+    type Error = Crashed;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Crashed>> + Send>>;
+
+    fn call(&self, req: hyper::Request<Incoming>) -> Self::Future {
+        let mut router = self.0.clone();
+        Box::pin(async move {
+            // The router is always ready and never fails (`Infallible`).
+            let resp = match tower_service::Service::call(&mut router, req).await {
+                Ok(resp) => resp,
+                Err(never) => match never {},
+            };
+            if resp
+                .extensions()
+                .get::<crate::errors::DropConnection>()
+                .is_some()
+            {
+                return Err(Crashed);
+            }
+            Ok(resp)
+        })
+    }
+}
+
 async fn serve_conn(stream: TcpStream, router: axum::Router, mut stop: watch::Receiver<bool>) {
     let _ = stream.set_nodelay(true);
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder.timer(TokioTimer::new());
-    let conn = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(router));
+    let conn = builder.serve_connection(TokioIo::new(stream), AppService(router));
     let mut conn = std::pin::pin!(conn);
     tokio::select! {
         _ = conn.as_mut() => return,

@@ -10,6 +10,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
+use crate::bgp::BgpState;
 use crate::endpoints::{EpObject, ImplicitEp, Reachability, implicit_key};
 use crate::validate::{Checked, LbRequest, MAX_ENDPOINTS};
 
@@ -333,6 +334,8 @@ pub(crate) struct SimState {
     ci: HashMap<String, CiEntry>,
     /// Probe objects posted with `POST /config/endpoint`, by key.
     posted_eps: BTreeMap<String, EpObject>,
+    /// goBGP's state and loxilb's advertisement counts (docs/loxilb-api.md#bgp).
+    pub(crate) bgp: BgpState,
 }
 
 impl SimState {
@@ -352,6 +355,7 @@ impl SimState {
             free: Vec::new(),
             ci,
             posted_eps: BTreeMap::new(),
+            bgp: BgpState::default(),
         }
     }
 
@@ -486,19 +490,50 @@ impl SimState {
         Ok(PostOutcome::Updated)
     }
 
-    /// Deletes one rule by identity; `no-rule error` when absent.
-    pub(crate) fn delete_rule(&mut self, key: &RuleKey) -> Result<(), String> {
-        match self.rules.remove(key) {
-            Some(rule) => {
-                self.release_index(rule.index);
-                Ok(())
-            }
-            None => Err("no-rule error".into()),
+    fn remove_rule(&mut self, key: &RuleKey) -> Option<StoredRule> {
+        let rule = self.rules.remove(key)?;
+        self.release_index(rule.index);
+        Some(rule)
+    }
+
+    /// A tuple DELETE: deletes one rule by identity (`no-rule error` when absent). With
+    /// `withdraw` (the query's `bgp`, BGP on), that address as written and the removed rule's
+    /// secondary addresses lose one advertisement reference, even when nothing matched
+    /// (docs/loxilb-api.md#bgp).
+    pub(crate) fn delete_tuple(
+        &mut self,
+        key: &RuleKey,
+        withdraw: Option<&str>,
+    ) -> Result<(), String> {
+        let removed = self.remove_rule(key);
+        if let Some(vip) = withdraw {
+            let mut ips: Vec<String> = removed
+                .iter()
+                .flat_map(|r| r.secondary_ips.iter().map(ToString::to_string))
+                .collect();
+            ips.push(vip.to_string());
+            self.bgp.withdraw(ips);
+        }
+        removed.map(|_| ()).ok_or_else(|| "no-rule error".into())
+    }
+
+    /// Removes a rule the way delete by name and delete-all do: with the rule's own `bgp`.
+    fn delete_stored(&mut self, key: &RuleKey, bgp_on: bool) {
+        if let Some(rule) = self.remove_rule(key)
+            && bgp_on
+            && rule.bgp
+        {
+            let ips = rule
+                .secondary_ips
+                .iter()
+                .chain(std::iter::once(&rule.vip))
+                .map(ToString::to_string);
+            self.bgp.withdraw(ips);
         }
     }
 
     /// Deletes every rule named exactly `name`; returns how many.
-    pub(crate) fn delete_by_name(&mut self, name: &str) -> usize {
+    pub(crate) fn delete_by_name(&mut self, name: &str, bgp_on: bool) -> usize {
         let keys: Vec<RuleKey> = self
             .rules
             .iter()
@@ -507,15 +542,15 @@ impl SimState {
             .collect();
         for k in &keys {
             // Errors per rule are ignored by loxilb; removal cannot fail here.
-            let _ = self.delete_rule(k);
+            self.delete_stored(k, bgp_on);
         }
         keys.len()
     }
 
-    pub(crate) fn delete_all(&mut self) {
+    pub(crate) fn delete_all(&mut self, bgp_on: bool) {
         let keys: Vec<RuleKey> = self.rules.keys().cloned().collect();
         for k in &keys {
-            let _ = self.delete_rule(k);
+            self.delete_stored(k, bgp_on);
         }
     }
 

@@ -816,7 +816,7 @@ impl Config {
                         format!("cannot read {}: {e}", path.display()),
                     )
                 })?;
-                check_ca_bundle(&pem, path).map_err(|message| {
+                crate::k8s::api::check_ca_bundle(&pem, path).map_err(|message| {
                     ConfigError::invalid(origins.describe("loxilb_ca_file"), message)
                 })?;
                 Some(pem)
@@ -936,33 +936,6 @@ impl Config {
             bgp,
         })
     }
-}
-
-/// Checks that a CA bundle (`pem`, read from `path`) holds at least one PEM certificate: a
-/// file without one is accepted by the TLS libraries and makes every connection fail later,
-/// with an error that names neither the file nor the cause.
-pub fn check_ca_bundle(pem: &[u8], path: &Path) -> Result<(), String> {
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
-    let mut certificates = 0;
-    for item in CertificateDer::pem_slice_iter(pem) {
-        match item {
-            Ok(_) => certificates += 1,
-            Err(e) => {
-                return Err(format!(
-                    "CA file {} is not a valid PEM bundle: {e}",
-                    path.display()
-                ));
-            }
-        }
-    }
-    if certificates == 0 {
-        return Err(format!(
-            "CA file {} holds no certificate (expected PEM blocks -----BEGIN CERTIFICATE-----)",
-            path.display()
-        ));
-    }
-    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -95,7 +95,7 @@ pub async fn config(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Config> {
                 "cannot read CA file {ca} (certificate-authority of kubeconfig {shown}): {e}"
             )
         })?;
-        crate::config::check_ca_bundle(&pem, Path::new(ca))
+        check_ca_bundle(&pem, Path::new(ca))
             .map_err(|e| anyhow::anyhow!("kubeconfig {shown}: {e}"))?;
     }
     let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
@@ -322,6 +322,34 @@ where
             ready.call(req).await
         })
     }
+}
+
+/// Checks that a CA bundle (`pem`, read from `path`) holds at least one PEM certificate: a
+/// file without one is accepted by the TLS libraries and makes every connection fail later,
+/// with an error that names neither the file nor the cause. Used for the API server's CA and
+/// for loxilb's (`--loxilb-ca-file`).
+pub fn check_ca_bundle(pem: &[u8], path: &Path) -> Result<(), String> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut certificates = 0;
+    for item in CertificateDer::pem_slice_iter(pem) {
+        match item {
+            Ok(_) => certificates += 1,
+            Err(e) => {
+                return Err(format!(
+                    "CA file {} is not a valid PEM bundle: {e}",
+                    path.display()
+                ));
+            }
+        }
+    }
+    if certificates == 0 {
+        return Err(format!(
+            "CA file {} holds no certificate (expected PEM blocks -----BEGIN CERTIFICATE-----)",
+            path.display()
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
