@@ -1468,6 +1468,60 @@ mod tests {
     }
 
     #[test]
+    fn bgp_settings_from_flags_environment_and_file() {
+        let cidr = "--external-cidr=192.0.2.0/24";
+        let ok = |argv: &[&str], env: &[(&str, &str)]| {
+            let mut full = vec![BASE[0], cidr];
+            full.extend_from_slice(argv);
+            run(&full, &env_of(env)).unwrap().config().unwrap()
+        };
+        assert_eq!(ok(&[], &[]).bgp, None);
+        let cfg = ok(
+            &[
+                "--bgp-local-as=4200000001",
+                "--bgp-peers=192.0.2.254:65001,[2001:db8::1]:65002",
+                "--bgp-multihop",
+            ],
+            &[],
+        );
+        let bgp = cfg.bgp.unwrap();
+        assert_eq!(bgp.local_asn.get(), 4_200_000_001);
+        assert!(bgp.multihop);
+        let peers: Vec<String> = bgp.peers.iter().map(|p| p.address.to_string()).collect();
+        assert_eq!(peers, ["192.0.2.254", "2001:db8::1"]);
+        // kube-loxilb's spellings, from the environment and the config file.
+        let cfg = ok(
+            &["--setBGP=65100"],
+            &[("LOXI_CCM_BGP_PEERS", "10.0.0.1:65001")],
+        );
+        assert_eq!(cfg.bgp.unwrap().peers.len(), 1);
+        let file = temp_file("bgp", "setBGP: 65100\nextBGPPeers: 10.0.0.1:65001\n");
+        let cfg = ok(&[], &[("LOXI_CCM_CONFIG", file.to_str().unwrap())]);
+        assert_eq!(cfg.bgp.unwrap().local_asn.get(), 65100);
+        // Each refusal names the option it came from.
+        for (argv, option) in [
+            (
+                vec!["--bgp-local-as=0", "--bgp-peers=1.2.3.4:65001"],
+                "flag --bgp-peers",
+            ),
+            (
+                vec!["--bgp-local-as=65100", "--bgp-peers=1.2.3.4:abc"],
+                "flag --bgp-peers",
+            ),
+            (
+                vec!["--bgp-local-as=65100", "--bgp-router-id=2001:db8::1"],
+                "flag --bgp-router-id",
+            ),
+            (vec!["--bgp-local-as=x"], "flag --bgp-local-as"),
+        ] {
+            let mut full = vec![BASE[0], cidr];
+            full.extend(argv.iter().copied());
+            let e = err(run(&full, &env_of(&[])));
+            assert!(e.starts_with(option), "{e}");
+        }
+    }
+
+    #[test]
     fn leader_election_names_are_kubernetes_names() {
         let cidr = "--external-cidr=192.0.2.0/24";
         // A Lease name is an RFC 1123 subdomain: no upper case, no underscore.
