@@ -36,6 +36,13 @@ pub struct InstanceReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BgpSessionLabels {
+    pub loxilb: String,
+    pub peer: String,
+    pub state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolLabels {
     pub pool: String,
     pub state: String,
@@ -59,6 +66,7 @@ pub struct Metrics {
     loxilb_capacity: Family<InstanceLabels, Gauge>,
     loxilb_limit_hits: Family<InstanceReasonLabels, Counter>,
     loxilb_replays: Family<InstanceReasonLabels, Counter>,
+    bgp_sessions: Family<BgpSessionLabels, Gauge>,
     pool_addresses: Family<PoolLabels, Gauge<i64, AtomicI64>>,
     endpoints_dropped: Gauge,
     events_dropped: Counter,
@@ -132,6 +140,13 @@ impl Metrics {
              lost_rules: it no longer held rules it had)",
             loxilb_replays.clone(),
         );
+        let bgp_sessions = Family::<BgpSessionLabels, Gauge>::default();
+        registry.register(
+            "bgp_sessions",
+            "BGP sessions of each loxilb with each configured peer: 1 for the session's current \
+             state (ESTABLISHED, ACTIVE, ...)",
+            bgp_sessions.clone(),
+        );
         let pool_addresses = Family::<PoolLabels, Gauge<i64, AtomicI64>>::default();
         registry.register(
             "pool_addresses",
@@ -168,6 +183,7 @@ impl Metrics {
             loxilb_capacity,
             loxilb_limit_hits,
             loxilb_replays,
+            bgp_sessions,
             pool_addresses,
             endpoints_dropped,
             events_dropped,
@@ -251,6 +267,20 @@ impl Metrics {
                     state: state.to_string(),
                 })
                 .set(v);
+        }
+    }
+
+    /// The session of `loxilb` with `peer` is (`now` true) or is no longer in `state`.
+    pub fn set_bgp_session(&self, loxilb: &str, peer: &str, state: &str, now: bool) {
+        let labels = BgpSessionLabels {
+            loxilb: loxilb.to_string(),
+            peer: peer.to_string(),
+            state: state.to_string(),
+        };
+        if now {
+            self.bgp_sessions.get_or_create(&labels).set(1);
+        } else {
+            self.bgp_sessions.remove(&labels);
         }
     }
 

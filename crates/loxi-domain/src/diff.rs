@@ -43,6 +43,7 @@ fn fixed_at_create_differs(have: &Rule, want: &Rule) -> bool {
         || have.mode != want.mode
         || have.secondary_ips != want.secondary_ips
         || have.allowed_sources != want.allowed_sources
+        || have.bgp != want.bgp
 }
 
 /// Fields whose change makes loxilb apply a re-POST (docs/loxilb-api.md#updates), as far as a
@@ -131,6 +132,7 @@ mod tests {
             proxy_protocol_v2: false,
             allowed_sources: vec![],
             secondary_ips: vec![],
+            bgp: false,
         }
     }
 
@@ -387,6 +389,7 @@ mod tests {
                                 .iter()
                                 .map(|s| s.parse::<IpAddr>().unwrap())
                                 .collect(),
+                            bgp: false,
                         };
                         (key, rule)
                     },

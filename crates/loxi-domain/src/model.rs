@@ -280,6 +280,10 @@ pub struct Rule {
     /// Additional VIPs for SCTP multihoming (`secondaryIPs`), sorted. loxilb drops them for
     /// other protocols.
     pub secondary_ips: Vec<IpAddr>,
+    /// Advertise the rule's addresses over BGP (`bgp`). loxilb sets it only when the rule is
+    /// created, and counts advertisements per address (docs/loxilb-api.md#bgp).
+    #[serde(default)]
+    pub bgp: bool,
 }
 
 impl Rule {
@@ -353,6 +357,7 @@ mod tests {
             proxy_protocol_v2: false,
             allowed_sources: vec![],
             secondary_ips: vec![],
+            bgp: false,
         }
     }
 

@@ -272,6 +272,9 @@ pub fn plan_rules(
                     } else {
                         Vec::new()
                     },
+                    // Set by the controller, which knows whether BGP is on and the pool's
+                    // choice.
+                    bgp: false,
                 }
                 .normalized(),
             );

@@ -32,6 +32,7 @@ pub fn to_entry(rule: &Rule) -> LoadbalanceEntry {
             probe_retries: i32::try_from(rule.probe.retries).unwrap_or(i32::MAX),
             inactive_timeout: rule.inactive_timeout,
             proxyprotocolv2: rule.proxy_protocol_v2,
+            bgp: rule.bgp,
             ..Default::default()
         },
         endpoints: rule
@@ -121,6 +122,7 @@ pub fn from_entry(entry: &LoadbalanceEntry) -> Option<Rule> {
             proxy_protocol_v2: sa.proxyprotocolv2,
             allowed_sources,
             secondary_ips,
+            bgp: sa.bgp,
         }
         .normalized(),
     )
@@ -167,6 +169,7 @@ mod tests {
             proxy_protocol_v2: false,
             allowed_sources: vec!["10.0.0.0/8".parse().unwrap()],
             secondary_ips: vec!["192.0.2.20".parse().unwrap(), "192.0.2.30".parse().unwrap()],
+            bgp: true,
         }
     }
 
@@ -193,6 +196,7 @@ mod tests {
             proxy_protocol_v2: false,
             allowed_sources: vec![],
             secondary_ips: vec![],
+            bgp: false,
         };
         assert_eq!(from_entry(&to_entry(&rule)), Some(rule));
         let full = full_rule();

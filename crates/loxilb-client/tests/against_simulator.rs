@@ -70,6 +70,7 @@ fn tcp_rule(vip: &str, port: u16, name: &str, endpoints: Vec<Endpoint>) -> Rule 
         proxy_protocol_v2: false,
         allowed_sources: vec![],
         secondary_ips: vec![],
+        bgp: false,
     }
 }
 

@@ -432,6 +432,7 @@ fn rule_entry(endpoint: &str, bgp: bool) -> LoadbalanceEntry {
         proxy_protocol_v2: false,
         allowed_sources: vec![],
         secondary_ips: vec![],
+        bgp: false,
     });
     entry.service_arguments.bgp = bgp;
     entry

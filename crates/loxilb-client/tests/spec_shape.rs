@@ -202,6 +202,7 @@ fn minimal() -> LoadbalanceEntry {
         proxy_protocol_v2: false,
         allowed_sources: vec![],
         secondary_ips: vec![],
+        bgp: false,
     })
 }
 

@@ -33,6 +33,7 @@ fn rule() -> Rule {
         proxy_protocol_v2: false,
         allowed_sources: Vec::new(),
         secondary_ips: Vec::new(),
+        bgp: false,
     }
 }
 

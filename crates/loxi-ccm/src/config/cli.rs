@@ -310,6 +310,47 @@ pub struct RunArgs {
     )]
     pub loxilb_max_rules: usize,
 
+    /// BGP: the local AS number (1-4294967295; 4-byte ASNs and asdot such as 1.10 accepted).
+    /// Set, loxi-ccm configures BGP on every loxilb and rules advertise their addresses
+    /// (docs/bgp.md); unset or 0: no BGP. (kube-loxilb: --setBGP)
+    #[arg(long = "bgp-local-as", alias = "setBGP", env = "LOXI_CCM_BGP_LOCAL_AS")]
+    pub bgp_local_as: Option<String>,
+
+    /// BGP router id, an IPv4 address. Unset: each loxilb's own address from its URL.
+    #[arg(long = "bgp-router-id", env = "LOXI_CCM_BGP_ROUTER_ID")]
+    pub bgp_router_id: Option<String>,
+
+    /// BGP listen port of loxilb's goBGP (0 or unset: 179). (kube-loxilb: --listenBGPPort)
+    #[arg(
+        long = "bgp-listen-port",
+        alias = "listenBGPPort",
+        env = "LOXI_CCM_BGP_LISTEN_PORT"
+    )]
+    pub bgp_listen_port: Option<u16>,
+
+    /// External BGP peers, comma-separated IP:ASN (IPv6 in brackets: [2001:db8::1]:65001,
+    /// an optional :port after the ASN); a peer removed from the list is removed from loxilb.
+    /// (kube-loxilb: --extBGPPeers)
+    #[arg(
+        long = "bgp-peers",
+        alias = "extBGPPeers",
+        env = "LOXI_CCM_BGP_PEERS",
+        value_delimiter = ','
+    )]
+    pub bgp_peers: Vec<String>,
+
+    /// eBGP multihop (TTL 8) towards the external peers. (kube-loxilb: --eBGPMultiHop)
+    #[arg(
+        long = "bgp-multihop",
+        alias = "eBGPMultiHop",
+        env = "LOXI_CCM_BGP_MULTIHOP",
+        default_value_t = false,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    pub bgp_multihop: bool,
+
     /// Address of the admin HTTP server (/metrics, /healthz, /readyz).
     #[arg(
         long = "admin-addr",

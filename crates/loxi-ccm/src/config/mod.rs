@@ -28,6 +28,7 @@ use std::time::Duration;
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::parser::ValueSource;
 use clap::{Arg, ArgAction, FromArgMatches};
+use loxi_domain::bgp::{BgpInput, BgpSettings};
 use loxi_domain::ipam::{AddressBlock, Family};
 use loxi_domain::text::shown;
 use loxi_domain::{ClusterId, Defaults, NatMode, Pool};
@@ -102,6 +103,8 @@ pub struct Config {
     pub node_init: NodeInitArgs,
     /// Read Multus network-status from Pod metadata.
     pub multus: bool,
+    /// `None`: BGP off (`--bgp-local-as` unset or 0).
+    pub bgp: Option<BgpSettings>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -198,6 +201,10 @@ const LEGACY_KEYS: &[(&str, &[&str])] = &[
         &["externalSecondaryCIDRs", "ExternalSecondaryCIDRs"],
     ),
     ("set_unique_ip", &["setUniqueIP", "setExclIPAM"]),
+    ("bgp_local_as", &["setBGP"]),
+    ("bgp_listen_port", &["listenBGPPort"]),
+    ("bgp_peers", &["extBGPPeers"]),
+    ("bgp_multihop", &["eBGPMultiHop"]),
     ("lb_mode", &["setLBMode"]),
     ("monitor", &["monitor"]),
     ("use_pod_network", &["usePodNetwork"]),
@@ -205,12 +212,8 @@ const LEGACY_KEYS: &[(&str, &[&str])] = &[
 ];
 
 /// kube-loxilb / loxi-ccm (Go) settings that have no equivalent here. Refused with an
-/// explanation rather than ignored: silently dropping e.g. `setBGP` would change behaviour.
+/// explanation rather than ignored: silently dropping e.g. `setRoles` would change behaviour.
 const UNSUPPORTED_KEYS: &[&str] = &[
-    "setBGP",
-    "listenBGPPort",
-    "eBGPMultiHop",
-    "extBGPPeers",
     "enableBGPCRDs",
     "externalSecondaryCIDRs6",
     "setRoles",
@@ -885,6 +888,7 @@ impl Config {
         }
 
         let (pools, secondary_pools) = build_pools(args, origins)?;
+        let bgp = bgp_settings(args, origins)?;
         let pool = pools
             .iter()
             .find(|p| p.size(Family::V4) > 0)
@@ -929,8 +933,34 @@ impl Config {
             }),
             node_init: args.node_init.clone(),
             multus: args.multus,
+            bgp,
         })
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// BGP.
+
+/// The BGP settings from the flags (`loxi_domain::bgp`), a refusal naming the option it came
+/// from.
+fn bgp_settings(args: &RunArgs, origins: &Origins) -> Result<Option<BgpSettings>, ConfigError> {
+    let peers = args.bgp_peers.join(",");
+    let input = BgpInput {
+        local_asn: args.bgp_local_as.as_deref(),
+        router_id: args.bgp_router_id.as_deref(),
+        listen_port: args.bgp_listen_port,
+        multihop: args.bgp_multihop,
+        peers: (!peers.is_empty()).then_some(peers.as_str()),
+    };
+    BgpSettings::from_input(&input).map_err(|e| {
+        let id = match e.field.as_str() {
+            loxi_domain::bgp::FIELD_LOCAL_ASN => "bgp_local_as",
+            loxi_domain::bgp::FIELD_ROUTER_ID => "bgp_router_id",
+            loxi_domain::bgp::FIELD_LISTEN_PORT => "bgp_listen_port",
+            _ => "bgp_peers",
+        };
+        ConfigError::invalid(origins.describe(id), e.to_string())
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1325,13 +1355,13 @@ mod tests {
                 file.display()
             )
         );
-        let file = temp_file("unsupported", "setBGP: 65100\n");
+        let file = temp_file("unsupported", "setRoles: 0.0.0.0\n");
         let e = err(run(
             BASE,
             &env_of(&[("LOXI_CCM_CONFIG", file.to_str().unwrap())]),
         ));
         assert!(
-            e.contains("key \"setBGP\"") && e.contains("not support"),
+            e.contains("key \"setRoles\"") && e.contains("not support"),
             "{e}"
         );
         let file = temp_file(
@@ -1435,6 +1465,60 @@ mod tests {
             e.ends_with("key \"lbMode\": expects one value, got a list of 2"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn bgp_settings_from_flags_environment_and_file() {
+        let cidr = "--external-cidr=192.0.2.0/24";
+        let ok = |argv: &[&str], env: &[(&str, &str)]| {
+            let mut full = vec![BASE[0], cidr];
+            full.extend_from_slice(argv);
+            run(&full, &env_of(env)).unwrap().config().unwrap()
+        };
+        assert_eq!(ok(&[], &[]).bgp, None);
+        let cfg = ok(
+            &[
+                "--bgp-local-as=4200000001",
+                "--bgp-peers=192.0.2.254:65001,[2001:db8::1]:65002",
+                "--bgp-multihop",
+            ],
+            &[],
+        );
+        let bgp = cfg.bgp.unwrap();
+        assert_eq!(bgp.local_asn.get(), 4_200_000_001);
+        assert!(bgp.multihop);
+        let peers: Vec<String> = bgp.peers.iter().map(|p| p.address.to_string()).collect();
+        assert_eq!(peers, ["192.0.2.254", "2001:db8::1"]);
+        // kube-loxilb's spellings, from the environment and the config file.
+        let cfg = ok(
+            &["--setBGP=65100"],
+            &[("LOXI_CCM_BGP_PEERS", "10.0.0.1:65001")],
+        );
+        assert_eq!(cfg.bgp.unwrap().peers.len(), 1);
+        let file = temp_file("bgp", "setBGP: 65100\nextBGPPeers: 10.0.0.1:65001\n");
+        let cfg = ok(&[], &[("LOXI_CCM_CONFIG", file.to_str().unwrap())]);
+        assert_eq!(cfg.bgp.unwrap().local_asn.get(), 65100);
+        // Each refusal names the option it came from.
+        for (argv, option) in [
+            (
+                vec!["--bgp-local-as=0", "--bgp-peers=1.2.3.4:65001"],
+                "flag --bgp-peers",
+            ),
+            (
+                vec!["--bgp-local-as=65100", "--bgp-peers=1.2.3.4:abc"],
+                "flag --bgp-peers",
+            ),
+            (
+                vec!["--bgp-local-as=65100", "--bgp-router-id=2001:db8::1"],
+                "flag --bgp-router-id",
+            ),
+            (vec!["--bgp-local-as=x"], "flag --bgp-local-as"),
+        ] {
+            let mut full = vec![BASE[0], cidr];
+            full.extend(argv.iter().copied());
+            let e = err(run(&full, &env_of(&[])));
+            assert!(e.starts_with(option), "{e}");
+        }
     }
 
     #[test]

@@ -31,7 +31,7 @@ use serde_json::json;
 use tokio::sync::Notify;
 use tracing::warn;
 
-use super::Ipam;
+use super::{Ipam, schema};
 use crate::k8s::api::FIELD_MANAGER;
 use crate::k8s::events::EventRecorder;
 
@@ -42,12 +42,18 @@ pub const COND_EXHAUSTED: &str = "Exhausted";
 /// One `matchExpressions` entry of a label selector.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = schema::label_requirement)]
 pub struct LabelSelectorRequirement {
+    /// The label key the requirement is about (`kubernetes.io/metadata.name`, `team`).
+    #[schemars(transform = schema::label_key)]
     pub key: String,
     /// `In`, `NotIn`, `Exists` or `DoesNotExist`.
+    #[schemars(transform = schema::label_operator)]
     pub operator: String,
-    /// Non-empty for `In` and `NotIn`, empty for `Exists` and `DoesNotExist`.
+    /// Label values: at least one for `In` and `NotIn`, none for `Exists` and
+    /// `DoesNotExist`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(transform = schema::label_values)]
     pub values: Vec<String>,
 }
 
@@ -56,9 +62,13 @@ pub struct LabelSelectorRequirement {
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LabelSelector {
+    /// Labels that must be present with exactly these values.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(transform = schema::match_labels)]
     pub match_labels: BTreeMap<String, String>,
+    /// Requirements on labels, all of which must hold.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(transform = schema::match_expressions)]
     pub match_expressions: Vec<LabelSelectorRequirement>,
 }
 
@@ -109,9 +119,14 @@ fn yes() -> bool {
     )
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = schema::prose)]
+/// The addresses of the pool and which Services may use it.
 pub struct AddressPoolSpec {
     /// CIDRs (`192.0.2.0/24`, `2001:db8::/120`) and inclusive ranges
-    /// (`192.0.2.10-192.0.2.20`), of either family.
+    /// (`192.0.2.10-192.0.2.20`, both ends of one family), of either family: one pool may
+    /// serve both. One address is `a/32`, `a/128` or `a-a`. The blocks of one pool may not
+    /// overlap. At least one, at most 64.
+    #[schemars(transform = schema::pool_addresses)]
     pub addresses: Vec<String>,
     /// Used for Services that name no pool. False: only for Services naming this pool with
     /// the `loxilb.io/poolSelect` annotation.
@@ -125,6 +140,7 @@ pub struct AddressPoolSpec {
     /// at equal priority, pools with a selector come first, then AddressPools (by name),
     /// then the flag pools.
     #[serde(default)]
+    #[schemars(extend("minimum" = i32::MIN, "maximum" = i32::MAX))]
     pub priority: i32,
     /// Hands out no new address; the addresses Services already have from it stay.
     #[serde(default)]
@@ -138,16 +154,22 @@ pub struct AddressPoolSpec {
     /// Keep a deleted Service's address reserved for its namespace/name this long (e.g.
     /// `24h`), so that re-creating the Service gets the same address. The Service's
     /// `loxilb.io/retain-address` annotation wins (`0` there: release at once). Absent or
-    /// `0`: released at once.
+    /// `0`: released at once. A number and an optional unit `ms`, `s`, `m` or `h`; a bare
+    /// number is seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = schema::retain_duration)]
     pub retain_addresses: Option<String>,
 }
 
 /// Address counts of one family (saturating at 2^63-1 for huge IPv6 pools).
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub struct FamilyUsage {
+    /// Addresses of this family the pool hands out (network and broadcast addresses left
+    /// out by `avoidBuggyIPs` not counted).
     pub total: i64,
+    /// Of those, addresses claimed by a Service or reserved.
     pub used: i64,
+    /// Of those, addresses free to hand out.
     pub free: i64,
 }
 
@@ -155,13 +177,17 @@ pub struct FamilyUsage {
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PoolCondition {
+    /// `Ready`, `Overlapping` or `Exhausted`.
     #[serde(rename = "type")]
     pub type_: String,
     /// `True`, `False` or `Unknown`.
     pub status: String,
+    /// Why, in one CamelCase word (`Valid`, `InvalidSpec`, `Disabled`, `Overlap`...).
     pub reason: String,
+    /// Why, for people: the problems of an invalid pool, the pools it overlaps.
     #[serde(default)]
     pub message: String,
+    /// The `metadata.generation` of the pool the condition was written for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// RFC 3339 time of the last change of `status`.
@@ -169,10 +195,14 @@ pub struct PoolCondition {
     pub last_transition_time: String,
 }
 
+/// What the controller (its leader) last saw of the pool: address counts and conditions.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[schemars(transform = schema::prose)]
 pub struct AddressPoolStatus {
+    /// IPv4 address counts (saturating at 2^63-1).
     #[serde(default)]
     pub ipv4: FamilyUsage,
+    /// IPv6 address counts (saturating at 2^63-1 for huge pools).
     #[serde(default)]
     pub ipv6: FamilyUsage,
     /// `Ready` (the pool is valid and hands out addresses), `Overlapping` (it shares

@@ -33,7 +33,11 @@ use serde_json::json;
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ClaimedBy {
+    /// The Service's namespace.
+    #[schemars(transform = super::schema::dns_label)]
     pub namespace: String,
+    /// The Service's name.
+    #[schemars(transform = super::schema::dns_label)]
     pub name: String,
     /// UID of the Service holding the address; empty while the address is only reserved or
     /// retained for this namespace/name.
@@ -44,6 +48,7 @@ pub struct ClaimedBy {
     /// reservation, or a claim written before sharing existed), and then nobody shares the
     /// address.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = super::schema::owner_ports)]
     pub ports: Option<Vec<String>>,
     /// The Service's `loxilb.io/sharing-key`: it shares only with owners of the same key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -51,6 +56,7 @@ pub struct ClaimedBy {
     /// `secondary` for an SCTP multi-homing address (never shared, not shown in the
     /// Service's status); absent for a VIP.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = super::schema::owner_role)]
     pub role: Option<String>,
 }
 
@@ -159,8 +165,11 @@ impl ClaimedBy {
     )
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = super::schema::prose)]
+/// The address and who owns it.
 pub struct AddressClaimSpec {
-    /// The address, in canonical text form.
+    /// The address, in canonical text form (`192.0.2.10`, `2001:db8::a`).
+    #[schemars(transform = super::schema::claim_address)]
     pub address: String,
     /// The pool it was taken from (empty for a static address outside every pool).
     #[serde(default)]
@@ -176,6 +185,7 @@ pub struct AddressClaimSpec {
     /// pool. Absent: held as long as the claim exists. Only ever set on a claim with a
     /// single owner.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = super::schema::rfc3339)]
     pub retain_until: Option<String>,
 }
 

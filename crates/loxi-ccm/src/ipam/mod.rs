@@ -12,6 +12,7 @@ pub mod claims;
 pub mod crds;
 mod ensure;
 mod release;
+mod schema;
 
 use std::collections::HashSet;
 use std::net::IpAddr;

@@ -51,6 +51,8 @@
 //! listing showing fewer rules, a restart). Services waiting for room register a requeue
 //! sender and are woken then, so a full instance costs no calls and no retry storm.
 
+mod bgp;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
@@ -532,6 +534,8 @@ pub struct Instance {
     holdings: Mutex<Holdings>,
     /// When a Service's own pass last wrote here: drift checks wait for a quiet moment.
     last_service_write: std::sync::Mutex<Option<Instant>>,
+    /// Its BGP as this controller configured it (`bgp.rs`).
+    bgp: Mutex<bgp::BgpState>,
 }
 
 /// The outcome of applying rules to one instance. Only transport failures (the instance is
@@ -569,14 +573,16 @@ fn is_transport(e: &ClientError) -> bool {
 /// The calls one Service's pass makes, decided under the lock and made without it.
 struct Work {
     deletes: Vec<Rule>,
-    changes: Vec<Action>,
+    /// With the `bgp` flag the rule on loxilb was created with: a re-creation's DELETE must
+    /// carry it (docs/loxilb-api.md#bgp).
+    changes: Vec<(Action, bool)>,
     creates: Vec<Rule>,
 }
 
 impl Work {
     /// Every key a call of this work touches.
     fn keys(&self) -> Vec<RuleKey> {
-        let changed = self.changes.iter().filter_map(|a| match a {
+        let changed = self.changes.iter().filter_map(|(a, _)| match a {
             Action::Update(r) | Action::Recreate(r) => Some(r.key),
             _ => None,
         });
@@ -591,7 +597,11 @@ impl Work {
 
 /// The in-place updates and re-creations, minus those loxilb refused exactly so for a limit
 /// since room last freed (reported in `report` instead of being sent again).
-fn without_refused(h: &Holdings, changes: Vec<Action>, report: &mut ApplyReport) -> Vec<Action> {
+fn without_refused(
+    h: &Holdings,
+    changes: Vec<Action>,
+    report: &mut ApplyReport,
+) -> Vec<(Action, bool)> {
     changes
         .into_iter()
         .filter(|a| match a {
@@ -603,6 +613,15 @@ fn without_refused(h: &Holdings, changes: Vec<Action>, report: &mut ApplyReport)
                 _ => true,
             },
             _ => false,
+        })
+        .map(|a| {
+            let stored_bgp = match &a {
+                Action::Update(r) | Action::Recreate(r) => {
+                    h.rules.get(&r.key).is_some_and(|held| held.bgp)
+                }
+                _ => false,
+            };
+            (a, stored_bgp)
         })
         .collect()
 }
@@ -684,6 +703,7 @@ impl Instance {
             parallel_calls: AtomicUsize::new(DEFAULT_PARALLEL_CALLS),
             holdings: Mutex::new(Holdings::default()),
             last_service_write: std::sync::Mutex::new(None),
+            bgp: Mutex::default(),
         }
     }
 
@@ -1128,18 +1148,18 @@ impl Instance {
     async fn call(&self, work: Work, metrics: &Metrics) -> (Vec<CallResult>, Option<ClientError>) {
         let mut out = Vec::new();
         for rule in work.deletes {
-            match self.delete(&rule.key, metrics).await {
+            match self.delete(&rule.key, rule.bgp, metrics).await {
                 Ok(()) => out.push(CallResult::Deleted(rule.key)),
                 Err(e) if is_transport(&e) => return (out, Some(e)),
                 Err(e) => out.push(CallResult::Failed(rule.key, e)),
             }
         }
-        for action in work.changes {
+        for (action, stored_bgp) in work.changes {
             let (rule, update) = match action {
                 Action::Update(rule) => (rule, true),
                 Action::Recreate(rule) => {
                     // loxilb reuses the index just freed (LIFO), so this needs no new room.
-                    match self.delete(&rule.key, metrics).await {
+                    match self.delete(&rule.key, stored_bgp, metrics).await {
                         Ok(()) => out.push(CallResult::Deleted(rule.key)),
                         Err(e) if is_transport(&e) => return (out, Some(e)),
                         Err(e) => {
@@ -1151,7 +1171,7 @@ impl Instance {
                 }
                 _ => continue,
             };
-            match self.post(&rule, metrics).await {
+            match self.post(&rule, update, metrics).await {
                 Ok(()) => out.push(CallResult::Posted { rule, update }),
                 Err(e) if is_transport(&e) => return (out, Some(e)),
                 Err(e) => match limit_of(&e) {
@@ -1164,9 +1184,9 @@ impl Instance {
         let mut refused = false;
         for rule in work.creates {
             let key = rule.key;
-            match self.post(&rule, metrics).await {
+            match self.post(&rule, false, metrics).await {
                 Ok(()) => {
-                    created.push(key);
+                    created.push((key, rule.bgp));
                     out.push(CallResult::Posted {
                         rule,
                         update: false,
@@ -1185,8 +1205,8 @@ impl Instance {
         }
         if refused {
             // A Service is never half-programmed by a limit, and takes no room it cannot use.
-            for key in created {
-                match self.delete(&key, metrics).await {
+            for (key, bgp) in created {
+                match self.delete(&key, bgp, metrics).await {
                     Ok(()) => out.push(CallResult::RolledBack(key)),
                     Err(e) if is_transport(&e) => return (out, Some(e)),
                     Err(e) => {
@@ -1423,9 +1443,16 @@ impl Instance {
         None
     }
 
-    async fn post(&self, rule: &Rule, metrics: &Metrics) -> Result<(), ClientError> {
+    /// POSTs the rule. An in-place `update` says `bgp: false`: loxilb never re-reads the flag
+    /// on an update but would count one more advertisement for a 200 carrying `bgp: true`
+    /// (docs/loxilb-api.md#bgp), so the address stays advertised exactly once per rule.
+    async fn post(&self, rule: &Rule, update: bool, metrics: &Metrics) -> Result<(), ClientError> {
         let started = Instant::now();
-        let result = self.client.apply_rule(&to_entry(rule)).await;
+        let mut entry = to_entry(rule);
+        if update {
+            entry.service_arguments.bgp = false;
+        }
+        let result = self.client.apply_rule(&entry).await;
         metrics.loxilb_call(
             self.url(),
             "apply",
@@ -1435,16 +1462,13 @@ impl Instance {
         result.map(|_| ())
     }
 
-    async fn delete(&self, key: &RuleKey, metrics: &Metrics) -> Result<(), ClientError> {
+    /// DELETEs the rule by its tuple; `bgp`: the rule was created advertising its address,
+    /// and the DELETE withdraws that advertisement (`?bgp=true`).
+    async fn delete(&self, key: &RuleKey, bgp: bool, metrics: &Metrics) -> Result<(), ClientError> {
         let started = Instant::now();
         let result = self
             .client
-            .delete_rule(
-                &key.ip.to_string(),
-                key.port,
-                key.protocol.as_loxilb(),
-                false,
-            )
+            .delete_rule(&key.ip.to_string(), key.port, key.protocol.as_loxilb(), bgp)
             .await;
         metrics.loxilb_call(
             self.url(),
@@ -1561,6 +1585,7 @@ mod tests {
             proxy_protocol_v2: false,
             allowed_sources: sources.iter().map(|s| s.parse().unwrap()).collect(),
             secondary_ips: vec![],
+            bgp: false,
         }
     }
 

@@ -13,7 +13,10 @@ use tracing::{info, warn};
 use super::{Shared, Stop};
 use crate::ipam::claims::ClaimedBy;
 use crate::loxilb::{Instance, ServiceRules};
+use crate::metrics::Metrics;
 use crate::service::plan::{Desired, desired};
+use loxi_domain::bgp::BgpSettings;
+use loxilb_client::ClientError;
 
 /// Waits for the stores, then (on the leader) rebuilds the address index from the claims and
 /// what Services show, before anything is allocated (`docs/architecture.md#invariants`);
@@ -92,13 +95,47 @@ pub async fn health_loop(shared: Arc<Shared>) {
         tick.tick().await;
         let probes = ctx.fleet.probe_all(&ctx.cluster, &ctx.report.metrics).await;
         for (i, probe) in probes.iter().enumerate() {
+            let inst = &ctx.fleet.instances[i];
             if probe.needs_replay() {
+                // loxilb's order after a start: BGP, then the rules.
+                inst.forget_bgp().await;
+                if let Some(bgp) = &shared.bgp {
+                    ensure_bgp_after_start(inst, bgp, &ctx.report.metrics).await;
+                }
                 converge_instance(&shared, i).await;
+            } else if let Some(bgp) = &shared.bgp
+                && inst.is_healthy()
+                && let Err(e) = inst.ensure_bgp(bgp, &ctx.report.metrics).await
+            {
+                warn!(instance = inst.url(), error = %e, "BGP settings not applied; trying again");
             }
         }
         // Programmed conditions name the unreachable instances: re-evaluate them.
         if probes.iter().any(|p| p.changes_status()) {
             ctx.requeue_all_served();
+        }
+    }
+}
+
+/// BGP settings onto a loxilb that just (re)started: its goBGP answers errors for a moment
+/// after loxilb starts, so a few tries with back-off before the rules are replayed anyway
+/// (the health loop keeps trying after that).
+async fn ensure_bgp_after_start(inst: &Instance, bgp: &BgpSettings, metrics: &Metrics) {
+    let mut delay = Duration::from_millis(100);
+    for attempt in 1..=5 {
+        match inst.ensure_bgp(bgp, metrics).await {
+            Ok(()) => return,
+            Err(e)
+                if attempt == 5
+                    || !e.is_retryable() && !matches!(e, ClientError::Server { .. }) =>
+            {
+                warn!(instance = inst.url(), error = %e, "BGP settings not applied after a loxilb start");
+                return;
+            }
+            Err(_) => {
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+            }
         }
     }
 }

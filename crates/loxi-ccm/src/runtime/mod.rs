@@ -51,6 +51,8 @@ pub struct Shared {
     pub health_interval: Duration,
     pub drift_interval: Duration,
     pub node_init: NodeInitArgs,
+    /// `None`: BGP off.
+    pub bgp: Option<loxi_domain::bgp::BgpSettings>,
 }
 
 /// Reads the cluster identity: configured, or from the kube-system namespace UID.
@@ -303,6 +305,7 @@ pub async fn run(
             defaults: cfg.defaults,
             enforce_source_ranges: cfg.enforce_source_ranges,
             namespace: cfg.namespace.clone(),
+            advertise: cfg.bgp.is_some(),
         },
         selection,
         kube: client,
@@ -323,6 +326,7 @@ pub async fn run(
         health_interval: cfg.health_interval,
         drift_interval: cfg.drift_interval,
         node_init: cfg.node_init.clone(),
+        bgp: cfg.bgp.clone(),
     });
 
     // Everything below ends with this function (dropping the set aborts its tasks): a

@@ -29,6 +29,8 @@ pub struct Settings {
     pub enforce_source_ranges: bool,
     /// `--namespace`: only Services of this namespace are ours.
     pub namespace: Option<String>,
+    /// BGP is on (`--bgp-local-as`): rules advertise their addresses.
+    pub advertise: bool,
 }
 
 pub struct Context {

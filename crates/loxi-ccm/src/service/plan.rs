@@ -66,14 +66,13 @@ pub fn rules_for(
     } else {
         Vec::new()
     };
-    Ok(Some(plan_rules(
-        &ctx.cluster,
-        &view,
-        &nodes,
-        &endpoints,
-        addresses,
-        &intent,
-    )?))
+    let mut plan = plan_rules(&ctx.cluster, &view, &nodes, &endpoints, addresses, &intent)?;
+    if ctx.settings.advertise {
+        for rule in &mut plan.rules {
+            rule.bgp = true;
+        }
+    }
+    Ok(Some(plan))
 }
 
 /// What a whole-instance pass (drift check, replay) should hold for one served Service.

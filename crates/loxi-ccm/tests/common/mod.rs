@@ -62,6 +62,28 @@ pub async fn install_crds(client: &kube::Client) {
     }
 }
 
+/// Stores `object` straight into etcd at `/registry/<path>` (the API server's default prefix;
+/// for a cluster-scoped custom resource `<group>/<plural>/<name>`), as an object written
+/// before the CRD's validation rules existed: the API server serves it as it is, so only the
+/// controller's own checks see its flaws. `object` carries apiVersion, kind and metadata (a
+/// uid and a creationTimestamp, no resourceVersion).
+pub async fn store_in_etcd(path: &str, object: &serde_json::Value) {
+    use base64::Engine as _;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let body = serde_json::json!({
+        "key": b64(format!("/registry/{path}").as_bytes()),
+        "value": b64(object.to_string().as_bytes()),
+    });
+    let url = format!("{}/v3/kv/put", control_plane().etcd_url());
+    let answer = reqwest::Client::new()
+        .post(&url)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert!(answer.status().is_success(), "etcd put {path}: {answer:?}");
+}
+
 /// Polls `check` until it returns `Some`, or panics after `timeout` naming `what`.
 pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
 where

@@ -1,0 +1,172 @@
+//! BGP from the controller's settings (docs/bgp.md), against the real API server and
+//! simulators running with BGP on: global settings and peers on every loxilb, peers removed
+//! when the settings drop them, each address advertised once whatever the endpoint changes,
+//! withdrawn on delete, everything back after a loxilb restart, session states as a metric.
+
+mod common;
+
+use common::*;
+use kube::api::DeleteParams;
+use loxilb_sim::{SimConfig, Simulator};
+
+fn bgp_sim() -> SimConfig {
+    SimConfig {
+        bgp: true,
+        ..SimConfig::default()
+    }
+}
+
+fn peers_of(sim: &Simulator) -> Vec<(String, u32)> {
+    sim.bgp()
+        .neighbors
+        .into_iter()
+        .map(|n| (n.ip, n.remote_as))
+        .collect()
+}
+
+/// Global settings (4-byte AS, router id from the loxilb's address) and an IPv4 and an IPv6
+/// peer on every loxilb; a session state set in a simulator shows in the metric.
+#[tokio::test]
+async fn global_and_peers_on_every_loxilb_and_session_states_as_a_metric() {
+    let other = Simulator::start("127.0.0.1:0".parse().unwrap(), bgp_sim())
+        .await
+        .unwrap();
+    let admin_port = testenv::free_port().unwrap();
+    let opts = Options {
+        admin_port: Some(admin_port),
+        extra_args: vec![
+            format!("--loxilb-url={}", other.url()),
+            "--bgp-local-as=4200000001".into(),
+            "--bgp-peers=192.0.2.254:65001,[2001:db8::1]:65002".into(),
+        ],
+        ..Options::default()
+    };
+    let w = World::with_sim("bgpglobal", opts, bgp_sim()).await;
+    let want = vec![
+        ("192.0.2.254".to_string(), 65001),
+        ("2001:db8::1".to_string(), 65002),
+    ];
+    for sim in [&w.sim, &other] {
+        wait_for("BGP global and peers", WAIT, || async {
+            let bgp = sim.bgp();
+            let global = bgp.global?;
+            let mut peers = peers_of(sim);
+            peers.sort();
+            (global.local_as == 4_200_000_001 && global.router_id == "127.0.0.1" && peers == want)
+                .then_some(())
+        })
+        .await;
+    }
+    assert!(other.set_bgp_peer_state("192.0.2.254", "ESTABLISHED", Some("00:00:05")));
+    wait_for("the session state in the metric", WAIT, || async {
+        let established = World::metric_sum(
+            admin_port,
+            "loxi_ccm_bgp_sessions",
+            &["peer=\"192.0.2.254\"", "state=\"ESTABLISHED\""],
+        )
+        .await?;
+        (established == 1.0).then_some(())
+    })
+    .await;
+    w.finish().await;
+}
+
+/// A peer the settings no longer name is removed from loxilb (the controller restarted with
+/// other flags), the other kept.
+#[tokio::test]
+async fn a_peer_dropped_from_the_settings_is_removed_from_loxilb() {
+    let two = Options {
+        extra_args: vec![
+            "--bgp-local-as=65100".into(),
+            "--bgp-peers=192.0.2.251:65001,192.0.2.252:65002".into(),
+        ],
+        ..Options::default()
+    };
+    let mut w = World::with_sim("bgppeers", two, bgp_sim()).await;
+    wait_for("two peers", WAIT, || async {
+        (peers_of(&w.sim).len() == 2).then_some(())
+    })
+    .await;
+    w.stop_controller().await;
+    let one = Options {
+        extra_args: vec![
+            "--bgp-local-as=65100".into(),
+            "--bgp-peers=192.0.2.252:65002".into(),
+        ],
+        ..Options::default()
+    };
+    w.start_controller(&one).await;
+    wait_for("the dropped peer removed", WAIT, || async {
+        (peers_of(&w.sim) == [("192.0.2.252".to_string(), 65002)]).then_some(())
+    })
+    .await;
+    w.finish().await;
+}
+
+/// Each address is advertised once: a hundred endpoint changes (in-place updates) add no
+/// advertisement, the Service's deletion withdraws it; a loxilb restart brings back the BGP
+/// settings and the rule, advertised once again.
+#[tokio::test]
+async fn an_address_is_advertised_once_and_withdrawn_on_delete() {
+    let opts = Options {
+        extra_args: vec![
+            "--bgp-local-as=65100".into(),
+            "--bgp-peers=192.0.2.250:65001".into(),
+        ],
+        ..Options::default()
+    };
+    let w = World::with_sim("bgpadvert", opts, bgp_sim()).await;
+    w.add_node("node-a", "10.7.0.1").await;
+    w.create(&World::lb_service("web", Some(CLASS), &[(80, "TCP")]))
+        .await;
+    let ip = w.wait_for_ip("web").await;
+    let count = || w.sim.bgp_advertisement_count(&ip);
+    wait_for("the address advertised", WAIT, || async {
+        (count() == 1).then_some(())
+    })
+    .await;
+    // 100 endpoint changes: node-b comes and goes 50 times.
+    for round in 0..50 {
+        w.add_node("node-b", "10.7.0.2").await;
+        wait_for("node-b in the rule", WAIT, || async {
+            let r = w.rules_for(&ip);
+            (r.len() == 1 && r[0].2.len() == 2).then_some(())
+        })
+        .await;
+        w.nodes
+            .delete("node-b", &DeleteParams::default())
+            .await
+            .unwrap();
+        wait_for("node-b out of the rule", WAIT, || async {
+            let r = w.rules_for(&ip);
+            (r.len() == 1 && r[0].2.len() == 1).then_some(())
+        })
+        .await;
+        assert_eq!(
+            count(),
+            1,
+            "round {round}: an update added an advertisement"
+        );
+    }
+
+    w.sim.restart();
+    wait_for("BGP and the rule back after the restart", WAIT, || async {
+        let bgp = w.sim.bgp();
+        (bgp.global.is_some()
+            && peers_of(&w.sim).len() == 1
+            && w.rules_for(&ip).len() == 1
+            && count() == 1)
+            .then_some(())
+    })
+    .await;
+
+    w.services
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("the rule gone and the address withdrawn", WAIT, || async {
+        (w.rules_for(&ip).is_empty() && count() == 0).then_some(())
+    })
+    .await;
+    w.finish().await;
+}
