@@ -248,7 +248,7 @@ mod tests {
         let body = r#"{"serviceArguments":{"externalIP":"192.0.2.7","port":38412,
             "protocol":"sctp","sel":2,"mode":2,"monitor":true,"managed":true,
             "inactiveTimeOut":240,"probetype":"sctp","probeport":38412,
-            "name":"ccm-x_ns_svc_38412_sctp:llb-inst0"},
+            "name":"ccm-x_ns_svc_38412_sctp:llb-inst0","bgp":true},
           "endpoints":[{"endpointIP":"10.0.0.2","targetPort":38412,"weight":30,"state":"active"},
                        {"endpointIP":"10.0.0.1","targetPort":38412,"weight":70,"state":"active"}],
           "secondaryIPs":[{"secondaryIP":"192.0.2.30"},{"secondaryIP":"192.0.2.20"}],
