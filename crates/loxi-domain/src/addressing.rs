@@ -120,11 +120,14 @@ pub fn address_slots(
             .map(|v| v.trim())
             .filter(|v| !v.is_empty())
     };
-    let spec_families: Vec<Family> = input
-        .ip_families
-        .iter()
-        .filter_map(|f| family_named(f))
-        .collect();
+    // Each family once: the API server refuses a repeated family, but a Service read from
+    // elsewhere (a test, a future API) must not make two slots of one family.
+    let mut spec_families: Vec<Family> = Vec::new();
+    for f in input.ip_families.iter().filter_map(|f| family_named(f)) {
+        if !spec_families.contains(&f) {
+            spec_families.push(f);
+        }
+    }
     let families: Vec<Family> = match get(ANN_IPAM) {
         Some("ipv4") => vec![Family::V4],
         // ipv6to4: an IPv6 VIP in front of IPv4 endpoints (loxilb allows that direction).
@@ -383,6 +386,25 @@ mod tests {
             fams(&address_slots(&input("PreferDualStack"), |_| true).unwrap()),
             [Family::V6, Family::V4]
         );
+    }
+
+    /// Found by fuzzing (tests/fuzz_parsers.rs): a family listed twice made two slots of it
+    /// (the API server refuses such a Service, this code must not depend on it).
+    #[test]
+    fn a_repeated_family_is_one_slot() {
+        let fam = ["IPv6".to_string(), "IPv6".to_string()];
+        for policy in ["PreferDualStack", "RequireDualStack"] {
+            let input = AddressInput {
+                ip_families: &fam,
+                ip_family_policy: Some(policy),
+                ..Default::default()
+            };
+            assert_eq!(
+                fams(&address_slots(&input, |_| true).unwrap()),
+                [Family::V6, Family::V4],
+                "{policy}"
+            );
+        }
     }
 
     #[test]

@@ -288,14 +288,20 @@ pub fn parse_intent(
         intent.prio_weights = parse_weights(v)?;
     }
     // loxilb accepts DSR only with hash selection and answers 200 with an error inside otherwise
-    // (docs/loxilb-api.md#rejections-inside-a-200): say so here instead.
+    // (docs/loxilb-api.md#rejections-inside-a-200). Without `loxilb.io/epselect` hash is the
+    // selection (the only one there is: `--lb-mode=dsr` alone must not fail every Service,
+    // for an annotation none of them has); another selection asked for is refused here.
     if intent.mode == NatMode::Dsr && intent.selection != EndpointSelection::Hash {
-        let value = get(annotations, ANN_EP_SELECT).unwrap_or("rr");
-        return Err(invalid(
-            ANN_EP_SELECT,
-            value,
-            "lbmode dsr requires epselect hash",
-        ));
+        match get(annotations, ANN_EP_SELECT) {
+            None => intent.selection = EndpointSelection::Hash,
+            Some(value) => {
+                return Err(invalid(
+                    ANN_EP_SELECT,
+                    value,
+                    "lbmode dsr requires epselect hash",
+                ));
+            }
+        }
     }
 
     if let Some(t) = number(
@@ -760,11 +766,34 @@ mod tests {
         assert_eq!(e.annotation, ANN_LIVENESS);
     }
 
+    /// Found by fuzzing (tests/fuzz_parsers.rs): `--lb-mode=dsr` made every Service without
+    /// annotations fail, blamed on a `loxilb.io/epselect` none of them had.
+    #[test]
+    fn dsr_by_flag_selects_hash_for_services_without_epselect() {
+        let defaults = Defaults {
+            mode: NatMode::Dsr,
+            ..Defaults::default()
+        };
+        let intent = parse_intent(&BTreeMap::new(), defaults).unwrap();
+        assert_eq!(intent.mode, NatMode::Dsr);
+        assert_eq!(intent.selection, EndpointSelection::Hash);
+        let asked = BTreeMap::from([(ANN_EP_SELECT.to_string(), "rr".to_string())]);
+        assert_eq!(
+            parse_intent(&asked, defaults).unwrap_err().annotation,
+            ANN_EP_SELECT
+        );
+    }
+
     #[test]
     fn combinations() {
-        // DSR needs hash (loxilb answers 200 with an error otherwise).
-        let e = err(&[(ANN_LB_MODE, "dsr")]);
-        assert_eq!((e.annotation, e.value.as_str()), (ANN_EP_SELECT, "rr"));
+        // DSR needs hash (loxilb answers 200 with an error otherwise): the selection when
+        // none is asked for, refused when another one is.
+        let dsr = parse_intent(
+            &BTreeMap::from([(ANN_LB_MODE.to_string(), "dsr".to_string())]),
+            Defaults::default(),
+        )
+        .unwrap();
+        assert_eq!(dsr.selection, EndpointSelection::Hash);
         let e = err(&[(ANN_LB_MODE, "dsr"), (ANN_EP_SELECT, "lc")]);
         assert_eq!((e.annotation, e.value.as_str()), (ANN_EP_SELECT, "lc"));
         // Weights only with prio, as percentages.
