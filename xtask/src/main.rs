@@ -5,7 +5,10 @@
 //!   port, and prints the Service with its EXTERNAL-IP and the simulator's rule table. Runs
 //!   until Ctrl-C, or exits after showing the result with `--exit`.
 //! - `test`: the whole test suite as CI runs it: builds the control plane (cached) while
-//!   cargo compiles, then `cargo fmt --check`, `cargo clippy -D warnings`, `cargo test`.
+//!   cargo compiles, then `cargo fmt --check`, `cargo clippy -D warnings`, the dependency
+//!   check (`deny`), `cargo test`.
+//! - `deny`: `cargo deny check licenses bans sources` against `deny.toml`, with a cargo-deny
+//!   of a pinned version installed once into the cache (works offline afterwards).
 //! - `bench [--quick]`: builds the release binaries and runs `loxi-bench` (docs/BENCHMARKS.md).
 
 use std::path::{Path, PathBuf};
@@ -53,9 +56,10 @@ fn main() -> Result<()> {
         Some("test") => test(),
         Some("demo") => demo(args.iter().any(|a| a == "--exit")),
         Some("bench") => bench(&args[1..]),
+        Some("deny") => deny(),
         _ => {
             eprintln!(
-                "usage: cargo xtask <demo [--exit] | test | bench [--quick] [loxi-bench flags]>"
+                "usage: cargo xtask <demo [--exit] | test | deny | bench [--quick] [loxi-bench flags]>"
             );
             std::process::exit(2);
         }
@@ -99,6 +103,7 @@ fn test() -> Result<()> {
         "warnings",
     ]);
     run(clippy, "cargo clippy -D warnings")?;
+    deny()?;
     let mut build = cargo();
     build.args(["test", "--workspace", "--no-run"]);
     run(build, "cargo test --no-run")?;
@@ -109,6 +114,59 @@ fn test() -> Result<()> {
     let mut tests = cargo();
     tests.args(["test", "--workspace"]);
     run(tests, "cargo test --workspace")
+}
+
+/// The cargo-deny the dependency check runs: pinned, so that a new release cannot change the
+/// verdict (or the config format) under us.
+const CARGO_DENY_VERSION: &str = "0.20.2";
+
+/// The cache root shared with scripts/control-plane.sh.
+fn cache_root() -> PathBuf {
+    if let Some(dir) = std::env::var_os("LOXI_CACHE_DIR") {
+        return PathBuf::from(dir);
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from(".cache"));
+    base.join("loxi-ccm")
+}
+
+/// `cargo deny check licenses bans sources` (deny.toml). cargo-deny is installed once per
+/// version under the cache (`cargo install --locked`, needs crates.io that one time); the
+/// check itself runs offline. Advisories are left out: they need the RustSec database.
+fn deny() -> Result<()> {
+    let root = cache_root().join(format!("cargo-deny-{CARGO_DENY_VERSION}"));
+    let bin = root.join("bin").join("cargo-deny");
+    if !bin.exists() {
+        let mut install = cargo();
+        install
+            .args(["install", "--locked", "cargo-deny", "--version"])
+            .arg(CARGO_DENY_VERSION)
+            .arg("--root")
+            .arg(&root)
+            // Its own target directory: the workspace's build cache stays untouched.
+            .env("CARGO_TARGET_DIR", root.join("build"));
+        run(
+            install,
+            &format!(
+                "installing cargo-deny {CARGO_DENY_VERSION} into {}",
+                root.display()
+            ),
+        )?;
+        let _ = std::fs::remove_dir_all(root.join("build"));
+    }
+    let mut check = Command::new(&bin);
+    check.current_dir(workspace_root()).args([
+        "deny",
+        "--offline",
+        "check",
+        "--hide-inclusion-graph",
+        "licenses",
+        "bans",
+        "sources",
+    ]);
+    run(check, "cargo deny check licenses bans sources")
 }
 
 /// A child process killed when dropped.
