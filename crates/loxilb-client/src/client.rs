@@ -15,6 +15,7 @@ use crate::bgp::{
 use crate::dto::{CiState, CiStateList, LoadbalanceEntry, ResultBody, VersionInfo};
 use crate::error::{ClientError, classify};
 use crate::listing::{self, ChunkReader, Listing};
+use crate::token::Token;
 
 /// Installs the one rustls crypto provider of the process (ring, which kube also uses).
 /// Two providers in one binary make client creation panic, so every entry point calls this;
@@ -48,10 +49,14 @@ pub struct ClientConfig {
     pub url: String,
     /// Per-call timeout.
     pub timeout: Duration,
-    /// Sent verbatim in `Authorization` (loxilb wants no `Bearer ` prefix).
-    pub token: Option<String>,
-    /// PEM CA bundle that signs loxilb's HTTPS certificate.
+    /// Sent verbatim in `Authorization` (loxilb wants no `Bearer ` prefix); shared, so that
+    /// a replaced token reaches every client at its next request.
+    pub token: Token,
+    /// PEM CA bundle that signs loxilb's HTTPS certificate; `None`: the system's roots.
     pub ca_pem: Option<Vec<u8>>,
+    /// Accept any certificate (`--loxilb-insecure-skip-tls-verify`): encryption without
+    /// knowing who answers. For tests and first steps only.
+    pub insecure_skip_tls_verify: bool,
     pub retry: RetryPolicy,
 }
 
@@ -60,8 +65,9 @@ impl ClientConfig {
         ClientConfig {
             url: url.to_string(),
             timeout: Duration::from_secs(5),
-            token: None,
+            token: Token::default(),
             ca_pem: None,
+            insecure_skip_tls_verify: false,
             retry: RetryPolicy::default(),
         }
     }
@@ -97,6 +103,9 @@ fn http_client(cfg: &ClientConfig, pooled: bool) -> Result<reqwest::Client, Clie
         let certs = reqwest::Certificate::from_pem_bundle(pem)
             .map_err(|e| ClientError::Config(format!("loxilb CA bundle: {e}")))?;
         builder = builder.tls_certs_only(certs);
+    }
+    if cfg.insecure_skip_tls_verify {
+        builder = builder.tls_danger_accept_invalid_certs(true);
     }
     builder
         .build()
@@ -581,8 +590,18 @@ impl LoxilbClient {
     }
 
     fn authorized(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
-        match &self.cfg.token {
-            Some(token) => req.header(reqwest::header::AUTHORIZATION, token),
+        match self.cfg.token.get() {
+            Some(token) => {
+                let mut value = match reqwest::header::HeaderValue::from_str(&token) {
+                    Ok(v) => v,
+                    // Not a valid header value (a control character): sent as nothing, so
+                    // loxilb answers 401 rather than the request failing to build.
+                    Err(_) => return req,
+                };
+                // Never shown by reqwest's or hyper's own Debug output and logs.
+                value.set_sensitive(true);
+                req.header(reqwest::header::AUTHORIZATION, value)
+            }
             None => req,
         }
     }
@@ -672,10 +691,21 @@ impl LoxilbClient {
         } else {
             // The innermost cause ("Connection refused") is what an operator needs to read.
             let mut detail = e.to_string();
+            let mut tls = None;
             let mut source = std::error::Error::source(&e);
             while let Some(s) = source {
                 detail = s.to_string();
+                if let Some(err) = rustls_error_in(s) {
+                    tls = Some(err.to_string());
+                }
                 source = s.source();
+            }
+            // A refused certificate would otherwise read as a bare "unreachable".
+            if let Some(tls) = tls {
+                detail = format!(
+                    "TLS handshake failed: {tls} (loxilb's certificate must be signed by a CA \
+                     of --loxilb-ca-file, be valid now and name the URL's host)"
+                );
             }
             ClientError::Unreachable {
                 url: self.display.to_string(),
@@ -683,6 +713,16 @@ impl LoxilbClient {
             }
         }
     }
+}
+
+/// rustls' error inside `e`: it reaches the client wrapped in io::Errors (two of them, from
+/// tokio-rustls and hyper-util), whose `source` skips what they wrap.
+fn rustls_error_in<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+        return Some(tls);
+    }
+    let inner = e.downcast_ref::<std::io::Error>()?.get_ref()?;
+    rustls_error_in(inner as &(dyn std::error::Error + 'static))
 }
 
 /// The body of a non-200 answer; one that is not JSON is kept as the message.

@@ -7,6 +7,7 @@ pub mod convert;
 pub mod dto;
 mod error;
 pub mod listing;
+mod token;
 
 pub use bgp::{
     BgpDefinedSet, BgpGlobal, BgpNeighbor, BgpNeighborStatus, BgpPolicy, BgpPolicyApply, BgpPrefix,
@@ -22,3 +23,4 @@ pub use dto::{
 };
 pub use error::ClientError;
 pub use listing::Listing;
+pub use token::Token;

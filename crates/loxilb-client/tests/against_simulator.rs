@@ -776,7 +776,7 @@ async fn auth_sim() -> Simulator {
 
 fn client_with_token(sim: &Simulator, token: Option<&str>) -> LoxilbClient {
     let mut cfg = config_for(sim);
-    cfg.token = token.map(str::to_string);
+    cfg.token = loxilb_client::Token::new(token);
     cfg.retry = quick_retry(3);
     LoxilbClient::new(cfg).unwrap()
 }

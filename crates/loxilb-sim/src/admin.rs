@@ -13,6 +13,7 @@
 //! | `GET /admin/bgp` | – | BGP on/off, goBGP's configuration and the advertisement counts, same as `Simulator::bgp()` |
 //! | `PUT /admin/bgp` | `{"enabled":true}` | loxilb's BGP mode on or off (`Simulator::set_bgp_enabled`) |
 //! | `PUT /admin/bgp/peer-state` | `{"ip":"10.0.0.1","state":"ESTABLISHED","updowntime":"00:05:00"}` | a peer's session state; `updowntime` optional (counts from now); 404 for an unknown peer (`Simulator::set_bgp_peer_state`) |
+//! | `PUT /admin/token` | `{"token":"..."}` or `{"token":null}` | the token API calls need from now on (`Simulator::set_auth_token`) |
 //! | `GET /admin/rules` | – | stored rules, same as `Simulator::rules()` |
 //! | `GET /admin/stats` | – | counters and knobs |
 
@@ -43,6 +44,7 @@ pub(crate) fn routes() -> Router<AppState> {
         .route("/admin/endpoint-health", post(set_endpoint_health))
         .route("/admin/bgp", get(get_bgp).put(set_bgp))
         .route("/admin/bgp/peer-state", put(set_peer_state))
+        .route("/admin/token", put(set_token))
         .route("/admin/rules", get(rules))
         .route("/admin/stats", get(stats))
 }
@@ -201,6 +203,22 @@ async fn set_bgp(State(app): State<AppState>, body: Bytes) -> Response {
             ok(json!({"result": "Success", "enabled": r.enabled}))
         }
         Ok(None) => bad_request("body {\"enabled\":bool} required"),
+        Err(e) => bad_request(e),
+    }
+}
+
+#[derive(Deserialize)]
+struct TokenReq {
+    token: Option<String>,
+}
+
+async fn set_token(State(app): State<AppState>, body: Bytes) -> Response {
+    match parse::<TokenReq>(&body) {
+        Ok(Some(r)) => {
+            *crate::lock(&app.shared.auth_token) = r.token;
+            ok(json!({"result": "Success"}))
+        }
+        Ok(None) => bad_request("body {\"token\":\"...\"|null} required"),
         Err(e) => bad_request(e),
     }
 }

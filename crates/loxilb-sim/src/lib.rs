@@ -105,6 +105,9 @@ pub(crate) struct Shared {
     restarts: AtomicU64,
     /// loxilb runs with BGP: a start option, so a restart keeps it.
     bgp_enabled: AtomicBool,
+    /// The token every API call but `/version` needs (`SimConfig::auth_token` at start);
+    /// replaced by [`Simulator::set_auth_token`] (loxilb re-reads its manual token file).
+    auth_token: Mutex<Option<String>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -118,7 +121,6 @@ impl Shared {
         let bgp = cfg.bgp;
         Shared {
             state: Mutex::new(state::SimState::new(cfg.max_rules)),
-            cfg,
             latency_nanos: AtomicU64::new(0),
             write_latency_nanos: AtomicU64::new(0),
             fault: Mutex::new(None),
@@ -130,7 +132,13 @@ impl Shared {
             reachability: Mutex::default(),
             restarts: AtomicU64::new(0),
             bgp_enabled: AtomicBool::new(bgp),
+            auth_token: Mutex::new(cfg.auth_token.clone()),
+            cfg,
         }
+    }
+
+    pub(crate) fn auth_token(&self) -> Option<String> {
+        lock(&self.auth_token).clone()
     }
 
     pub(crate) fn bgp_enabled(&self) -> bool {
@@ -233,7 +241,7 @@ impl Shared {
             "faultsInjected": self.faults_injected.load(Ordering::Relaxed),
             "restarts": self.restarts.load(Ordering::Relaxed),
             "version": self.cfg.version,
-            "authEnabled": self.cfg.auth_token.is_some(),
+            "authEnabled": self.auth_token().is_some(),
             "bgpEnabled": self.bgp_enabled(),
         })
     }
@@ -251,6 +259,8 @@ struct Inner {
     shared: Arc<Shared>,
     addr: SocketAddr,
     router: axum::Router,
+    /// `Some`: HTTPS only, with this certificate (see [`Simulator::start_tls`]).
+    tls: Option<server::Tls>,
     /// `Some` while listening. A tokio mutex: down/up are serialized and
     /// hold it across the listener shutdown so a rebind never races it.
     running: tokio::sync::Mutex<Option<server::Running>>,
@@ -274,6 +284,27 @@ impl Simulator {
     /// Binds `addr` (port 0 picks a free port) and serves the API and admin
     /// routes; returns once the listener accepts connections.
     pub async fn start(addr: SocketAddr, cfg: SimConfig) -> std::io::Result<Simulator> {
+        Simulator::start_with(addr, cfg, None).await
+    }
+
+    /// Like [`Simulator::start`], but serves HTTPS only, with the certificate chain and
+    /// private key given in PEM (loxilb's `--tls`; it serves HTTPS on a port of its own,
+    /// docs/loxilb-api.md#transport). Bad PEM is an `InvalidInput` error.
+    pub async fn start_tls(
+        addr: SocketAddr,
+        cfg: SimConfig,
+        cert_chain_pem: &str,
+        key_pem: &str,
+    ) -> std::io::Result<Simulator> {
+        let tls = server::Tls::new(cert_chain_pem, key_pem)?;
+        Simulator::start_with(addr, cfg, Some(tls)).await
+    }
+
+    async fn start_with(
+        addr: SocketAddr,
+        cfg: SimConfig,
+        tls: Option<server::Tls>,
+    ) -> std::io::Result<Simulator> {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared::new(cfg));
@@ -286,18 +317,31 @@ impl Simulator {
                 shared,
                 addr,
                 router: routes::router(app),
+                tls,
                 running: tokio::sync::Mutex::new(None),
             }
         });
-        let running = server::Running::spawn(listener, inner.router.clone());
+        let running = server::Running::spawn(listener, inner.router.clone(), inner.tls.clone());
         *inner.running.lock().await = Some(running);
         tracing::info!(%addr, "loxilb-sim listening");
         Ok(Simulator { inner })
     }
 
-    /// `http://IP:PORT` without trailing slash; the API base is `url() + API_BASE`.
+    /// `http://IP:PORT` (`https://` when started with [`Simulator::start_tls`]) without
+    /// trailing slash; the API base is `url() + API_BASE`.
     pub fn url(&self) -> String {
-        format!("http://{}", self.inner.addr)
+        let scheme = if self.inner.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{}", self.inner.addr)
+    }
+
+    /// Replaces the token every API call but `/version` needs (`None`: no authentication),
+    /// as loxilb does when its manual token changes. Calls already authenticated finish.
+    pub fn set_auth_token(&self, token: Option<&str>) {
+        *lock(&self.inner.shared.auth_token) = token.map(str::to_string);
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -340,7 +384,11 @@ impl Simulator {
         let mut running = self.inner.running.lock().await;
         if running.is_none() {
             let listener = tokio::net::TcpListener::bind(self.inner.addr).await?;
-            *running = Some(server::Running::spawn(listener, self.inner.router.clone()));
+            *running = Some(server::Running::spawn(
+                listener,
+                self.inner.router.clone(),
+                self.inner.tls.clone(),
+            ));
             tracing::info!(addr = %self.inner.addr, "loxilb-sim up");
         }
         Ok(())

@@ -14,7 +14,8 @@ use loxilb_sim::{API_BASE, SimConfig, Simulator};
 /// on the same listener offers: POST /admin/restart, POST /admin/down
 /// [{"seconds":N}], PUT /admin/latency {"ms":N}, PUT|DELETE /admin/fault
 /// {"status":500,"rate":1.0,"onlyWrites":true}, GET|PUT /admin/bgp {"enabled":true},
-/// PUT /admin/bgp/peer-state {"ip":"...","state":"ESTABLISHED"}, GET /admin/rules,
+/// PUT /admin/bgp/peer-state {"ip":"...","state":"ESTABLISHED"}, PUT /admin/token
+/// {"token":"..."}, GET /admin/rules,
 /// GET /admin/stats.
 /// While down the listener is closed, so only the timed form of /admin/down
 /// brings the simulator back.
@@ -30,8 +31,16 @@ struct Args {
     max_rules: usize,
 
     /// Require `Authorization: <TOKEN>` (verbatim, no "Bearer") on every API call except /version.
-    #[arg(long, env = "LOXILB_SIM_TOKEN")]
+    #[arg(long, env = "LOXILB_SIM_TOKEN", hide_env_values = true)]
     token: Option<String>,
+
+    /// Serve HTTPS (only) with this PEM certificate chain, as loxilb's --tls; needs --tls-key.
+    #[arg(long, env = "LOXILB_SIM_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "LOXILB_SIM_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
 
     /// Run as loxilb started with BGP (`-b`): /config/bgp works instead of answering 403.
     #[arg(long, env = "LOXILB_SIM_BGP")]
@@ -73,9 +82,16 @@ async fn main() -> anyhow::Result<()> {
         bgp: args.bgp,
         ..SimConfig::default()
     };
-    let sim = Simulator::start(args.listen, cfg)
-        .await
-        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let sim = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => {
+            let read = |p: &std::path::Path| {
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
+            };
+            Simulator::start_tls(args.listen, cfg, &read(cert)?, &read(key)?).await
+        }
+        _ => Simulator::start(args.listen, cfg).await,
+    }
+    .with_context(|| format!("cannot listen on {}", args.listen))?;
     sim.set_latency(Duration::from_millis(args.latency_ms));
     tracing::info!(api = %format!("{}{API_BASE}", sim.url()), "ready");
     tokio::select! {

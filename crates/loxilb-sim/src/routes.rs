@@ -268,7 +268,7 @@ fn route(method: &Method, rel: &str, full_path: &str) -> Result<(Op, Params), Ap
 }
 
 fn check_auth(shared: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(token) = &shared.cfg.auth_token else {
+    let Some(token) = shared.auth_token() else {
         return Ok(());
     };
     match headers.get(header::AUTHORIZATION) {

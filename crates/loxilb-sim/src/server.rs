@@ -9,17 +9,50 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 /// How long in-flight requests may take to finish when going down before
 /// their connections are cut.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// HTTPS serving: the certificate and key every connection is accepted with.
+#[derive(Clone)]
+pub(crate) struct Tls(TlsAcceptor);
+
+impl Tls {
+    pub(crate) fn new(cert_chain_pem: &str, key_pem: &str) -> std::io::Result<Tls> {
+        let invalid = |what: &str, e: &dyn std::fmt::Display| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{what}: {e}"))
+        };
+        let certs: Vec<CertificateDer<'static>> =
+            CertificateDer::pem_slice_iter(cert_chain_pem.as_bytes())
+                .collect::<Result<_, _>>()
+                .map_err(|e| invalid("certificate PEM", &e))?;
+        let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
+            .map_err(|e| invalid("private key PEM", &e))?;
+        // The ring provider, as everywhere else in the workspace (one provider per process).
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| invalid("TLS versions", &e))?
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .map_err(|e| invalid("certificate and key", &e))?;
+        Ok(Tls(TlsAcceptor::from(Arc::new(config))))
+    }
+}
 
 /// A listening server; dropping it also stops it (the stop channel closes).
 pub(crate) struct Running {
@@ -28,9 +61,9 @@ pub(crate) struct Running {
 }
 
 impl Running {
-    pub(crate) fn spawn(listener: TcpListener, router: axum::Router) -> Running {
+    pub(crate) fn spawn(listener: TcpListener, router: axum::Router, tls: Option<Tls>) -> Running {
         let (stop, stop_rx) = watch::channel(false);
-        let task = tokio::spawn(accept_loop(listener, router, stop_rx));
+        let task = tokio::spawn(accept_loop(listener, router, tls, stop_rx));
         Running { stop, task }
     }
 
@@ -43,7 +76,12 @@ impl Running {
     }
 }
 
-async fn accept_loop(listener: TcpListener, router: axum::Router, mut stop: watch::Receiver<bool>) {
+async fn accept_loop(
+    listener: TcpListener,
+    router: axum::Router,
+    tls: Option<Tls>,
+    mut stop: watch::Receiver<bool>,
+) {
     let mut conns = JoinSet::new();
     // Connections watch their own receiver; `stop` is borrowed by select!.
     let conn_stop = stop.clone();
@@ -51,7 +89,24 @@ async fn accept_loop(listener: TcpListener, router: axum::Router, mut stop: watc
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _peer)) => {
-                    conns.spawn(serve_conn(stream, router.clone(), conn_stop.clone()));
+                    let _ = stream.set_nodelay(true);
+                    let (router, stop) = (router.clone(), conn_stop.clone());
+                    match &tls {
+                        None => {
+                            conns.spawn(serve_conn(stream, router, stop));
+                        }
+                        Some(Tls(acceptor)) => {
+                            let handshake = acceptor.accept(stream);
+                            conns.spawn(async move {
+                                // A client that refuses the certificate ends the handshake
+                                // with an alert: nothing to serve.
+                                match handshake.await {
+                                    Ok(stream) => serve_conn(stream, router, stop).await,
+                                    Err(e) => tracing::debug!(error = %e, "TLS handshake failed"),
+                                }
+                            });
+                        }
+                    }
                 }
                 Err(e) => {
                     // E.g. EMFILE: back off briefly instead of spinning.
@@ -123,8 +178,10 @@ impl hyper::service::Service<hyper::Request<Incoming>> for AppService {
     }
 }
 
-async fn serve_conn(stream: TcpStream, router: axum::Router, mut stop: watch::Receiver<bool>) {
-    let _ = stream.set_nodelay(true);
+async fn serve_conn<S>(stream: S, router: axum::Router, mut stop: watch::Receiver<bool>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder.timer(TokioTimer::new());
     let conn = builder.serve_connection(TokioIo::new(stream), AppService(router));

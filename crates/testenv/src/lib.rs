@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
+pub mod certs;
+
 /// The Kubernetes version the project builds and tests against; matches the `k8s-openapi`
 /// feature (v1_37).
 pub const K8S_VERSION: &str = "v1.37.2";
@@ -253,7 +255,10 @@ impl ControlPlane {
     /// The last lines of every log, for error messages (the directory is gone after drop).
     pub fn log_tails(&self) -> String {
         let mut out = String::new();
-        for name in ["etcd", "kube-apiserver"] {
+        for name in ["etcd", "kube-apiserver", "kube-controller-manager"] {
+            if !self.dir.path().join(format!("{name}.log")).exists() {
+                continue;
+            }
             let text = std::fs::read_to_string(self.dir.path().join(format!("{name}.log")))
                 .unwrap_or_default();
             let lines: Vec<&str> = text.lines().collect();
@@ -264,6 +269,32 @@ impl ControlPlane {
             }
         }
         out
+    }
+
+    /// Starts kube-controller-manager with only `controllers` (e.g. `deployment`,
+    /// `replicaset`), as the admin, without leader election or a serving port. It stops with
+    /// the control plane. There is still no kubelet and no scheduler: Pods are created (and
+    /// admitted or refused by the API server) but never run.
+    pub fn start_controller_manager(&self, controllers: &[&str]) -> Result<()> {
+        let d = self.dir.path();
+        let mut kcm = Command::new(self.bin_dir.join("kube-controller-manager"));
+        kcm.args([
+            format!("--kubeconfig={}", self.kubeconfig_path().display()),
+            format!("--controllers={}", controllers.join(",")),
+            "--leader-elect=false".into(),
+            "--use-service-account-credentials=false".into(),
+            // No HTTPS endpoint: nothing here needs its metrics, and no port is taken.
+            "--secure-port=0".into(),
+            "--v=1".into(),
+        ])
+        .stdout(log_file(d, "kube-controller-manager")?)
+        .stderr(log_file(d, "kube-controller-manager")?);
+        let child = spawn_tied(kcm)?;
+        self.children
+            .lock()
+            .map_err(|_| anyhow::anyhow!("children lock poisoned"))?
+            .push(child);
+        Ok(())
     }
 
     /// `https://127.0.0.1:<port>`.
@@ -323,7 +354,7 @@ impl ControlPlane {
     /// Stops every process (also done on drop).
     pub fn stop(&self) {
         if let Ok(mut children) = self.children.lock() {
-            // kube-apiserver before etcd.
+            // kube-controller-manager, then kube-apiserver, then etcd.
             for c in children.iter_mut().rev() {
                 let _ = c.kill();
                 let _ = c.wait();
