@@ -564,3 +564,93 @@ async fn errors_and_logs_are_plain_text() {
     );
     assert_readable(&all);
 }
+
+/// HTTPS to loxilb: the CA given is trusted; another CA, an expired certificate and a wrong
+/// token fail the loxilb line saying why; skipping verification passes with a warning. The
+/// token never appears in the report, the logs or `--help`.
+#[tokio::test]
+async fn loxilb_tls_and_token_are_checked_and_the_token_never_shown() {
+    use testenv::certs::TestCa;
+    const TOKEN: &str = "tls-check-token-s3cret";
+    let ca = TestCa::new("loxilb test CA").unwrap();
+    let start = |cert: testenv::certs::ServerCert| async move {
+        Simulator::start_tls(
+            "127.0.0.1:0".parse().unwrap(),
+            SimConfig {
+                auth_token: Some(TOKEN.into()),
+                ..SimConfig::default()
+            },
+            &cert.cert_pem,
+            &cert.key_pem,
+        )
+        .await
+        .unwrap()
+    };
+    let sim = start(ca.server_cert(&["127.0.0.1"]).unwrap()).await;
+    let expired = start(ca.expired_server_cert(&["127.0.0.1"]).unwrap()).await;
+    let ca_file = temp_file("ca", ca.pem());
+    let other_ca_file = temp_file("other-ca", TestCa::new("other CA").unwrap().pem());
+    let token_file = temp_file("token", &format!("{TOKEN}\n"));
+    let wrong_token_file = temp_file("wrong-token", "not-the-token\n");
+    let run = |url: String, ca: &PathBuf, token: &PathBuf, extra: &[&str]| {
+        let mut args = vec![
+            format!("--loxilb-url={url}"),
+            "--external-cidr=192.0.2.0/24".into(),
+            "--kubeconfig=/nonexistent/kubeconfig".into(),
+            format!("--loxilb-ca-file={}", ca.display()),
+            format!("--loxilb-token-file={}", token.display()),
+        ];
+        args.extend(extra.iter().map(|a| a.to_string()));
+        async move {
+            let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+            check(&refs, &[]).await
+        }
+    };
+
+    let out = run(sim.url(), &ca_file, &token_file, &[]).await;
+    let ok = line(&out, &format!("OK   loxilb {}", sim.url()));
+    assert!(!text(&out).contains(TOKEN), "{}", text(&out));
+    assert!(
+        line(&out, "OK   configuration").contains("loxilb token from file"),
+        "{ok}"
+    );
+
+    let out = run(sim.url(), &other_ca_file, &token_file, &[]).await;
+    let fail = line(&out, &format!("FAIL loxilb {}", sim.url()));
+    assert!(
+        fail.contains("TLS handshake failed") && fail.contains("UnknownIssuer"),
+        "{fail}"
+    );
+    assert!(fail.contains("--loxilb-ca-file"), "{fail}");
+
+    let out = run(expired.url(), &ca_file, &token_file, &[]).await;
+    let fail = line(&out, &format!("FAIL loxilb {}", expired.url()));
+    assert!(fail.to_ascii_lowercase().contains("expired"), "{fail}");
+
+    let out = run(sim.url(), &ca_file, &wrong_token_file, &[]).await;
+    let fail = line(&out, &format!("FAIL loxilb {}", sim.url()));
+    assert!(fail.contains("refused the credentials"), "{fail}");
+    assert!(!text(&out).contains("not-the-token"), "{}", text(&out));
+
+    let out = run(
+        expired.url(),
+        &other_ca_file,
+        &token_file,
+        &["--loxilb-insecure-skip-tls-verify"],
+    )
+    .await;
+    line(&out, &format!("OK   loxilb {}", expired.url()));
+    assert!(
+        line(&out, "OK   configuration").contains("WARNING: loxilb certificates are not verified"),
+        "{}",
+        text(&out)
+    );
+
+    // Neither --help nor a Debug dump shows a token given in the environment.
+    let help = loxi_ccm("run", &["--help"], &[("LOXI_CCM_LOXILB_TOKEN", TOKEN)]).await;
+    assert!(text(&help).contains("--loxilb-token"), "{}", text(&help));
+    assert!(!text(&help).contains(TOKEN), "{}", text(&help));
+    for f in [ca_file, other_ca_file, token_file, wrong_token_file] {
+        let _ = std::fs::remove_file(f);
+    }
+}

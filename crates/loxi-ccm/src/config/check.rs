@@ -123,9 +123,32 @@ pub async fn run(loaded: &Loaded) -> Report {
         lines
             .lines
             .extend(inventory_check(api.as_ref(), &cfg).await);
-        lines
+        (lines, api)
     };
-    let (kube_lines, loxilb_lines) = tokio::join!(kube_and_inventory, loxilb_checks(&cfg));
+    let (kube_lines, loxilb_lines) = match &cfg.loxilb_token_source {
+        // The token is in a Secret: read it first, so the loxilb checks prove it.
+        crate::config::TokenSource::Secret(secret) => {
+            let (mut lines, api) = kube_and_inventory.await;
+            if let Some(api) = api {
+                match crate::config::token::read_secret(&api, secret).await {
+                    Ok(Some(value)) => {
+                        cfg.loxilb_token.set(Some(&value));
+                        lines.pass("loxilb token", format!("Secret {secret} holds a token"));
+                    }
+                    Ok(None) => lines.fail(
+                        "loxilb token",
+                        format!("Secret {secret} or its key does not exist: no token is sent"),
+                    ),
+                    Err(e) => lines.fail("loxilb token", e),
+                }
+            }
+            (lines, loxilb_checks(&cfg).await)
+        }
+        _ => {
+            let (kube, loxilb) = tokio::join!(kube_and_inventory, loxilb_checks(&cfg));
+            (kube.0, loxilb)
+        }
+    };
     report.lines.extend(kube_lines.lines);
     report.lines.extend(loxilb_lines.lines);
     report
@@ -155,6 +178,22 @@ fn describe_config(cfg: &Config, loaded: &Loaded) -> String {
     );
     if let Some(path) = &loaded.config_file {
         text.push_str(&format!("; config file {}", path.display()));
+    }
+    // Where the token comes from, never its value.
+    match (&cfg.loxilb_token_source, cfg.loxilb_token.is_set()) {
+        (crate::config::TokenSource::File(path), _) => {
+            text.push_str(&format!("; loxilb token from file {}", path.display()));
+        }
+        (crate::config::TokenSource::Secret(secret), _) => {
+            text.push_str(&format!("; loxilb token from Secret {secret}"));
+        }
+        (crate::config::TokenSource::Fixed, true) => text.push_str("; loxilb token set"),
+        (crate::config::TokenSource::Fixed, false) => {}
+    }
+    if cfg.loxilb_insecure_skip_tls_verify {
+        text.push_str(
+            "; WARNING: loxilb certificates are not verified (--loxilb-insecure-skip-tls-verify)",
+        );
     }
     text
 }

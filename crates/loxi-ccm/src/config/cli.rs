@@ -242,21 +242,45 @@ pub struct RunArgs {
     pub namespace: Option<String>,
 
     /// Token sent verbatim in the Authorization header to loxilb (when loxilb runs with auth).
+    /// Prefer --loxilb-token-file or --loxilb-token-secret: a flag's value shows in the
+    /// process list, and it can only change with a restart. Never logged or printed.
     #[arg(
         long = "loxilb-token",
         env = "LOXI_CCM_LOXILB_TOKEN",
         hide_env_values = true
     )]
-    pub loxilb_token: Option<String>,
+    pub loxilb_token: Option<SecretText>,
 
     /// File holding the loxilb token (e.g. a mounted Secret); surrounding whitespace is
-    /// ignored. Read once at start. Not together with --loxilb-token.
+    /// ignored. Re-read every 2 s: a new token is used without a restart (an unreadable or
+    /// empty file keeps the token in use). Only one of the three token options.
     #[arg(long = "loxilb-token-file", env = "LOXI_CCM_LOXILB_TOKEN_FILE")]
     pub loxilb_token_file: Option<PathBuf>,
 
-    /// PEM file with the CA that signs loxilb's HTTPS certificate.
+    /// Secret holding the loxilb token, namespace/name[:key] (key default: token), e.g.
+    /// kube-system/loxi-ccm-loxilb-auth. Watched: a new token is used without a restart; a
+    /// missing Secret or key means no token. Needs get/list/watch on that Secret.
+    #[arg(long = "loxilb-token-secret", env = "LOXI_CCM_LOXILB_TOKEN_SECRET")]
+    pub loxilb_token_secret: Option<String>,
+
+    /// PEM file with the CA(s) that sign loxilb's HTTPS certificate (https:// URLs); without
+    /// it, the system's trusted roots. The certificate must name the URL's host.
     #[arg(long = "loxilb-ca-file", env = "LOXI_CCM_LOXILB_CA_FILE")]
     pub loxilb_ca_file: Option<PathBuf>,
+
+    /// Accept any HTTPS certificate from loxilb, without checking who signed it or whom it
+    /// names: the traffic is encrypted but anybody in the path can read the token. For
+    /// tests only; logged as a warning at start-up and by check.
+    #[arg(
+        long = "loxilb-insecure-skip-tls-verify",
+        env = "LOXI_CCM_LOXILB_INSECURE_SKIP_TLS_VERIFY",
+        default_value_t = false,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        action = ArgAction::Set
+    )]
+    pub loxilb_insecure_skip_tls_verify: bool,
 
     /// Timeout of one loxilb API call.
     #[arg(long = "loxilb-timeout", env = "LOXI_CCM_LOXILB_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
@@ -402,6 +426,32 @@ pub struct RunArgs {
     pub node_init: crate::node_init::NodeInitArgs,
 }
 
+/// A secret given as an option (the loxilb token): `Debug` never shows it, so dumping the
+/// options (`RunArgs`, `Loaded`) cannot leak it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretText(String);
+
+impl SecretText {
+    /// The value itself, for the one place that uses it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::str::FromStr for SecretText {
+    type Err = std::convert::Infallible;
+
+    fn from_str(s: &str) -> Result<SecretText, Self::Err> {
+        Ok(SecretText(s.to_string()))
+    }
+}
+
+impl std::fmt::Debug for SecretText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
 /// Durations such as `500ms`, `5s`, `2m`, `1h` (a bare number is seconds).
 pub use loxi_domain::duration::parse_duration;
 
@@ -483,6 +533,17 @@ mod tests {
             assert_eq!(args.ccm_mode, want, "{flag}");
         }
         assert!(Cli::try_parse_from(["loxi-ccm", "run", "--monitor=maybe"]).is_err());
+    }
+
+    #[test]
+    fn the_token_never_shows_in_debug_output() {
+        let cli = Cli::try_parse_from(["loxi-ccm", "run", "--loxilb-token=s3cret-value"]).unwrap();
+        let Command::Run(args) = cli.command;
+        assert_eq!(
+            args.loxilb_token.as_ref().map(SecretText::expose),
+            Some("s3cret-value")
+        );
+        assert!(!format!("{args:?}").contains("s3cret-value"));
     }
 
     #[test]

@@ -19,6 +19,7 @@
 //! semantic checks of [`Config::from_args_with`] name the source the same way.
 pub mod check;
 pub mod cli;
+pub mod token;
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -32,7 +33,7 @@ use loxi_domain::bgp::{BgpInput, BgpSettings};
 use loxi_domain::ipam::{AddressBlock, Family};
 use loxi_domain::text::shown;
 use loxi_domain::{ClusterId, Defaults, NatMode, Pool};
-use loxilb_client::{ClientConfig, ClientError, LoxilbClient};
+use loxilb_client::{ClientConfig, ClientError, LoxilbClient, Token};
 use thiserror::Error;
 
 use crate::config::cli::{CHECK, RunArgs};
@@ -70,7 +71,15 @@ impl ConfigError {
 
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// One per loxilb URL; all share [`Config::loxilb_token`].
     pub loxilb: Vec<ClientConfig>,
+    /// The loxilb token every client sends (redacted in Debug output), replaced in place by
+    /// the re-reading of `--loxilb-token-file` or the watch of `--loxilb-token-secret`.
+    pub loxilb_token: Token,
+    /// Where the token comes from, when it can change while running.
+    pub loxilb_token_source: TokenSource,
+    /// `--loxilb-insecure-skip-tls-verify`.
+    pub loxilb_insecure_skip_tls_verify: bool,
     /// The first pool holding IPv4 addresses (or the first pool when none does): what the
     /// controller used before several pools existed. Equal to one element of `pools`.
     pub pool: Pool,
@@ -105,6 +114,17 @@ pub struct Config {
     pub multus: bool,
     /// `None`: BGP off (`--bgp-local-as` unset or 0).
     pub bgp: Option<BgpSettings>,
+}
+
+/// Where the loxilb token comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenSource {
+    /// No token, or `--loxilb-token` (fixed for the life of the process).
+    Fixed,
+    /// `--loxilb-token-file`, re-read while running ([`token::reread_file`]).
+    File(PathBuf),
+    /// `--loxilb-token-secret`, read at start-up and watched ([`token::watch_secret`]).
+    Secret(token::SecretRef),
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -823,30 +843,43 @@ impl Config {
             }
             None => None,
         };
-        let token = match (&args.loxilb_token, &args.loxilb_token_file) {
-            (Some(_), Some(_)) => {
-                return Err(ConfigError::Conflict(format!(
-                    "the loxilb token is given twice, by {} and by {}: keep one",
+        let given: Vec<&str> = [
+            ("loxilb_token", args.loxilb_token.is_some()),
+            ("loxilb_token_file", args.loxilb_token_file.is_some()),
+            ("loxilb_token_secret", args.loxilb_token_secret.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(id, set)| set.then_some(id))
+        .collect();
+        if given.len() > 1 {
+            let by: Vec<String> = given.iter().map(|id| origins.describe(id)).collect();
+            return Err(ConfigError::Conflict(format!(
+                "the loxilb token is given more than once, by {}: keep one",
+                by.join(" and by ")
+            )));
+        }
+        let token = Token::default();
+        let token_source = if let Some(value) = &args.loxilb_token {
+            let value = value.expose();
+            if value.trim().is_empty() {
+                return Err(ConfigError::invalid(
                     origins.describe("loxilb_token"),
-                    origins.describe("loxilb_token_file"),
-                )));
+                    "is empty",
+                ));
             }
-            (Some(token), None) => Some(token.clone()),
-            (None, Some(path)) => {
-                let origin = origins.describe("loxilb_token_file");
-                let text = std::fs::read_to_string(path).map_err(|e| {
-                    ConfigError::invalid(&origin, format!("cannot read {}: {e}", path.display()))
-                })?;
-                let token = text.trim();
-                if token.is_empty() {
-                    return Err(ConfigError::invalid(
-                        &origin,
-                        format!("{} is empty", path.display()),
-                    ));
-                }
-                Some(token.to_string())
-            }
-            (None, None) => None,
+            token.set(Some(value));
+            TokenSource::Fixed
+        } else if let Some(path) = &args.loxilb_token_file {
+            let value = token::read_token_file(path)
+                .map_err(|m| ConfigError::invalid(origins.describe("loxilb_token_file"), m))?;
+            token.set(Some(&value));
+            TokenSource::File(path.clone())
+        } else if let Some(text) = &args.loxilb_token_secret {
+            let secret = token::SecretRef::parse(text)
+                .map_err(|m| bad("loxilb_token_secret", text, m.as_str()))?;
+            TokenSource::Secret(secret)
+        } else {
+            TokenSource::Fixed
         };
 
         let mut loxilb = Vec::new();
@@ -867,6 +900,7 @@ impl Config {
             c.timeout = args.loxilb_timeout;
             c.token = token.clone();
             c.ca_pem = ca_pem.clone();
+            c.insecure_skip_tls_verify = args.loxilb_insecure_skip_tls_verify;
             // Building the client checks the URL (host present) and the CA bundle.
             match LoxilbClient::new(c.clone()) {
                 Ok(_) => {}
@@ -897,6 +931,9 @@ impl Config {
 
         Ok(Config {
             loxilb,
+            loxilb_token: token,
+            loxilb_token_source: token_source,
+            loxilb_insecure_skip_tls_verify: args.loxilb_insecure_skip_tls_verify,
             pool,
             pools,
             secondary_pools,
@@ -1712,7 +1749,11 @@ mod tests {
         .unwrap()
         .config()
         .unwrap();
-        assert_eq!(cfg.loxilb[0].token.as_deref(), Some("s3cret"));
+        assert_eq!(cfg.loxilb[0].token.get().as_deref(), Some("s3cret"));
+        assert!(
+            !format!("{cfg:?}").contains("s3cret"),
+            "Debug shows no token"
+        );
         let e = err(run(
             &[
                 BASE[0],
@@ -1723,7 +1764,7 @@ mod tests {
         ));
         assert_eq!(
             e,
-            "the loxilb token is given twice, by environment LOXI_CCM_LOXILB_TOKEN and by flag \
+            "the loxilb token is given more than once, by environment LOXI_CCM_LOXILB_TOKEN and by flag \
              --loxilb-token-file: keep one"
         );
     }

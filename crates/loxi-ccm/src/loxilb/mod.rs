@@ -756,15 +756,18 @@ impl Instance {
     /// answers as if nothing happened, but comes back empty
     /// (docs/loxilb-api.md#detecting-a-restart).
     pub async fn probe(&self, cluster: &ClusterId, metrics: &Metrics) -> Probe {
-        let up = self.client.version().await.is_ok();
+        let answer = self.client.version().await;
+        let up = answer.is_ok();
         metrics.set_up(self.url(), up);
         self.probed.store(true, Ordering::SeqCst);
         let was = self.healthy.swap(up, Ordering::SeqCst);
         let unannounced = self.down_unannounced.swap(false, Ordering::SeqCst);
-        if !up {
+        if let Err(error) = answer {
             if was || unannounced {
+                // The reason matters: a refused certificate needs the operator, an outage not.
                 warn!(
                     instance = self.url(),
+                    %error,
                     "loxilb unreachable: Services are partially programmed until it is back"
                 );
                 return Probe::WentDown;

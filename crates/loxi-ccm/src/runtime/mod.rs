@@ -24,7 +24,7 @@ use loxilb_client::LoxilbClient;
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
-use crate::config::Config;
+use crate::config::{Config, TokenSource};
 use crate::ipam::address_pools::{AddressPool, Pools};
 use crate::ipam::claims::AddressClaim;
 use crate::ipam::{self, Ipam};
@@ -127,6 +127,41 @@ pub async fn run(
     }
 
     let lost_leadership = Arc::new(AtomicBool::new(false));
+
+    if cfg.loxilb_insecure_skip_tls_verify {
+        for c in cfg.loxilb.iter().filter(|c| c.url.starts_with("https://")) {
+            warn!(
+                url = %c.url,
+                "--loxilb-insecure-skip-tls-verify: loxilb's certificate is NOT checked; anybody \
+                 in the path can impersonate loxilb and read the token. Use --loxilb-ca-file"
+            );
+        }
+    }
+    // The token: re-read or watched for the life of the process (crate::config::token).
+    match &cfg.loxilb_token_source {
+        TokenSource::Fixed => {}
+        TokenSource::File(path) => {
+            tokio::spawn(crate::config::token::reread_file(
+                path.clone(),
+                cfg.loxilb_token.clone(),
+                Stop(stop_tx.subscribe()).wait(),
+            ));
+        }
+        TokenSource::Secret(secret) => {
+            match crate::config::token::read_secret(&client, secret).await {
+                Ok(value) => {
+                    cfg.loxilb_token.set(value.as_deref());
+                }
+                Err(e) => warn!(error = %e, "loxilb token not read yet; watching for it"),
+            }
+            tokio::spawn(crate::config::token::watch_secret(
+                client.clone(),
+                secret.clone(),
+                cfg.loxilb_token.clone(),
+                Stop(stop_tx.subscribe()).wait(),
+            ));
+        }
+    }
 
     let services: Api<Service> = match &cfg.namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),

@@ -41,6 +41,14 @@ impl Programmed {
     }
 }
 
+/// Whether a failed call is tried again for the Service (with backoff): what may pass by
+/// itself (a timeout, a 5xx), and refused credentials, which are fixed outside the Service
+/// (a rotated token reaches the clients without a restart, docs/configuration.md) and so
+/// would otherwise leave it unprogrammed until it is next edited.
+fn worth_retrying(e: &ClientError) -> bool {
+    e.is_retryable() || matches!(e, ClientError::Unauthorized { .. })
+}
+
 /// The `Programmed` condition from the results on each instance (`(url, result)` in
 /// instance order) for `rules` rules.
 ///
@@ -86,7 +94,7 @@ pub fn programmed(results: &[(String, InstanceResult)], rules: usize) -> Program
     }
     let retry = failures
         .iter()
-        .find(|(_, e)| e.is_retryable())
+        .find(|(_, e)| worth_retrying(e))
         .map(|(url, e)| format!("{url}: {e}"));
     blocked.sort_by_key(|(_, b)| b.reason() != REASON_CAPACITY);
     let condition = if let Some((_, first)) = blocked.first() {
@@ -276,6 +284,24 @@ mod tests {
         assert!(!p.condition.ok);
         assert_eq!(p.condition.reason, REASON_CAPACITY);
         assert!(p.retry.is_some(), "the timeout is retried");
+    }
+
+    #[test]
+    fn refused_credentials_are_reported_and_retried() {
+        let report = ApplyReport {
+            failed: vec![(
+                key(),
+                ClientError::Unauthorized {
+                    status: 500,
+                    message: "invalid token".into(),
+                },
+            )],
+            ..Default::default()
+        };
+        let p = programmed(&[at("http://a", applied(report))], 1);
+        assert!(!p.condition.ok);
+        assert_eq!(p.condition.reason, "LoxilbUnauthorized");
+        assert!(p.retry.is_some(), "a rotated token must reach the Service");
     }
 
     #[test]

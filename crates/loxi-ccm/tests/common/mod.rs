@@ -167,6 +167,14 @@ impl World {
     /// `opts.extra_args` as `--loxilb-url=...` (repeated flags add up; instances are then
     /// `[world.sim, extra...]`).
     pub async fn with_sim(name: &str, opts: Options, sim: SimConfig) -> World {
+        let sim = Simulator::start("127.0.0.1:0".parse().unwrap(), sim)
+            .await
+            .unwrap();
+        Self::with_simulator(name, opts, sim).await
+    }
+
+    /// As [`World::with`], with a simulator the caller started (e.g. serving HTTPS).
+    pub async fn with_simulator(name: &str, opts: Options, sim: Simulator) -> World {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(
                 tracing_subscriber::EnvFilter::try_from_default_env()
@@ -198,9 +206,6 @@ impl World {
                 .delete(&n.metadata.name.unwrap(), &DeleteParams::default())
                 .await;
         }
-        let sim = Simulator::start("127.0.0.1:0".parse().unwrap(), sim)
-            .await
-            .unwrap();
         let mut world = World {
             _serial: serial,
             services: Api::namespaced(client.clone(), &ns),
