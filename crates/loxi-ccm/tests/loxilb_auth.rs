@@ -1,7 +1,8 @@
 //! The loxilb token and HTTPS, with the controller running against the real API server and
 //! the simulator requiring a token (and serving HTTPS): a wrong token is reported on the
-//! Service as `LoxilbUnauthorized` (never showing the token), and a new token, written to
-//! the token file or into the token Secret, is picked up without a restart.
+//! Service as `LoxilbUnauthorized` (never showing the token, there or in the metrics), and a
+//! new token, written to the token file or into the token Secret, is picked up without a
+//! restart.
 
 mod common;
 
@@ -41,8 +42,10 @@ async fn programmed(world: &World, name: &str, status: &str, reason: &str) -> St
 async fn a_wrong_token_is_reported_and_a_rewritten_token_file_is_picked_up() {
     let file = temp_path("token");
     std::fs::write(&file, "wrong-token-value\n").unwrap();
+    let admin_port = testenv::free_port().unwrap();
     let opts = Options {
         extra_args: vec![format!("--loxilb-token-file={}", file.display())],
+        admin_port: Some(admin_port),
         ..Options::default()
     };
     let world = World::with_sim(
@@ -82,6 +85,24 @@ async fn a_wrong_token_is_reported_and_a_rewritten_token_file_is_picked_up() {
         events.iter().any(|r| r == "LoxilbUnauthorized"),
         "{events:?}"
     );
+
+    // No token in the metrics, nor in the Services' conditions.
+    let metrics = reqwest::get(format!("http://127.0.0.1:{admin_port}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("loxi_ccm_"), "{metrics}");
+    let statuses = format!("{:?}", world.get("api").await.unwrap().status);
+    for token in [
+        "wrong-token-value",
+        "right-token-value",
+        "third-token-value",
+    ] {
+        assert!(!metrics.contains(token), "{token} in the metrics");
+        assert!(!statuses.contains(token), "{token} in the status");
+    }
     std::fs::remove_file(&file).unwrap();
     world.finish().await;
 }
