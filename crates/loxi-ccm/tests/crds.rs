@@ -57,7 +57,7 @@ fn every_field_of_every_crd_has_a_description() {
         let name = crd.metadata.name.clone().unwrap_or_default();
         for version in &crd.spec.versions {
             let schema = serde_json::to_value(
-                &version
+                version
                     .schema
                     .as_ref()
                     .and_then(|s| s.open_api_v3_schema.as_ref())
