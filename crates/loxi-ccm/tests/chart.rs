@@ -4,7 +4,7 @@
 //! - `deploy/` is the chart rendered with `charts/deploy-values.yaml`, byte for byte (one
 //!   source: `cargo xtask manifests` writes it);
 //! - `helm lint --strict` is clean with the default values and each documented scenario
-//!   (`charts/loxi-ccm/ci/*-values.yaml`);
+//!   (`charts/loxi-ccm/ci/*-values.yaml`), and a misspelled value is refused (values schema);
 //! - every scenario's rendering applies with `kubectl apply --dry-run=server --validate=strict`;
 //! - every setting a scenario renders (ConfigMap variables, container arguments) is one
 //!   `loxi-ccm run` accepts, with a valid value;
@@ -135,6 +135,32 @@ fn helm_lint_is_clean_for_every_scenario() {
         assert!(
             !text.contains("[WARNING]") && !text.contains("[ERROR]"),
             "helm lint ({name}):\n{text}"
+        );
+    }
+}
+
+/// values.schema.json refuses a misspelled or mistyped value, naming it, instead of the chart
+/// ignoring it.
+#[test]
+fn a_misspelled_or_mistyped_value_is_refused() {
+    let helm = helm();
+    for (set, named) in [
+        ("loxilb.url=http://192.0.2.1:11111", "'url' not allowed"),
+        ("replica=3", "'replica' not allowed"),
+        ("env.LB_MODE=fullnat", "LB_MODE"),
+        ("loxilb.urls[0]=192.0.2.1:11111", "/loxilb/urls/0"),
+        ("extraArgs[0]=setLBMode=2", "/extraArgs/0"),
+    ] {
+        let out = helm_command(&helm)
+            .args(["template", RELEASE])
+            .arg(chart_dir())
+            .args(["--set", set])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(named),
+            "--set {set}: {err}"
         );
     }
 }
