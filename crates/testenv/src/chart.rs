@@ -115,7 +115,7 @@ fn deploy_path(source: &str) -> Result<PathBuf> {
 
 fn with_header(source: &str, text: &str) -> String {
     format!(
-        "# Rendered from the Helm chart (charts/loxi-ccm/{source}, values charts/deploy-values.yaml)\n# by `cargo xtask manifests`: edit the chart and run it again, not this file.\n{text}"
+        "# Rendered from the Helm chart (charts/loxi-ccm/{source}, values charts/deploy-values.yaml)\n# by `cargo xtask manifests`. To change what the repository ships, edit the chart and run it\n# again; to install, edit your copy of this file (deploy/README.md) or use the chart.\n{text}"
     )
 }
 
