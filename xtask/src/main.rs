@@ -6,10 +6,15 @@
 //!   until Ctrl-C, or exits after showing the result with `--exit`.
 //! - `test`: the whole test suite as CI runs it: builds the control plane (cached) while
 //!   cargo compiles, then `cargo fmt --check`, `cargo clippy -D warnings`, the dependency
-//!   check (`deny`), `cargo test`.
+//!   check (`deny`), `cargo test`. helm and promtool (the chart and alert-rule tests) are
+//!   built the same way (`scripts/go-tool.sh`, cached by version); a tool that cannot be
+//!   built fails the run.
 //! - `deny`: `cargo deny check licenses bans sources` against `deny.toml`, with a cargo-deny
 //!   of a pinned version installed once into the cache (works offline afterwards).
 //! - `bench [--quick]`: builds the release binaries and runs `loxi-bench` (docs/BENCHMARKS.md).
+//! - `manifests`: renders the plain manifests of `deploy/` from the Helm chart
+//!   (`charts/loxi-ccm`, values `charts/deploy-values.yaml`); the chart tests fail while
+//!   `deploy/` differs from that rendering.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -57,9 +62,10 @@ fn main() -> Result<()> {
         Some("demo") => demo(args.iter().any(|a| a == "--exit")),
         Some("bench") => bench(&args[1..]),
         Some("deny") => deny(),
+        Some("manifests") => manifests(),
         _ => {
             eprintln!(
-                "usage: cargo xtask <demo [--exit] | test | deny | bench [--quick] [loxi-bench flags]>"
+                "usage: cargo xtask <demo [--exit] | test | deny | bench [--quick] [loxi-bench flags] | manifests>"
             );
             std::process::exit(2);
         }
@@ -83,13 +89,46 @@ fn bench(args: &[String]) -> Result<()> {
     run(bench, "loxi-bench")
 }
 
+/// `manifests`: writes `deploy/` as rendered from the chart, and removes `.yaml` files the
+/// chart no longer renders.
+fn manifests() -> Result<()> {
+    let helm = testenv::tools::helm()?;
+    let deploy = workspace_root().join("deploy");
+    let rendered = testenv::chart::plain_manifests(&helm)?;
+    for existing in testenv::chart::yaml_files_in(&deploy)? {
+        if !rendered.iter().any(|(path, _)| *path == existing) {
+            eprintln!("xtask: removing deploy/{}", existing.display());
+            std::fs::remove_file(deploy.join(&existing))?;
+        }
+    }
+    for (path, text) in rendered {
+        let target = deploy.join(&path);
+        if std::fs::read_to_string(&target).ok().as_deref() != Some(text.as_str()) {
+            eprintln!("xtask: writing deploy/{}", path.display());
+            if let Some(dir) = target.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            std::fs::write(&target, text)?;
+        }
+    }
+    Ok(())
+}
+
 fn test() -> Result<()> {
-    // The Go build of the control plane (minutes when cold, cached by version) runs while
-    // cargo compiles.
-    eprintln!("xtask: building the Kubernetes control plane in the background if missing");
-    let mut control_plane = control_plane_script()
+    // The Go builds of the control plane, helm and promtool (minutes when cold, cached by
+    // version) run one after the other while cargo compiles.
+    eprintln!(
+        "xtask: building the Kubernetes control plane, helm and promtool in the background if missing"
+    );
+    let mut control_plane = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "set -e; K8S_VERSION={} bash scripts/control-plane.sh >/dev/null; bash scripts/go-tool.sh helm >/dev/null; bash scripts/go-tool.sh promtool >/dev/null",
+            testenv::K8S_VERSION
+        ))
+        .current_dir(workspace_root())
         .spawn()
-        .context("starting scripts/control-plane.sh")?;
+        .context("starting scripts/control-plane.sh and scripts/go-tool.sh")?;
     let mut fmt = cargo();
     fmt.args(["fmt", "--all", "--check"]);
     run(fmt, "cargo fmt --check")?;
@@ -109,7 +148,9 @@ fn test() -> Result<()> {
     run(build, "cargo test --no-run")?;
     let status = control_plane.wait()?;
     if !status.success() {
-        bail!("scripts/control-plane.sh failed ({status})");
+        bail!(
+            "building the Go tools failed ({status}): scripts/control-plane.sh or scripts/go-tool.sh (helm, promtool), see their output above"
+        );
     }
     let mut tests = cargo();
     tests.args(["test", "--workspace"]);

@@ -43,6 +43,11 @@ pub struct BgpSessionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolLabels {
     pub pool: String,
     pub state: String,
@@ -69,6 +74,7 @@ pub struct Metrics {
     bgp_sessions: Family<BgpSessionLabels, Gauge>,
     pool_addresses: Family<PoolLabels, Gauge<i64, AtomicI64>>,
     endpoints_dropped: Gauge,
+    services_not_programmed: Family<ReasonLabels, Gauge>,
     events_dropped: Counter,
     leader: Gauge,
 }
@@ -159,6 +165,13 @@ impl Metrics {
             "Candidate endpoints left out by loxilb's 32-endpoint limit, summed over Services",
             endpoints_dropped.clone(),
         );
+        let services_not_programmed = Family::<ReasonLabels, Gauge>::default();
+        registry.register(
+            "services_not_programmed",
+            "Services served by this replica whose loxilb.io/Programmed condition is False, by \
+             the condition's reason (CapacityExceeded, LoxilbUnavailable, PoolExhausted, ...)",
+            services_not_programmed.clone(),
+        );
         let events_dropped = Counter::default();
         registry.register(
             "events_dropped",
@@ -186,6 +199,7 @@ impl Metrics {
             bgp_sessions,
             pool_addresses,
             endpoints_dropped,
+            services_not_programmed,
             events_dropped,
         }
     }
@@ -290,6 +304,15 @@ impl Metrics {
 
     pub fn set_endpoints_dropped(&self, n: usize) {
         self.endpoints_dropped.set(n as i64);
+    }
+
+    /// `n` Services are not programmed for `reason` (0 keeps the series, at 0).
+    pub fn set_services_not_programmed(&self, reason: &str, n: usize) {
+        self.services_not_programmed
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_string(),
+            })
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     /// The counter the Service controller's `EventRecorder` increments.

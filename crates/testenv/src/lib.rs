@@ -9,6 +9,13 @@
 //! Child processes are started from a dedicated thread with `PR_SET_PDEATHSIG`: when the test
 //! process ends, in any way (panic, abort, kill), the kernel kills etcd and kube-apiserver
 //! too. [`ControlPlane`]'s `Drop` stops them earlier when it runs.
+//!
+//! Also the other real tools the tests use: kube-controller-manager on the same API server
+//! ([`ControlPlane::start_controller_manager`]), `helm` and `promtool` ([`tools`]), and the
+//! rendering of `deploy/` from the Helm chart ([`chart`]).
+
+pub mod chart;
+pub mod tools;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -252,13 +259,37 @@ impl ControlPlane {
         )
     }
 
+    /// Starts kube-controller-manager against this API server (admin credentials, no leader
+    /// election) running only `controllers` (e.g. `deployment`, `replicaset`), so that the
+    /// objects they own appear as in a cluster. It stops with the control plane. No kubelet
+    /// or scheduler runs: Pods are created and stay Pending.
+    pub fn start_controller_manager(&self, controllers: &[&str]) -> Result<()> {
+        let d = self.dir.path();
+        let mut kcm = Command::new(self.bin_dir.join("kube-controller-manager"));
+        kcm.args([
+            format!("--kubeconfig={}", self.kubeconfig_path().display()),
+            format!("--controllers={}", controllers.join(",")),
+            "--leader-elect=false".into(),
+            "--use-service-account-credentials=false".into(),
+            "--bind-address=127.0.0.1".into(),
+            format!("--secure-port={}", free_port()?),
+            format!("--cert-dir={}", d.join("kcm-certs").display()),
+            "--v=1".into(),
+        ])
+        .stdout(log_file(d, "kube-controller-manager")?)
+        .stderr(log_file(d, "kube-controller-manager")?);
+        let child = spawn_tied(kcm)?;
+        self.children
+            .lock()
+            .map_err(|_| anyhow::anyhow!("control plane poisoned"))?
+            .push(child);
+        Ok(())
+    }
+
     /// The last lines of every log, for error messages (the directory is gone after drop).
     pub fn log_tails(&self) -> String {
         let mut out = String::new();
         for name in ["etcd", "kube-apiserver", "kube-controller-manager"] {
-            if !self.dir.path().join(format!("{name}.log")).exists() {
-                continue;
-            }
             let text = std::fs::read_to_string(self.dir.path().join(format!("{name}.log")))
                 .unwrap_or_default();
             let lines: Vec<&str> = text.lines().collect();
@@ -269,32 +300,6 @@ impl ControlPlane {
             }
         }
         out
-    }
-
-    /// Starts kube-controller-manager with only `controllers` (e.g. `deployment`,
-    /// `replicaset`), as the admin, without leader election or a serving port. It stops with
-    /// the control plane. There is still no kubelet and no scheduler: Pods are created (and
-    /// admitted or refused by the API server) but never run.
-    pub fn start_controller_manager(&self, controllers: &[&str]) -> Result<()> {
-        let d = self.dir.path();
-        let mut kcm = Command::new(self.bin_dir.join("kube-controller-manager"));
-        kcm.args([
-            format!("--kubeconfig={}", self.kubeconfig_path().display()),
-            format!("--controllers={}", controllers.join(",")),
-            "--leader-elect=false".into(),
-            "--use-service-account-credentials=false".into(),
-            // No HTTPS endpoint: nothing here needs its metrics, and no port is taken.
-            "--secure-port=0".into(),
-            "--v=1".into(),
-        ])
-        .stdout(log_file(d, "kube-controller-manager")?)
-        .stderr(log_file(d, "kube-controller-manager")?);
-        let child = spawn_tied(kcm)?;
-        self.children
-            .lock()
-            .map_err(|_| anyhow::anyhow!("children lock poisoned"))?
-            .push(child);
-        Ok(())
     }
 
     /// `https://127.0.0.1:<port>`.

@@ -38,6 +38,42 @@ pub struct Report {
     endpoints_dropped: Mutex<(HashMap<String, usize>, usize)>,
     /// The programming problem each Service was last warned about ([`Report::first_warning`]).
     warned: Mutex<HashMap<ObjectRef<Service>, String>>,
+    /// Why each Service is not programmed (its `Programmed=False` reason), and how many
+    /// Services have each reason: the metric alerts are based on.
+    not_programmed: Mutex<NotProgrammed>,
+}
+
+/// Services whose `Programmed` condition is `False`, by reason, kept as they change.
+#[derive(Default)]
+struct NotProgrammed {
+    reason_of: HashMap<String, String>,
+    count_by_reason: HashMap<String, usize>,
+}
+
+impl NotProgrammed {
+    /// Records the reason `key` is not programmed (`None`: it is, or it is gone) and returns
+    /// the reasons whose count changed, with their new count.
+    fn record(&mut self, key: &str, reason: Option<&str>) -> Vec<(String, usize)> {
+        let before = match reason {
+            Some(r) => self.reason_of.insert(key.to_string(), r.to_string()),
+            None => self.reason_of.remove(key),
+        };
+        if before.as_deref() == reason {
+            return Vec::new();
+        }
+        let mut changed = Vec::new();
+        if let Some(old) = before {
+            let n = self.count_by_reason.entry(old.clone()).or_default();
+            *n = n.saturating_sub(1);
+            changed.push((old, *n));
+        }
+        if let Some(new) = reason {
+            let n = self.count_by_reason.entry(new.to_string()).or_default();
+            *n += 1;
+            changed.push((new.to_string(), *n));
+        }
+        changed
+    }
 }
 
 impl Report {
@@ -48,6 +84,7 @@ impl Report {
             superseded: Mutex::default(),
             endpoints_dropped: Mutex::default(),
             warned: Mutex::default(),
+            not_programmed: Mutex::default(),
         }
     }
 
@@ -94,6 +131,15 @@ impl Report {
     pub fn forget(&self, svc: &Service) {
         lock(&self.superseded).remove(&ObjectRef::from_obj(svc));
         self.record_dropped(&crate::k8s::view::owner_key(svc), 0);
+        self.record_not_programmed(&crate::k8s::view::owner_key(svc), None);
+    }
+
+    /// Records why the Service `key` is not programmed now (`None`: it is, or it is gone).
+    pub fn record_not_programmed(&self, key: &str, reason: Option<&str>) {
+        let changed = lock(&self.not_programmed).record(key, reason);
+        for (reason, n) in changed {
+            self.metrics.set_services_not_programmed(&reason, n);
+        }
     }
 
     /// Records how many candidate endpoints the Service's rules leave out (0: none, or gone).
@@ -237,6 +283,10 @@ pub async fn address_problem(
     problem: &Problem,
 ) -> Result<(), ReconcileError> {
     let kept = ctx.ipam.kept_addresses(svc);
+    if kept.is_empty() {
+        ctx.report
+            .record_not_programmed(&owner_key(svc), Some(problem.reason()));
+    }
     let conditions = if kept.is_empty() {
         vec![
             Cond::new(COND_ADDRESS, false, problem.reason(), problem.to_string()),
@@ -266,6 +316,8 @@ pub async fn plan_problem(
     held: &Held,
     problem: &Problem,
 ) -> Result<(), ReconcileError> {
+    ctx.report
+        .record_not_programmed(&owner_key(svc), Some(problem.reason()));
     let mut conditions = vec![
         address_condition(svc, ctx, held),
         Cond::new(
@@ -345,6 +397,8 @@ pub async fn programmed(
     ctx.report
         .record_dropped(&owner_key(svc), plan.endpoints_dropped);
     let cond = &programmed.condition;
+    ctx.report
+        .record_not_programmed(&owner_key(svc), (!cond.ok).then_some(cond.reason.as_str()));
     let shown = status::current_condition(svc, COND_PROGRAMMED);
     if programmed.worth_an_event(shown.is_some_and(|c| c.status == "True")) {
         info!(
@@ -410,4 +464,42 @@ pub async fn programmed(
         .write_status(&ctx.services_api(svc), svc, &want)
         .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::NotProgrammed;
+
+    #[test]
+    fn not_programmed_counts_follow_each_services_reason() {
+        let mut np = NotProgrammed::default();
+        assert_eq!(
+            np.record("a", Some("CapacityExceeded")),
+            vec![("CapacityExceeded".to_string(), 1)]
+        );
+        assert_eq!(
+            np.record("b", Some("CapacityExceeded")),
+            vec![("CapacityExceeded".to_string(), 2)]
+        );
+        // The same reason again changes nothing.
+        assert!(np.record("a", Some("CapacityExceeded")).is_empty());
+        // A new reason moves the Service from one count to the other.
+        assert_eq!(
+            np.record("a", Some("LoxilbUnavailable")),
+            vec![
+                ("CapacityExceeded".to_string(), 1),
+                ("LoxilbUnavailable".to_string(), 1)
+            ]
+        );
+        // Programmed, or gone: out of the counts; an unknown Service changes nothing.
+        assert_eq!(
+            np.record("b", None),
+            vec![("CapacityExceeded".to_string(), 0)]
+        );
+        assert!(np.record("never-seen", None).is_empty());
+        assert_eq!(
+            np.record("a", None),
+            vec![("LoxilbUnavailable".to_string(), 0)]
+        );
+    }
 }

@@ -1,0 +1,547 @@
+//! The Helm chart (`charts/loxi-ccm`) with the real tools: helm (built by
+//! `scripts/go-tool.sh`), the real kube-apiserver (RBAC on) and kube-controller-manager.
+//!
+//! - `deploy/` is the chart rendered with `charts/deploy-values.yaml`, byte for byte (one
+//!   source: `cargo xtask manifests` writes it);
+//! - `helm lint --strict` is clean with the default values and each documented scenario
+//!   (`charts/loxi-ccm/ci/*-values.yaml`), and a misspelled value is refused (values schema);
+//! - every scenario's rendering applies with `kubectl apply --dry-run=server --validate=strict`;
+//! - every setting a scenario renders (ConfigMap variables, container arguments) is one
+//!   `loxi-ccm run` accepts, with a valid value;
+//! - `helm install` creates the Deployment, whose ReplicaSet creates the Pods.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
+use serde_json::Value;
+use testenv::chart::{NAMESPACE, RELEASE, chart_dir};
+use testenv::tools::helm_command;
+
+fn helm() -> PathBuf {
+    testenv::tools::helm().expect("helm is built by scripts/go-tool.sh helm")
+}
+
+/// The documented scenarios: the default values (`None`) and each values file of the chart's
+/// `ci/` folder, each described in docs/getting-started.md.
+fn scenarios() -> Vec<(String, Option<PathBuf>)> {
+    let mut found: Vec<(String, Option<PathBuf>)> = std::fs::read_dir(chart_dir().join("ci"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with("-values.yaml"))
+        .map(|p| {
+            (
+                p.file_name().unwrap().to_string_lossy().to_string(),
+                Some(p),
+            )
+        })
+        .collect();
+    found.sort();
+    assert!(
+        found.len() >= 4,
+        "the documented scenarios are missing: {found:?}"
+    );
+    found.insert(0, ("default values".into(), None));
+    found
+}
+
+/// `helm template` of the chart in kube-system with `values` (and `extra` arguments).
+fn render(helm: &Path, values: Option<&Path>, extra: &[&str]) -> String {
+    let mut cmd = helm_command(helm);
+    cmd.args(["template", RELEASE])
+        .arg(chart_dir())
+        .args(["--namespace", NAMESPACE]);
+    if let Some(v) = values {
+        cmd.arg("--values").arg(v);
+    }
+    let out = cmd.args(extra).output().unwrap();
+    assert!(
+        out.status.success(),
+        "helm template {values:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Every document of a rendering, parsed.
+fn documents(rendered: &str) -> Vec<Value> {
+    rendered
+        .trim_start_matches("---\n")
+        .split("\n---\n")
+        .map(|doc| serde_saphyr::from_str::<Value>(doc).unwrap())
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+#[test]
+fn deploy_is_the_chart_rendered() {
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy");
+    let rendered = testenv::chart::plain_manifests(&helm()).unwrap();
+    let on_disk = testenv::chart::yaml_files_in(&deploy).unwrap();
+    let names: Vec<&PathBuf> = rendered.iter().map(|(p, _)| p).collect();
+    assert_eq!(
+        on_disk.iter().collect::<Vec<_>>(),
+        names,
+        "deploy/ holds other files than the chart renders; run cargo xtask manifests"
+    );
+    for (path, text) in &rendered {
+        let file = std::fs::read_to_string(deploy.join(path)).unwrap();
+        assert!(
+            file == *text,
+            "deploy/{} differs from the chart's rendering; edit charts/loxi-ccm and run cargo xtask manifests",
+            path.display()
+        );
+    }
+    // What the README and deploy/README.md promise about deploy/.
+    for expected in [
+        "05-crd-addressclaims.yaml",
+        "06-crd-addresspools.yaml",
+        "40-deployment.yaml",
+        "optional/multus-rbac.yaml",
+    ] {
+        assert!(
+            names.contains(&&PathBuf::from(expected)),
+            "{expected} not rendered"
+        );
+    }
+}
+
+#[test]
+fn chart_version_is_the_workspace_version() {
+    let chart = std::fs::read_to_string(chart_dir().join("Chart.yaml")).unwrap();
+    let chart: Value = serde_saphyr::from_str(&chart).unwrap();
+    assert_eq!(chart["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(chart["appVersion"], env!("CARGO_PKG_VERSION"));
+}
+
+#[test]
+fn helm_lint_is_clean_for_every_scenario() {
+    let helm = helm();
+    for (name, values) in scenarios() {
+        let mut cmd = helm_command(&helm);
+        cmd.args(["lint", "--strict", "--namespace", NAMESPACE])
+            .arg(chart_dir());
+        if let Some(v) = &values {
+            cmd.arg("--values").arg(v);
+        }
+        let out = cmd.output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "helm lint ({name}):\n{text}");
+        assert!(
+            !text.contains("[WARNING]") && !text.contains("[ERROR]"),
+            "helm lint ({name}):\n{text}"
+        );
+    }
+}
+
+/// values.schema.json refuses a misspelled or mistyped value, naming it, instead of the chart
+/// ignoring it.
+#[test]
+fn a_misspelled_or_mistyped_value_is_refused() {
+    let helm = helm();
+    for (set, named) in [
+        ("loxilb.url=http://192.0.2.1:11111", "'url' not allowed"),
+        ("replica=3", "'replica' not allowed"),
+        ("env.LB_MODE=fullnat", "LB_MODE"),
+        ("loxilb.urls[0]=192.0.2.1:11111", "/loxilb/urls/0"),
+        ("extraArgs[0]=setLBMode=2", "/extraArgs/0"),
+    ] {
+        let out = helm_command(&helm)
+            .args(["template", RELEASE])
+            .arg(chart_dir())
+            .args(["--set", set])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(named),
+            "--set {set}: {err}"
+        );
+    }
+}
+
+/// The environment variables and arguments the container of a rendering gets.
+fn container_settings(docs: &[Value]) -> (BTreeMap<String, String>, Vec<String>) {
+    let config_map = docs
+        .iter()
+        .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == "loxi-ccm-config")
+        .expect("the settings ConfigMap");
+    let env: BTreeMap<String, String> = config_map["data"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string()))
+        .collect();
+    let deployment = docs
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .expect("the Deployment");
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        container["envFrom"][0]["configMapRef"]["name"], "loxi-ccm-config",
+        "the container reads the ConfigMap"
+    );
+    let args = container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect();
+    (env, args)
+}
+
+#[test]
+fn every_rendered_setting_is_one_loxi_ccm_accepts() {
+    use clap::CommandFactory;
+    let helm = helm();
+    let cli = loxi_ccm::config::cli::Cli::command();
+    let run = cli.find_subcommand("run").unwrap();
+    // Each LOXI_CCM_* variable of `run`, with its argument's id and flag.
+    let arg_of_env: BTreeMap<String, (String, String)> = run
+        .get_arguments()
+        .filter_map(|a| {
+            Some((
+                a.get_env()?.to_string_lossy().to_string(),
+                (a.get_id().to_string(), a.get_long()?.to_string()),
+            ))
+        })
+        .collect();
+    for (name, values) in scenarios() {
+        let docs = documents(&render(&helm, values.as_deref(), &[]));
+        let (env, args) = container_settings(&docs);
+        assert_eq!(args.first().map(String::as_str), Some("run"), "{name}");
+        // The container's arguments alone first: what they set wins over the variables, as
+        // clap gives a flag precedence over its environment variable.
+        let extra = &args[1..];
+        let from_args = cli
+            .clone()
+            .try_get_matches_from(
+                ["loxi-ccm", "run"]
+                    .into_iter()
+                    .map(String::from)
+                    .chain(extra.iter().cloned()),
+            )
+            .unwrap_or_else(|e| panic!("{name}: {extra:?}: {e}"));
+        let (_, run_matches) = from_args.subcommand().unwrap();
+        // Then every variable as the flag it stands for, unless an argument sets it.
+        let mut argv = vec!["loxi-ccm".to_string(), "run".into()];
+        for (key, value) in &env {
+            if key == "LOXI_CCM_LOXILB_CA_FILE" {
+                // A path inside the container: it must be the mounted CA, which the parse
+                // below would try to read on this machine.
+                let deployment = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();
+                let pod = &deployment["spec"]["template"]["spec"];
+                let mount = &pod["containers"][0]["volumeMounts"][0];
+                assert_eq!(
+                    format!("{}/ca.crt", mount["mountPath"].as_str().unwrap()),
+                    *value,
+                    "{name}"
+                );
+                assert_eq!(pod["volumes"][0]["name"], mount["name"], "{name}");
+                assert!(pod["volumes"][0]["configMap"]["name"].is_string(), "{name}");
+                continue;
+            }
+            let (id, flag) = arg_of_env
+                .get(key)
+                .unwrap_or_else(|| panic!("{name}: {key} is no setting of loxi-ccm run"));
+            if run_matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine) {
+                continue;
+            }
+            argv.push(format!("--{flag}={value}"));
+        }
+        argv.extend(extra.iter().cloned());
+        let parsed = <loxi_ccm::config::cli::Cli as clap::Parser>::try_parse_from(&argv)
+            .unwrap_or_else(|e| panic!("{name}: {argv:?}: {e}"));
+        let loxi_ccm::config::cli::Command::Run(run_args) = parsed.command;
+        if let Err(e) = loxi_ccm::config::Config::from_args(&run_args) {
+            panic!("{name}: {argv:?}: {e}");
+        }
+    }
+}
+
+/// Stand-ins for the Prometheus Operator's ServiceMonitor and PrometheusRule CRDs, whose
+/// schemas hold the fields of the operator's API (monitoring.coreos.com/v1) that the chart
+/// writes, and no catch-all: with `--validate=strict` a misspelled or misplaced field is
+/// refused. (The operator's own CRDs are not available to the tests.)
+const MONITORING_CRDS: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: servicemonitors.monitoring.coreos.com
+spec:
+  group: monitoring.coreos.com
+  names: {kind: ServiceMonitor, plural: servicemonitors, singular: servicemonitor}
+  scope: Namespaced
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema:
+          type: object
+          properties:
+            spec:
+              type: object
+              required: [selector, endpoints]
+              properties:
+                selector:
+                  type: object
+                  properties:
+                    matchLabels: {type: object, additionalProperties: {type: string}}
+                namespaceSelector:
+                  type: object
+                  properties:
+                    any: {type: boolean}
+                    matchNames: {type: array, items: {type: string}}
+                endpoints:
+                  type: array
+                  items:
+                    type: object
+                    properties:
+                      port: {type: string}
+                      path: {type: string}
+                      interval: {type: string, pattern: '^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$'}
+                      honorLabels: {type: boolean}
+                      scheme: {type: string}
+---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: prometheusrules.monitoring.coreos.com
+spec:
+  group: monitoring.coreos.com
+  names: {kind: PrometheusRule, plural: prometheusrules, singular: prometheusrule}
+  scope: Namespaced
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema:
+          type: object
+          properties:
+            spec:
+              type: object
+              properties:
+                groups:
+                  type: array
+                  items:
+                    type: object
+                    required: [name]
+                    properties:
+                      name: {type: string, minLength: 1}
+                      interval: {type: string}
+                      rules:
+                        type: array
+                        items:
+                          type: object
+                          required: [expr]
+                          properties:
+                            alert: {type: string}
+                            record: {type: string}
+                            expr: {x-kubernetes-int-or-string: true}
+                            for: {type: string}
+                            labels: {type: object, additionalProperties: {type: string}}
+                            annotations: {type: object, additionalProperties: {type: string}}
+"#;
+
+fn kubectl(cp: &testenv::ControlPlane, args: &[&str], stdin: Option<&str>) -> (bool, String) {
+    use std::io::Write;
+    let mut child = Command::new(cp.k8s_bin_dir().join("kubectl"))
+        .arg("--kubeconfig")
+        .arg(cp.kubeconfig_path())
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input
+        .write_all(stdin.unwrap_or_default().as_bytes())
+        .unwrap();
+    drop(input);
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+#[tokio::test]
+async fn every_scenario_applies_to_the_real_api_server() {
+    let helm = helm();
+    let cp = testenv::ControlPlane::start().await.expect("control plane");
+    // The CRDs first, for real (a dry run of a custom resource needs its CRD served).
+    let crds = chart_dir().join("crds");
+    for args in [
+        vec!["apply", "--validate=strict", "-f", crds.to_str().unwrap()],
+        vec!["apply", "--validate=strict", "-f", "-"],
+    ] {
+        let stdin = (args[3] == "-").then_some(MONITORING_CRDS);
+        let (ok, out) = kubectl(&cp, &args, stdin);
+        assert!(ok, "kubectl {args:?}: {out}");
+    }
+    let (ok, out) = kubectl(
+        &cp,
+        &[
+            "wait",
+            "--for=condition=established",
+            "--timeout=60s",
+            "crd/addressclaims.ipam.loxilb.io",
+            "crd/addresspools.ipam.loxilb.io",
+            "crd/servicemonitors.monitoring.coreos.com",
+            "crd/prometheusrules.monitoring.coreos.com",
+        ],
+        None,
+    );
+    assert!(ok, "{out}");
+    // The CRDs document themselves (tests/crds.rs checks every field has a description).
+    for resource in ["addresspool.spec", "addressclaim.spec"] {
+        let (ok, out) = kubectl(&cp, &["explain", resource], None);
+        assert!(
+            ok && out.contains("DESCRIPTION:") && out.contains("FIELDS:"),
+            "kubectl explain {resource}:\n{out}"
+        );
+    }
+    let mut kinds_seen = std::collections::BTreeSet::new();
+    for (name, values) in scenarios() {
+        let rendered = render(&helm, values.as_deref(), &[]);
+        for doc in documents(&rendered) {
+            kinds_seen.insert(doc["kind"].as_str().unwrap().to_string());
+        }
+        let (ok, out) = kubectl(
+            &cp,
+            &["apply", "--dry-run=server", "--validate=strict", "-f", "-"],
+            Some(&rendered),
+        );
+        assert!(ok, "{name}: kubectl apply --dry-run=server:\n{out}");
+        assert!(out.contains("(server dry run)"), "{name}: {out}");
+    }
+    // The scenarios together exercise every object the chart can render.
+    for kind in [
+        "AddressPool",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ConfigMap",
+        "Deployment",
+        "PodDisruptionBudget",
+        "PrometheusRule",
+        "Role",
+        "RoleBinding",
+        "Secret",
+        "Service",
+        "ServiceAccount",
+        "ServiceMonitor",
+    ] {
+        assert!(
+            kinds_seen.contains(kind),
+            "no scenario renders a {kind}: {kinds_seen:?}"
+        );
+    }
+}
+
+async fn wait_for<T, Fut: std::future::Future<Output = Option<T>>>(
+    what: &str,
+    cp: &testenv::ControlPlane,
+    mut f: impl FnMut() -> Fut,
+) -> T {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}\n{}",
+            cp.log_tails()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn helm_install_creates_the_deployment_and_its_pods() {
+    let helm = helm();
+    let cp = testenv::ControlPlane::start().await.expect("control plane");
+    cp.start_controller_manager(&["deployment", "replicaset"])
+        .expect("kube-controller-manager");
+    let out = helm_command(&helm)
+        .args(["install", RELEASE])
+        .arg(chart_dir())
+        .args(["--namespace", NAMESPACE, "--kubeconfig"])
+        .arg(cp.kubeconfig_path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "helm install: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let notes = String::from_utf8_lossy(&out.stdout);
+    assert!(notes.contains("loxi-ccm check"), "NOTES: {notes}");
+
+    let client = cp.admin_client().await.unwrap();
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
+    let deployment = deployments.get("loxi-ccm").await.expect("the Deployment");
+    assert_eq!(deployment.spec.replicas, Some(2));
+    let selector = "app.kubernetes.io/name=loxi-ccm";
+    let replica_sets: Api<ReplicaSet> = Api::namespaced(client.clone(), NAMESPACE);
+    wait_for("the ReplicaSet of the Deployment", &cp, || async {
+        let sets = replica_sets
+            .list(&ListParams::default().labels(selector))
+            .await
+            .ok()?
+            .items;
+        sets.iter()
+            .any(|rs| {
+                rs.metadata
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .any(|o| o.kind == "Deployment" && o.name == "loxi-ccm")
+            })
+            .then_some(())
+    })
+    .await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let created = wait_for("2 Pods created by the ReplicaSet", &cp, || async {
+        let pods = pods
+            .list(&ListParams::default().labels(selector))
+            .await
+            .ok()?
+            .items;
+        (pods.len() == 2).then_some(pods)
+    })
+    .await;
+    for pod in &created {
+        let spec = pod.spec.as_ref().unwrap();
+        assert_eq!(spec.service_account_name.as_deref(), Some("loxi-ccm"));
+        assert_eq!(
+            spec.containers[0].image.as_deref(),
+            Some(format!("ghcr.io/loxi-ccm/loxi-ccm:{}", env!("CARGO_PKG_VERSION")).as_str())
+        );
+        // No kubelet or scheduler here: the Pods exist and wait for a node.
+        assert_eq!(
+            pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Pending")
+        );
+    }
+    // The release is what helm reports.
+    let out = helm_command(&helm)
+        .args(["status", RELEASE, "--namespace", NAMESPACE, "--kubeconfig"])
+        .arg(cp.kubeconfig_path())
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("STATUS: deployed"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}

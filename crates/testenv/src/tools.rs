@@ -1,0 +1,72 @@
+//! The command-line tools the chart and monitoring tests need besides the control plane:
+//! `helm` and `promtool`, built from their Go modules by `scripts/go-tool.sh` (pinned versions,
+//! cached under `~/.cache/loxi-ccm/<tool>-<version>/bin`). A tool that cannot be built is an
+//! error naming the script's output, never a skipped test.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+
+use anyhow::{Context, Result, bail};
+
+/// `helm` (helm.sh/helm/v3): `$LOXI_HELM` if set, else built by `scripts/go-tool.sh`.
+pub fn helm() -> Result<PathBuf> {
+    go_tool("helm", "LOXI_HELM")
+}
+
+/// `promtool` (github.com/prometheus/prometheus/cmd/promtool): `$LOXI_PROMTOOL` if set, else
+/// built by `scripts/go-tool.sh`.
+pub fn promtool() -> Result<PathBuf> {
+    go_tool("promtool", "LOXI_PROMTOOL")
+}
+
+/// The repository's root (this crate lives in `crates/testenv`).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn go_tool(name: &str, override_var: &str) -> Result<PathBuf> {
+    if let Ok(path) = std::env::var(override_var) {
+        return Ok(PathBuf::from(path));
+    }
+    // Tests of one binary ask from several threads: one build, the others wait for it.
+    static BUILDING: OnceLock<Mutex<()>> = OnceLock::new();
+    let _one_at_a_time = BUILDING
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let script = repo_root().join("scripts/go-tool.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg(name)
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} {name} failed ({}): {name} could not be built from its Go module, see the output above",
+            script.display(),
+            out.status
+        );
+    }
+    let path = PathBuf::from(String::from_utf8(out.stdout)?.trim());
+    if !path.is_file() {
+        bail!(
+            "{} {name} printed {}, which is no file",
+            script.display(),
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// A `helm` command with its own cache, config and data directories (under the system's
+/// temporary directory), so that tests and xtask never read or write the user's Helm setup.
+pub fn helm_command(helm: &Path) -> Command {
+    let home = std::env::temp_dir().join("loxi-ccm-helm-home");
+    let mut cmd = Command::new(helm);
+    cmd.env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"));
+    cmd
+}
