@@ -402,8 +402,17 @@ async fn every_scenario_applies_to_the_real_api_server() {
     );
     assert!(ok, "{out}");
     // The CRDs document themselves (tests/crds.rs checks every field has a description).
+    // The API server publishes a new CRD's OpenAPI schema a moment after the CRD is
+    // Established, so `kubectl explain` is asked again until it knows the resource.
     for resource in ["addresspool.spec", "addressclaim.spec"] {
-        let (ok, out) = kubectl(&cp, &["explain", resource], None);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let (ok, out) = loop {
+            let (ok, out) = kubectl(&cp, &["explain", resource], None);
+            if ok || std::time::Instant::now() > deadline {
+                break (ok, out);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        };
         assert!(
             ok && out.contains("DESCRIPTION:") && out.contains("FIELDS:"),
             "kubectl explain {resource}:\n{out}"
