@@ -325,6 +325,15 @@ fn needs(cfg: &Config) -> Vec<Need> {
                 .named(&lease.name),
         );
     }
+    if cfg.roles.is_some() {
+        // The HA role record (docs/fleet.md#the-record): created by a server-side apply.
+        let (rns, name) = &cfg.roles_record;
+        let rns = Some(rns.as_str());
+        needs.push(Need::new("create", "", "configmaps").ns(rns));
+        for verb in ["get", "patch"] {
+            needs.push(Need::new(verb, "", "configmaps").ns(rns).named(name));
+        }
+    }
     if !cfg.node_init.disable_node_init {
         needs.push(Need::new("patch", "", "nodes"));
         needs.push(Need::new("patch", "", "nodes").sub("status"));

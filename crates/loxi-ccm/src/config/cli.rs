@@ -351,6 +351,36 @@ pub struct RunArgs {
     )]
     pub bgp_multihop: bool,
 
+    /// HA roles: for each HA instance exactly one reachable loxilb is MASTER and the others
+    /// BACKUP (POST /config/cistate, with this VIP; 0.0.0.0 for none). When a master stops
+    /// answering another takes over; roles are recorded in the ConfigMap
+    /// <leader-elect-name>-ha-roles (docs/fleet.md). Unset: no roles are set.
+    /// (kube-loxilb: --setRoles)
+    #[arg(long = "set-roles", alias = "setRoles", env = "LOXI_CCM_SET_ROLES")]
+    pub set_roles: Option<String>,
+
+    /// loxilbs never given a role with --set-roles: their URLs or hosts, comma-separated.
+    /// (kube-loxilb: --excludeRoleList)
+    #[arg(
+        long = "exclude-role-list",
+        alias = "excludeRoleList",
+        env = "LOXI_CCM_EXCLUDE_ROLE_LIST",
+        value_delimiter = ','
+    )]
+    pub exclude_role_list: Vec<String>,
+
+    /// Number of HA instances (llb-inst0, llb-inst1, ...): each Service is given one (the
+    /// least used, or loxilb.io/zoneinstance), recorded on the Service and never changed; its
+    /// rules carry the instance in their name. (kube-loxilb: --numZoneInstances)
+    #[arg(
+        long = "num-zone-instances",
+        alias = "numZoneInstances",
+        env = "LOXI_CCM_NUM_ZONE_INSTANCES",
+        default_value_t = 1,
+        value_parser = clap::value_parser!(u16).range(1..=64)
+    )]
+    pub num_zone_instances: u16,
+
     /// Address of the admin HTTP server (/metrics, /healthz, /readyz).
     #[arg(
         long = "admin-addr",

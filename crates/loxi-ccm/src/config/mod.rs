@@ -105,6 +105,13 @@ pub struct Config {
     pub multus: bool,
     /// `None`: BGP off (`--bgp-local-as` unset or 0).
     pub bgp: Option<BgpSettings>,
+    /// The HA instances Services are given (`--num-zone-instances`: `llb-inst0`, ...).
+    pub ha_instances: Vec<String>,
+    /// `None`: no HA roles (`--set-roles` unset).
+    pub roles: Option<loxi_domain::roles::HaSettings>,
+    /// Namespace and name of the ConfigMap recording the HA masters: the leader-election
+    /// namespace, `<leader-elect-name>-ha-roles`.
+    pub roles_record: (String, String),
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -216,10 +223,8 @@ const LEGACY_KEYS: &[(&str, &[&str])] = &[
 const UNSUPPORTED_KEYS: &[&str] = &[
     "enableBGPCRDs",
     "externalSecondaryCIDRs6",
-    "setRoles",
     "zone",
     "privateCIDR",
-    "excludeRoleList",
     "appendEPs",
     "gatewayAPI",
     "loxilbGatewayClass",
@@ -889,6 +894,29 @@ impl Config {
 
         let (pools, secondary_pools) = build_pools(args, origins)?;
         let bgp = bgp_settings(args, origins)?;
+        let ha_instances = loxi_domain::roles::instance_names(
+            loxi_domain::roles::DEFAULT_ZONE,
+            args.num_zone_instances,
+        );
+        let roles = match args.set_roles.as_deref().map(str::trim) {
+            None | Some("") => None,
+            Some(vip) => {
+                if vip.parse::<std::net::IpAddr>().is_err() {
+                    return Err(bad(
+                        "set_roles",
+                        vip,
+                        "the HA VIP must be an IP address (0.0.0.0 for none)",
+                    ));
+                }
+                Some(loxi_domain::roles::HaSettings {
+                    vip: vip.to_string(),
+                    instances: ha_instances.clone(),
+                    excluded: non_empty(&args.exclude_role_list)
+                        .map(str::to_string)
+                        .collect(),
+                })
+            }
+        };
         let pool = pools
             .iter()
             .find(|p| p.size(Family::V4) > 0)
@@ -934,6 +962,12 @@ impl Config {
             node_init: args.node_init.clone(),
             multus: args.multus,
             bgp,
+            ha_instances,
+            roles,
+            roles_record: (
+                args.leader_elect_namespace.clone(),
+                format!("{}-ha-roles", args.leader_elect_name),
+            ),
         })
     }
 }
@@ -1355,13 +1389,13 @@ mod tests {
                 file.display()
             )
         );
-        let file = temp_file("unsupported", "setRoles: 0.0.0.0\n");
+        let file = temp_file("unsupported", "privateCIDR: 10.0.0.0/8\n");
         let e = err(run(
             BASE,
             &env_of(&[("LOXI_CCM_CONFIG", file.to_str().unwrap())]),
         ));
         assert!(
-            e.contains("key \"setRoles\"") && e.contains("not support"),
+            e.contains("key \"privateCIDR\"") && e.contains("not support"),
             "{e}"
         );
         let file = temp_file(

@@ -52,6 +52,9 @@
 //! sender and are woken then, so a full instance costs no calls and no retry storm.
 
 mod bgp;
+mod roles;
+
+pub use roles::HaSettings;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
@@ -536,6 +539,8 @@ pub struct Instance {
     last_service_write: std::sync::Mutex<Option<Instant>>,
     /// Its BGP as this controller configured it (`bgp.rs`).
     bgp: Mutex<bgp::BgpState>,
+    /// The HA states this controller posted since it last (re)started (`roles.rs`).
+    roles: Mutex<roles::PostedRoles>,
 }
 
 /// The outcome of applying rules to one instance. Only transport failures (the instance is
@@ -704,6 +709,7 @@ impl Instance {
             holdings: Mutex::new(Holdings::default()),
             last_service_write: std::sync::Mutex::new(None),
             bgp: Mutex::default(),
+            roles: Mutex::default(),
         }
     }
 

@@ -94,10 +94,17 @@ pub async fn health_loop(shared: Arc<Shared>) {
     loop {
         tick.tick().await;
         let probes = ctx.fleet.probe_all(&ctx.cluster, &ctx.report.metrics).await;
+        // HA roles first: a failover is not held up by replays, and a loxilb that restarted
+        // gets its role before its BGP and rules (docs/loxilb-api.md#replay-order).
+        if let Some(roles) = &shared.roles {
+            roles
+                .tick(&ctx.fleet, &probes, &ctx.gate, &ctx.report.metrics)
+                .await;
+        }
         for (i, probe) in probes.iter().enumerate() {
             let inst = &ctx.fleet.instances[i];
             if probe.needs_replay() {
-                // loxilb's order after a start: BGP, then the rules.
+                // loxilb's order after a start: roles (above), BGP, then the rules.
                 inst.forget_bgp().await;
                 if let Some(bgp) = &shared.bgp {
                     ensure_bgp_after_start(inst, bgp, &ctx.report.metrics).await;

@@ -3,6 +3,7 @@
 pub mod admin;
 mod loops;
 pub mod node_watch;
+pub mod roles;
 mod watches;
 
 use std::sync::Arc;
@@ -53,6 +54,8 @@ pub struct Shared {
     pub node_init: NodeInitArgs,
     /// `None`: BGP off.
     pub bgp: Option<loxi_domain::bgp::BgpSettings>,
+    /// `None`: no HA roles (`--set-roles` unset).
+    pub roles: Option<roles::Roles>,
 }
 
 /// Reads the cluster identity: configured, or from the kube-system namespace UID.
@@ -306,6 +309,7 @@ pub async fn run(
             enforce_source_ranges: cfg.enforce_source_ranges,
             namespace: cfg.namespace.clone(),
             advertise: cfg.bgp.is_some(),
+            ha_instances: cfg.ha_instances.clone(),
         },
         selection,
         kube: client,
@@ -327,6 +331,10 @@ pub async fn run(
         drift_interval: cfg.drift_interval,
         node_init: cfg.node_init.clone(),
         bgp: cfg.bgp.clone(),
+        roles: cfg.roles.clone().map(|settings| {
+            let (namespace, name) = &cfg.roles_record;
+            roles::Roles::new(ctx.kube.clone(), settings, namespace, name)
+        }),
     });
 
     // Everything below ends with this function (dropping the set aborts its tasks): a
