@@ -347,3 +347,84 @@ async fn rules_carry_the_services_ha_instance_which_never_changes() {
     assert!(names_for(&auto_ip)[0].ends_with(":llb-inst0"));
     w.finish().await;
 }
+
+/// Discovery (docs/fleet.md#discovery): without `--loxilb-url`, the loxilbs are the ready
+/// addresses of `loxilb-lb-service`'s EndpointSlices, in any namespace. A not-ready address
+/// is left out; one that turns ready is programmed completely (roles, every Service's rules)
+/// before Services count it; one that goes is dropped (Services count one instance again,
+/// new rules go only to the others, and its role moves).
+#[tokio::test]
+async fn discovery_follows_the_loxilb_services_endpointslices() {
+    let host = host_address();
+    let a = Simulator::start((host, 0).into(), SimConfig::default())
+        .await
+        .unwrap();
+    let b = Simulator::start((host, 0).into(), SimConfig::default())
+        .await
+        .unwrap();
+    let opts = Options {
+        discovery: true,
+        extra_args: vec!["--set-roles=0.0.0.0".into(), "--set-unique-ip".into()],
+        ..Options::default()
+    };
+    let w = World::with("discovery", opts).await;
+    w.add_node("node-a", "10.7.0.1").await;
+    let svc = "loxilb-lb-service";
+    let host = host.to_string();
+    w.set_loxilb_slice(svc, "loxilb-a", &host, a.addr().port(), true)
+        .await;
+    w.set_loxilb_slice(svc, "loxilb-b", &host, b.addr().port(), false)
+        .await;
+    let programmed_on = |name: &'static str, n: &'static str| {
+        let w = &w;
+        async move {
+            wait_for(&format!("{name} programmed on {n}"), WAIT, || async {
+                let svc = w.get(name).await?;
+                let (status, _, message) = World::condition(&svc, "loxilb.io/Programmed")?;
+                (status == "True" && message.contains(&format!(" on {n} "))).then_some(())
+            })
+            .await
+        }
+    };
+    w.create(&World::lb_service("web", Some(CLASS), &[(80, "TCP")]))
+        .await;
+    w.create(&World::lb_service("api", Some(CLASS), &[(81, "TCP")]))
+        .await;
+    let web_ip = w.wait_for_ip("web").await;
+    let api_ip = w.wait_for_ip("api").await;
+    programmed_on("web", "1/1").await;
+    programmed_on("api", "1/1").await;
+    let holds = |s: &Simulator, ip: &str| s.rules().iter().any(|r| r.external_ip == ip);
+    assert!(holds(&a, &web_ip) && holds(&a, &api_ip));
+    assert!(
+        b.rules().is_empty(),
+        "a loxilb that is not ready gets nothing"
+    );
+    assert_eq!(wait_sole_master(&[a.clone()], "llb-inst0").await, 0);
+
+    // b turns ready: joins, is programmed, then counted.
+    b.set_write_latency(Duration::from_millis(50));
+    w.set_loxilb_slice(svc, "loxilb-b", &host, b.addr().port(), true)
+        .await;
+    programmed_on("web", "2/2").await;
+    assert!(
+        holds(&b, &web_ip) && holds(&b, &api_ip),
+        "counted only once it holds every Service's rules"
+    );
+    assert_eq!(b.cluster_state("llb-inst0").as_deref(), Some("BACKUP"));
+
+    // a goes: dropped, its role moves to b, new rules go to b only.
+    w.delete_loxilb_slice("loxilb-a").await;
+    programmed_on("web", "1/1").await;
+    wait_for("b MASTER", WAIT, || async {
+        (b.cluster_state("llb-inst0").as_deref() == Some("MASTER")).then_some(())
+    })
+    .await;
+    w.create(&World::lb_service("late", Some(CLASS), &[(82, "TCP")]))
+        .await;
+    let late_ip = w.wait_for_ip("late").await;
+    programmed_on("late", "1/1").await;
+    assert!(holds(&b, &late_ip));
+    assert!(!holds(&a, &late_ip), "a dropped loxilb gets no new rule");
+    w.finish().await;
+}

@@ -325,6 +325,14 @@ fn needs(cfg: &Config) -> Vec<Need> {
                 .named(&lease.name),
         );
     }
+    if let Some(d) = &cfg.discovery {
+        // The in-cluster loxilbs (docs/fleet.md#discovery).
+        for verb in ["list", "watch"] {
+            needs.push(
+                Need::new(verb, "discovery.k8s.io", "endpointslices").ns(d.namespace.as_deref()),
+            );
+        }
+    }
     if cfg.roles.is_some() {
         // The HA role record (docs/fleet.md#the-record): created by a server-side apply.
         let (rns, name) = &cfg.roles_record;

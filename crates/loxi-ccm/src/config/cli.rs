@@ -73,7 +73,8 @@ pub struct RunArgs {
     pub kubeconfig: Option<PathBuf>,
 
     /// loxilb API endpoint(s), e.g. http://10.0.0.5:11111. Repeat the flag or separate with
-    /// commas; every instance gets every rule. Required. (kube-loxilb: --loxiURL)
+    /// commas; every instance gets every rule. Unset: the loxilbs running in the cluster are
+    /// followed instead (--loxilb-service, docs/fleet.md#discovery). (kube-loxilb: --loxiURL)
     #[arg(
         long = "loxilb-url",
         alias = "loxiURL",
@@ -81,6 +82,32 @@ pub struct RunArgs {
         value_delimiter = ','
     )]
     pub loxilb_urls: Vec<String>,
+
+    /// Without --loxilb-url: the Service whose ready EndpointSlice addresses are the loxilbs
+    /// (kube-loxilb's in-cluster loxilb Service), followed by a watch; a loxilb that appears
+    /// is programmed completely before Services count it, one that goes is dropped.
+    #[arg(
+        long = "loxilb-service",
+        env = "LOXI_CCM_LOXILB_SERVICE",
+        default_value = "loxilb-lb-service"
+    )]
+    pub loxilb_service: String,
+
+    /// Namespace of --loxilb-service; unset: any namespace.
+    #[arg(
+        long = "loxilb-service-namespace",
+        env = "LOXI_CCM_LOXILB_SERVICE_NAMESPACE"
+    )]
+    pub loxilb_service_namespace: Option<String>,
+
+    /// API port of the loxilbs found through --loxilb-service (http://<address>:<port>); an
+    /// EndpointSlice that does not list this port but exactly one other gives that one.
+    #[arg(
+        long = "loxilb-port",
+        env = "LOXI_CCM_LOXILB_PORT",
+        default_value_t = 11111
+    )]
+    pub loxilb_port: u16,
 
     /// Default IPv4 pool, named "default": a CIDR (network and broadcast addresses are never
     /// handed out) or a range a.b.c.d-a.b.c.e. (kube-loxilb: --externalCIDR; loxi-ccm: externalIPcidr)

@@ -105,6 +105,8 @@ pub struct Config {
     pub multus: bool,
     /// `None`: BGP off (`--bgp-local-as` unset or 0).
     pub bgp: Option<BgpSettings>,
+    /// `Some` without `--loxilb-url`: the loxilbs are followed in the cluster.
+    pub discovery: Option<Discovery>,
     /// The HA instances Services are given (`--num-zone-instances`: `llb-inst0`, ...).
     pub ha_instances: Vec<String>,
     /// `None`: no HA roles (`--set-roles` unset).
@@ -233,6 +235,29 @@ const UNSUPPORTED_KEYS: &[&str] = &[
     "nodePortServiceVirtIP",
     "clientConnection",
 ];
+
+/// Where the loxilbs are found in the cluster (docs/fleet.md#discovery).
+#[derive(Debug, Clone)]
+pub struct Discovery {
+    /// The Service whose EndpointSlices list the loxilbs.
+    pub service: String,
+    /// `None`: any namespace.
+    pub namespace: Option<String>,
+    /// Their API port (when a slice does not give another: `runtime::discovery`).
+    pub port: u16,
+    /// Timeout, token and CA of every discovered loxilb's client (the URL is set per loxilb).
+    pub client: ClientConfig,
+}
+
+impl Discovery {
+    /// The API URL of the loxilb at `address`, `port`.
+    pub fn url(&self, address: &std::net::IpAddr, port: u16) -> String {
+        match address {
+            std::net::IpAddr::V4(a) => format!("http://{a}:{port}"),
+            std::net::IpAddr::V6(a) => format!("http://[{a}]:{port}"),
+        }
+    }
+}
 
 /// `loxilb-url` -> `loxilbUrl`, `external-cidr6` -> `externalCidr6`.
 pub fn camel_case(long: &str) -> String {
@@ -885,12 +910,45 @@ impl Config {
             }
             loxilb.push(c);
         }
-        if loxilb.is_empty() {
-            return Err(ConfigError::Conflict(
-                "no loxilb URL: set --loxilb-url, LOXI_CCM_LOXILB_URL or the config key loxilbUrl"
-                    .to_string(),
-            ));
-        }
+        let discovery = if loxilb.is_empty() {
+            let service = args.loxilb_service.trim();
+            if !loxi_domain::address_name::is_object_name(service) {
+                return Err(bad(
+                    "loxilb_service",
+                    service,
+                    "expected the name of a Service",
+                ));
+            }
+            let namespace = args
+                .loxilb_service_namespace
+                .as_deref()
+                .map(str::trim)
+                .filter(|n| !n.is_empty());
+            if let Some(ns) = namespace
+                && !is_dns_label(ns)
+            {
+                return Err(bad(
+                    "loxilb_service_namespace",
+                    ns,
+                    "expected a namespace name",
+                ));
+            }
+            if args.loxilb_port == 0 {
+                return Err(bad("loxilb_port", "0", "expected a port, 1-65535"));
+            }
+            let mut client = ClientConfig::new("http://loxilb");
+            client.timeout = args.loxilb_timeout;
+            client.token = token.clone();
+            client.ca_pem = ca_pem.clone();
+            Some(Discovery {
+                service: service.to_string(),
+                namespace: namespace.map(str::to_string),
+                port: args.loxilb_port,
+                client,
+            })
+        } else {
+            None
+        };
 
         let (pools, secondary_pools) = build_pools(args, origins)?;
         let bgp = bgp_settings(args, origins)?;
@@ -962,6 +1020,7 @@ impl Config {
             node_init: args.node_init.clone(),
             multus: args.multus,
             bgp,
+            discovery,
             ha_instances,
             roles,
             roles_record: (

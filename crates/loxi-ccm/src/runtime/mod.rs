@@ -1,6 +1,7 @@
 //! Wiring: watches and stores, the reconcile loop, loxilb health and drift checks.
 
 pub mod admin;
+pub mod discovery;
 mod loops;
 pub mod node_watch;
 pub mod roles;
@@ -387,6 +388,9 @@ pub async fn run(
         lost_leadership.clone(),
         lost_notify.clone(),
     ));
+    if let Some(d) = &cfg.discovery {
+        tasks.spawn(discovery::follow(shared.clone(), d.clone()));
+    }
     tasks.spawn(loops::health_loop(shared.clone()));
     tasks.spawn(loops::drift_loop(shared.clone()));
     let requeues = tokio_stream_from(requeue_rx);

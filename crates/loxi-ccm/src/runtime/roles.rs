@@ -9,6 +9,7 @@
 //! and its writes are rare (a role moves only when a master fails).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
@@ -17,7 +18,7 @@ use tokio::sync::Mutex;
 use tracing::{info, warn};
 
 use crate::leader::Gate;
-use crate::loxilb::{Fleet, Probe};
+use crate::loxilb::{Instance, Probe};
 use crate::metrics::Metrics;
 
 /// Field manager of the record's server-side apply.
@@ -94,7 +95,13 @@ impl Roles {
     /// One health tick, after the probes (`probes[i]` is `fleet.instances[i]`'s): decide,
     /// post the states, record. A loxilb that needs a replay has lost its states: they
     /// are posted again here, before its BGP and rules.
-    pub async fn tick(&self, fleet: &Fleet, probes: &[Probe], gate: &Gate, metrics: &Metrics) {
+    pub async fn tick(
+        &self,
+        instances: &[Arc<Instance>],
+        probes: &[Probe],
+        gate: &Gate,
+        metrics: &Metrics,
+    ) {
         let mut book = self.book.lock().await;
         if !book.loaded
             && let Err(e) = self.load(&mut book).await
@@ -102,8 +109,7 @@ impl Roles {
             warn!(record = %self.name, error = %e, "cannot read the HA role record: no roles are decided until it can be read");
             return;
         }
-        let candidates: Vec<Candidate> = fleet
-            .instances
+        let candidates: Vec<Candidate> = instances
             .iter()
             .map(|inst| Candidate {
                 id: inst.url().to_string(),
@@ -124,7 +130,7 @@ impl Roles {
         }
         book.masters = decided.clone();
         // Every loxilb at once: one that times out must not delay the new master.
-        let posts = fleet.instances.iter().zip(probes).map(|(inst, probe)| {
+        let posts = instances.iter().zip(probes).map(|(inst, probe)| {
             let decided = &decided;
             async move {
                 if probe.needs_replay() {

@@ -88,7 +88,7 @@ pub async fn cleanup(svc: &Service, ctx: &Context) -> Result<(), ReconcileError>
 async fn remove_rules(svc: &Service, ctx: &Context) -> Result<(), ReconcileError> {
     let owner = rule_owner(svc);
     let mut removed = 0;
-    for inst in ctx.fleet.instances.iter() {
+    for inst in ctx.fleet.instances().iter() {
         if !inst.is_healthy() {
             continue;
         }
