@@ -428,3 +428,87 @@ async fn discovery_follows_the_loxilb_services_endpointslices() {
     assert!(!holds(&a, &late_ip), "a dropped loxilb gets no new rule");
     w.finish().await;
 }
+
+/// kube-loxilb's `LoxiURL` resources (docs/fleet.md#loxiurl-resources): a resource of type
+/// default adds its loxilbs to the fleet (programmed completely, then counted), its deletion
+/// takes them out again; a `cidrpool` one is refused with a Warning Event naming it.
+#[tokio::test]
+async fn loxiurl_resources_add_and_remove_loxilbs() {
+    use kube::CustomResourceExt;
+    use kube::api::{DeleteParams, PostParams};
+    use loxi_ccm::runtime::loxiurl::{LoxiURL, LoxiURLSpec};
+    let extra = sim().await;
+    let mut w = World::with("loxiurl", Options::default()).await;
+    // The CRD (kube-loxilb's group and kind), then a controller that sees it.
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        Api::all(w.client.clone());
+    let _ = crds.create(&PostParams::default(), &LoxiURL::crd()).await;
+    let resources: Api<LoxiURL> = Api::all(w.client.clone());
+    wait_for("the LoxiURL CRD served", WAIT, || async {
+        resources.list(&Default::default()).await.ok().map(|_| ())
+    })
+    .await;
+    w.stop_controller().await;
+    w.start_controller(&Options::default()).await;
+    w.add_node("node-a", "10.7.0.1").await;
+    let ip = w.serve_one_port("web", 80).await;
+    let name = format!("{}-extra", w.ns);
+    let res = LoxiURL::new(
+        &name,
+        LoxiURLSpec {
+            loxi_url: extra.url(),
+            kind: None,
+            zone: Some("llb".into()),
+        },
+    );
+    resources
+        .create(&PostParams::default(), &res)
+        .await
+        .unwrap();
+    let on = |n: &'static str| {
+        let w = &w;
+        async move {
+            wait_for(&format!("web programmed on {n}"), WAIT, || async {
+                let svc = w.get("web").await?;
+                let (status, _, message) = World::condition(&svc, "loxilb.io/Programmed")?;
+                (status == "True" && message.contains(&format!(" on {n} "))).then_some(())
+            })
+            .await
+        }
+    };
+    on("2/2").await;
+    assert!(extra.rules().iter().any(|r| r.external_ip == ip));
+    resources
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    on("1/1").await;
+
+    let pool = format!("{}-pool", w.ns);
+    let res = LoxiURL::new(
+        &pool,
+        LoxiURLSpec {
+            loxi_url: "12.12.12.0/24".into(),
+            kind: Some("cidrpool".into()),
+            zone: None,
+        },
+    );
+    resources
+        .create(&PostParams::default(), &res)
+        .await
+        .unwrap();
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(w.client.clone());
+    wait_for("a Warning Event on the cidrpool LoxiURL", WAIT, || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("InvalidLoxiURL")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(pool.as_str())
+            })
+            .then_some(())
+    })
+    .await;
+    let _ = resources.delete(&pool, &DeleteParams::default()).await;
+    w.finish().await;
+}

@@ -107,6 +107,8 @@ pub struct Config {
     pub bgp: Option<BgpSettings>,
     /// `Some` without `--loxilb-url`: the loxilbs are followed in the cluster.
     pub discovery: Option<Discovery>,
+    /// Timeout, token and CA for loxilbs that join later (discovered, `LoxiURL`).
+    pub loxilb_template: ClientConfig,
     /// The HA instances Services are given (`--num-zone-instances`: `llb-inst0`, ...).
     pub ha_instances: Vec<String>,
     /// `None`: no HA roles (`--set-roles` unset).
@@ -245,8 +247,6 @@ pub struct Discovery {
     pub namespace: Option<String>,
     /// Their API port (when a slice does not give another: `runtime::discovery`).
     pub port: u16,
-    /// Timeout, token and CA of every discovered loxilb's client (the URL is set per loxilb).
-    pub client: ClientConfig,
 }
 
 impl Discovery {
@@ -936,19 +936,19 @@ impl Config {
             if args.loxilb_port == 0 {
                 return Err(bad("loxilb_port", "0", "expected a port, 1-65535"));
             }
-            let mut client = ClientConfig::new("http://loxilb");
-            client.timeout = args.loxilb_timeout;
-            client.token = token.clone();
-            client.ca_pem = ca_pem.clone();
             Some(Discovery {
                 service: service.to_string(),
                 namespace: namespace.map(str::to_string),
                 port: args.loxilb_port,
-                client,
             })
         } else {
             None
         };
+
+        let mut loxilb_template = ClientConfig::new("http://loxilb");
+        loxilb_template.timeout = args.loxilb_timeout;
+        loxilb_template.token = token.clone();
+        loxilb_template.ca_pem = ca_pem.clone();
 
         let (pools, secondary_pools) = build_pools(args, origins)?;
         let bgp = bgp_settings(args, origins)?;
@@ -1021,6 +1021,7 @@ impl Config {
             multus: args.multus,
             bgp,
             discovery,
+            loxilb_template,
             ha_instances,
             roles,
             roles_record: (

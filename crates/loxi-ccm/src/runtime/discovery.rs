@@ -16,7 +16,7 @@ use futures::StreamExt;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
-use loxilb_client::LoxilbClient;
+use loxilb_client::{ClientConfig, LoxilbClient};
 use tracing::{info, warn};
 
 use super::Shared;
@@ -65,10 +65,77 @@ pub fn ready_loxilbs<'a>(
     out.into_iter().collect()
 }
 
+/// Where fleet members come from, besides `--loxilb-url`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Source {
+    /// The loxilb Service's EndpointSlices.
+    Discovered,
+    /// `LoxiURL` resources (`runtime::loxiurl`).
+    Resources,
+}
+
+/// The fleet's members by source: the configured URLs (fixed), the discovered loxilbs and
+/// the `LoxiURL` resources' URLs. Each source replaces its own part; the fleet is the union.
+pub struct Members {
+    configured: Vec<String>,
+    by_source: std::sync::Mutex<std::collections::BTreeMap<Source, Vec<String>>>,
+    /// Timeout, token and CA of a joining loxilb's client (the URL is set per loxilb).
+    template: ClientConfig,
+}
+
+impl Members {
+    pub fn new(configured: Vec<String>, template: ClientConfig) -> Members {
+        Members {
+            configured,
+            by_source: std::sync::Mutex::default(),
+            template,
+        }
+    }
+
+    /// `source` now names `urls`: the fleet's members follow (`Fleet::set_members`).
+    pub fn set(&self, shared: &Shared, source: Source, urls: Vec<String>) {
+        let all: Vec<String> = {
+            let mut by_source = self
+                .by_source
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            by_source.insert(source, urls);
+            self.configured
+                .iter()
+                .chain(by_source.values().flatten())
+                .cloned()
+                .collect()
+        };
+        let ctx = &shared.service;
+        let lease = ctx.gate.write_lease().clone();
+        let changed = ctx.fleet.set_members(&all, |url| {
+            let mut c = self.template.clone();
+            c.url = url.to_string();
+            let lease = lease.clone();
+            match LoxilbClient::new(c) {
+                Ok(client) => Some(client.with_write_gate(Arc::new(move || lease.holds()))),
+                Err(e) => {
+                    warn!(url, error = %e, "loxilb skipped");
+                    None
+                }
+            }
+        });
+        for url in &changed.joined {
+            info!(instance = %url, ?source, "loxilb joining (programmed before it serves)");
+        }
+        for url in &changed.left {
+            info!(instance = %url, "loxilb left the fleet: dropped");
+        }
+        if !changed.left.is_empty() {
+            // Programmed conditions count the instances.
+            ctx.requeue_all_served();
+        }
+    }
+}
+
 /// Follows the loxilb Service's EndpointSlices and keeps the fleet's members in step.
 pub async fn follow(shared: Arc<Shared>, discovery: Discovery) {
     let ctx = &shared.service;
-    let lease = ctx.gate.write_lease().clone();
     let api: Api<EndpointSlice> = match &discovery.namespace {
         Some(ns) => Api::namespaced(ctx.kube.clone(), ns),
         None => Api::all(ctx.kube.clone()),
@@ -95,28 +162,7 @@ pub async fn follow(shared: Arc<Shared>, discovery: Discovery) {
             .iter()
             .map(|(address, port)| discovery.url(address, *port))
             .collect();
-        let changed = ctx.fleet.set_members(&urls, |url| {
-            let mut c = discovery.client.clone();
-            c.url = url.to_string();
-            let lease = lease.clone();
-            match LoxilbClient::new(c) {
-                Ok(client) => Some(client.with_write_gate(Arc::new(move || lease.holds()))),
-                Err(e) => {
-                    warn!(url, error = %e, "discovered loxilb skipped");
-                    None
-                }
-            }
-        });
-        for url in &changed.joined {
-            info!(instance = %url, "loxilb discovered: joining (programmed before it serves)");
-        }
-        for url in &changed.left {
-            info!(instance = %url, "loxilb gone from the loxilb Service: dropped");
-        }
-        if !changed.left.is_empty() {
-            // Programmed conditions count the instances.
-            ctx.requeue_all_served();
-        }
+        shared.members.set(&shared, Source::Discovered, urls);
     }
 }
 

@@ -97,10 +97,14 @@ pub async fn health_loop(shared: Arc<Shared>) {
         let probes = Fleet::probe_all(&instances, &ctx.cluster, &ctx.report.metrics).await;
         // HA roles first: a failover is not held up by replays, and a loxilb that restarted
         // gets its role before its BGP and rules (docs/loxilb-api.md#replay-order).
+        for (inst, probe) in instances.iter().zip(&probes) {
+            if probe.needs_replay() {
+                // Restarted or back: the HA states it held are gone (or stale).
+                inst.forget_roles().await;
+            }
+        }
         if let Some(roles) = &shared.roles {
-            roles
-                .tick(&instances, &probes, &ctx.gate, &ctx.report.metrics)
-                .await;
+            roles.tick(&instances, &ctx.gate, &ctx.report.metrics).await;
         }
         let mut joined = false;
         for (inst, probe) in instances.iter().zip(&probes) {

@@ -3,6 +3,7 @@
 pub mod admin;
 pub mod discovery;
 mod loops;
+pub mod loxiurl;
 pub mod node_watch;
 pub mod roles;
 mod watches;
@@ -57,6 +58,8 @@ pub struct Shared {
     pub bgp: Option<loxi_domain::bgp::BgpSettings>,
     /// `None`: no HA roles (`--set-roles` unset).
     pub roles: Option<roles::Roles>,
+    /// The fleet's members by source (`discovery::Members`).
+    pub members: discovery::Members,
 }
 
 /// Reads the cluster identity: configured, or from the kube-system namespace UID.
@@ -332,6 +335,14 @@ pub async fn run(
         drift_interval: cfg.drift_interval,
         node_init: cfg.node_init.clone(),
         bgp: cfg.bgp.clone(),
+        members: discovery::Members::new(
+            ctx.fleet
+                .instances()
+                .iter()
+                .map(|i| i.url().to_string())
+                .collect(),
+            cfg.loxilb_template.clone(),
+        ),
         roles: cfg.roles.clone().map(|settings| {
             let (namespace, name) = &cfg.roles_record;
             roles::Roles::new(ctx.kube.clone(), settings, namespace, name)
@@ -391,6 +402,7 @@ pub async fn run(
     if let Some(d) = &cfg.discovery {
         tasks.spawn(discovery::follow(shared.clone(), d.clone()));
     }
+    tasks.spawn(loxiurl::follow(shared.clone()));
     tasks.spawn(loops::health_loop(shared.clone()));
     tasks.spawn(loops::drift_loop(shared.clone()));
     let requeues = tokio_stream_from(requeue_rx);

@@ -18,7 +18,7 @@ use tokio::sync::Mutex;
 use tracing::{info, warn};
 
 use crate::leader::Gate;
-use crate::loxilb::{Instance, Probe};
+use crate::loxilb::Instance;
 use crate::metrics::Metrics;
 
 /// Field manager of the record's server-side apply.
@@ -92,16 +92,10 @@ impl Roles {
         Ok(())
     }
 
-    /// One health tick, after the probes (`probes[i]` is `fleet.instances[i]`'s): decide,
-    /// post the states, record. A loxilb that needs a replay has lost its states: they
-    /// are posted again here, before its BGP and rules.
-    pub async fn tick(
-        &self,
-        instances: &[Arc<Instance>],
-        probes: &[Probe],
-        gate: &Gate,
-        metrics: &Metrics,
-    ) {
+    /// One health tick, after the probes: decide, post the states each reachable loxilb
+    /// lacks, record. A loxilb that needs a replay has lost its states (the health loop
+    /// forgets them first): they are posted again here, before its BGP and rules.
+    pub async fn tick(&self, instances: &[Arc<Instance>], gate: &Gate, metrics: &Metrics) {
         let mut book = self.book.lock().await;
         if !book.loaded
             && let Err(e) = self.load(&mut book).await
@@ -130,12 +124,9 @@ impl Roles {
         }
         book.masters = decided.clone();
         // Every loxilb at once: one that times out must not delay the new master.
-        let posts = instances.iter().zip(probes).map(|(inst, probe)| {
+        let posts = instances.iter().map(|inst| {
             let decided = &decided;
             async move {
-                if probe.needs_replay() {
-                    inst.forget_roles().await;
-                }
                 if !inst.is_healthy() || self.settings.excludes(inst.url()) {
                     return;
                 }
