@@ -230,6 +230,12 @@ async fn a_restarted_loxilb_gets_its_role_before_bgp_and_rules() {
     w.add_node("node-a", "10.7.0.1").await;
     let ip = w.serve_one_port("web", 80).await;
     assert_eq!(w.sim.cluster_state("llb-inst0").as_deref(), Some("MASTER"));
+    // The start-up replay is over (its BGP part comes last but one) before the restart.
+    wait_for("BGP configured", WAIT, || async {
+        let bgp = w.sim.bgp();
+        (bgp.global.is_some() && !bgp.neighbors.is_empty()).then_some(())
+    })
+    .await;
     w.sim.restart();
     wait_for("role, BGP and rule back", WAIT, || async {
         (w.sim.cluster_state("llb-inst0").as_deref() == Some("MASTER")
@@ -239,16 +245,16 @@ async fn a_restarted_loxilb_gets_its_role_before_bgp_and_rules() {
     })
     .await;
     let log = w.sim.writes_since_restart();
-    let first = |what: &str| {
-        log.iter()
-            .position(|l| l.contains(what))
-            .unwrap_or_else(|| panic!("no {what} in {log:?}"))
-    };
-    // (A neighbour check of the health tick may reach loxilb before the restart is seen; the
-    // global settings are sent only by the replay.)
+    // The replay the restart caused is the one that sends the global BGP settings last:
+    // the HA role comes right before them. (A start-up replay still finishing when the
+    // simulator restarted, or a neighbour check of the health tick, may write before the
+    // restart is seen.)
+    let global = log
+        .iter()
+        .rposition(|l| l == "POST /config/bgp/global")
+        .unwrap_or_else(|| panic!("no BGP global in {log:?}"));
     assert!(
-        first("/config/cistate") < first("/config/bgp/global")
-            && first("/config/bgp/global") < first("/config/loadbalancer"),
+        global > 0 && log[global - 1] == "POST /config/cistate",
         "{log:?}"
     );
     w.finish().await;
