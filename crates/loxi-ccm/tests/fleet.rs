@@ -419,11 +419,14 @@ async fn discovery_follows_the_loxilb_services_endpointslices() {
     );
     assert_eq!(b.cluster_state("llb-inst0").as_deref(), Some("BACKUP"));
 
-    // a goes: dropped, its role moves to b, new rules go to b only.
+    // a goes: dropped, its role moves to b (a, still running, is told BACKUP: never two
+    // masters), new rules go to b only.
     w.delete_loxilb_slice("loxilb-a").await;
     programmed_on("web", "1/1").await;
-    wait_for("b MASTER", WAIT, || async {
-        (b.cluster_state("llb-inst0").as_deref() == Some("MASTER")).then_some(())
+    wait_for("b MASTER, a BACKUP", WAIT, || async {
+        (b.cluster_state("llb-inst0").as_deref() == Some("MASTER")
+            && a.cluster_state("llb-inst0").as_deref() == Some("BACKUP"))
+        .then_some(())
     })
     .await;
     w.create(&World::lb_service("late", Some(CLASS), &[(82, "TCP")]))

@@ -1516,11 +1516,11 @@ struct FleetInner {
     parallel_calls: AtomicUsize,
 }
 
-/// What [`Fleet::set_members`] changed: URLs that joined and URLs that left.
-#[derive(Debug, Default, PartialEq, Eq)]
+/// What [`Fleet::set_members`] changed: URLs that joined, and the instances that left.
+#[derive(Default)]
 pub struct MembersChanged {
     pub joined: Vec<String>,
-    pub left: Vec<String>,
+    pub left: Vec<Arc<Instance>>,
 }
 
 impl Fleet {
@@ -1598,7 +1598,7 @@ impl Fleet {
         }
         for old in members.iter() {
             if !next.iter().any(|i| i.url() == old.url()) {
-                changed.left.push(old.url().to_string());
+                changed.left.push(old.clone());
             }
         }
         if !changed.joined.is_empty() || !changed.left.is_empty() {

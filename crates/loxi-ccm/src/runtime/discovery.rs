@@ -93,7 +93,7 @@ impl Members {
     }
 
     /// `source` now names `urls`: the fleet's members follow (`Fleet::set_members`).
-    pub fn set(&self, shared: &Shared, source: Source, urls: Vec<String>) {
+    pub fn set(&self, shared: &Arc<Shared>, source: Source, urls: Vec<String>) {
         let all: Vec<String> = {
             let mut by_source = self
                 .by_source
@@ -123,8 +123,18 @@ impl Members {
         for url in &changed.joined {
             info!(instance = %url, ?source, "loxilb joining (programmed before it serves)");
         }
-        for url in &changed.left {
-            info!(instance = %url, "loxilb left the fleet: dropped");
+        for inst in changed.left.iter().cloned() {
+            info!(instance = inst.url(), "loxilb left the fleet: dropped");
+            // It may still run (a Pod no longer ready): the roles it held move to the others
+            // at the next tick, so it must not go on answering as MASTER.
+            if shared.roles.is_some() {
+                let shared = shared.clone();
+                tokio::spawn(async move {
+                    if let Some(roles) = &shared.roles {
+                        roles.step_down(&inst, &shared.service.report.metrics).await;
+                    }
+                });
+            }
         }
         if !changed.left.is_empty() {
             // Programmed conditions count the instances.

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
-use loxi_domain::roles::{Candidate, HaSettings, Masters, decide_masters, role_of};
+use loxi_domain::roles::{Candidate, HaSettings, Masters, Role, decide_masters, role_of};
 use tokio::sync::Mutex;
 use tracing::{info, warn};
 
@@ -53,6 +53,30 @@ impl Roles {
     /// The masters as decided last (HA instance -> loxilb URL).
     pub async fn masters(&self) -> Masters {
         self.book.lock().await.masters.clone()
+    }
+
+    /// A loxilb that left the fleet: told `BACKUP` for every HA instance it was told
+    /// `MASTER` for (best effort: it may be gone already).
+    pub async fn step_down(&self, inst: &Instance, metrics: &Metrics) {
+        let wanted: BTreeMap<String, Role> = inst
+            .posted_roles()
+            .await
+            .into_iter()
+            .filter(|(_, role)| *role == Role::Master)
+            .map(|(instance, _)| (instance, Role::Backup))
+            .collect();
+        if wanted.is_empty() {
+            return;
+        }
+        match inst
+            .ensure_roles(&wanted, &self.settings.vip, metrics)
+            .await
+        {
+            Ok(_) => info!(instance = inst.url(), "loxilb left the fleet: made BACKUP"),
+            Err(e) => {
+                info!(instance = inst.url(), error = %e, "loxilb left the fleet: not made BACKUP (gone?)")
+            }
+        }
     }
 
     async fn load(&self, book: &mut Book) -> Result<(), kube::Error> {
