@@ -406,7 +406,10 @@ async fn discovery_follows_the_loxilb_services_endpointslices() {
         b.rules().is_empty(),
         "a loxilb that is not ready gets nothing"
     );
-    assert_eq!(wait_sole_master(&[a.clone()], "llb-inst0").await, 0);
+    assert_eq!(
+        wait_sole_master(std::slice::from_ref(&a), "llb-inst0").await,
+        0
+    );
 
     // b turns ready: joins, is programmed, then counted.
     b.set_write_latency(Duration::from_millis(50));

@@ -123,7 +123,8 @@ impl Members {
         for url in &changed.joined {
             info!(instance = %url, ?source, "loxilb joining (programmed before it serves)");
         }
-        for inst in changed.left.iter().cloned() {
+        let left = !changed.left.is_empty();
+        for inst in changed.left {
             info!(instance = inst.url(), "loxilb left the fleet: dropped");
             // It may still run (a Pod no longer ready): the roles it held move to the others
             // at the next tick, so it must not go on answering as MASTER.
@@ -136,7 +137,7 @@ impl Members {
                 });
             }
         }
-        if !changed.left.is_empty() {
+        if left {
             // Programmed conditions count the instances.
             ctx.requeue_all_served();
         }
