@@ -48,6 +48,19 @@ pub struct ReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HaRoleLabels {
+    /// The HA instance (`llb-inst0`, ...).
+    pub ha_instance: String,
+    pub loxilb: String,
+    pub role: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HaInstanceLabels {
+    pub ha_instance: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolLabels {
     pub pool: String,
     pub state: String,
@@ -72,6 +85,8 @@ pub struct Metrics {
     loxilb_limit_hits: Family<InstanceReasonLabels, Counter>,
     loxilb_replays: Family<InstanceReasonLabels, Counter>,
     bgp_sessions: Family<BgpSessionLabels, Gauge>,
+    ha_roles: Family<HaRoleLabels, Gauge>,
+    ha_failovers: Family<HaInstanceLabels, Counter>,
     pool_addresses: Family<PoolLabels, Gauge<i64, AtomicI64>>,
     endpoints_dropped: Gauge,
     services_not_programmed: Family<ReasonLabels, Gauge>,
@@ -153,6 +168,20 @@ impl Metrics {
              state (ESTABLISHED, ACTIVE, ...)",
             bgp_sessions.clone(),
         );
+        let ha_roles = Family::<HaRoleLabels, Gauge>::default();
+        registry.register(
+            "ha_roles",
+            "HA roles (--set-roles): 1 for the role (MASTER or BACKUP) each loxilb was given \
+             for each HA instance",
+            ha_roles.clone(),
+        );
+        let ha_failovers = Family::<HaInstanceLabels, Counter>::default();
+        registry.register(
+            "ha_failovers",
+            "Times an HA instance's MASTER role moved to another loxilb because its master \
+             stopped answering",
+            ha_failovers.clone(),
+        );
         let pool_addresses = Family::<PoolLabels, Gauge<i64, AtomicI64>>::default();
         registry.register(
             "pool_addresses",
@@ -197,6 +226,8 @@ impl Metrics {
             loxilb_limit_hits,
             loxilb_replays,
             bgp_sessions,
+            ha_roles,
+            ha_failovers,
             pool_addresses,
             endpoints_dropped,
             services_not_programmed,
@@ -296,6 +327,30 @@ impl Metrics {
         } else {
             self.bgp_sessions.remove(&labels);
         }
+    }
+
+    /// `loxilb` now holds `role` for `ha_instance` (its other role's series is removed).
+    pub fn set_ha_role(&self, ha_instance: &str, loxilb: &str, role: &str) {
+        for r in ["MASTER", "BACKUP"] {
+            let labels = HaRoleLabels {
+                ha_instance: ha_instance.to_string(),
+                loxilb: loxilb.to_string(),
+                role: r.to_string(),
+            };
+            if r == role {
+                self.ha_roles.get_or_create(&labels).set(1);
+            } else {
+                self.ha_roles.remove(&labels);
+            }
+        }
+    }
+
+    pub fn ha_failover(&self, ha_instance: &str) {
+        self.ha_failovers
+            .get_or_create(&HaInstanceLabels {
+                ha_instance: ha_instance.to_string(),
+            })
+            .inc();
     }
 
     pub fn set_leader(&self, leading: bool) {

@@ -202,10 +202,24 @@ async fn good_configuration_passes_every_check() {
         "good",
         &format!(
             "loxiURL:\n  - {}\nexternalCIDR: 192.0.2.0/24\ncidr6Pools: v6=2001:db8::/120\n\
-             setLBMode: 2\nleaderElectNamespace: kube-system\n",
+             setLBMode: 2\nleaderElectNamespace: kube-system\nsetRoles: 0.0.0.0\n\
+             numZoneInstances: 2\n",
             sim.url()
         ),
     );
+    // The HA role record as a controller wrote it (docs/fleet.md#the-record).
+    let record: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "loxi-ccm-ha-roles"},
+        "data": {"llb-inst0": sim.url()},
+    }))
+    .unwrap();
+    kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(
+        cp.admin_client().await.unwrap(),
+        "kube-system",
+    )
+    .create(&Default::default(), &record)
+    .await
+    .unwrap();
     let kubeconfig = cp.kubeconfig_path();
     let out = check(
         &[
@@ -231,6 +245,9 @@ async fn good_configuration_passes_every_check() {
         "cluster id",
         "permissions",
         &format!("loxilb {}", sim.url()),
+        "fleet: 1 loxilb(s) from --loxilb-url, plus LoxiURL resources if any; HA roles for \
+         llb-inst0, llb-inst1 with VIP 0.0.0.0, recorded in ConfigMap kube-system/loxi-ccm-ha-roles",
+        &format!("HA roles: llb-inst0 MASTER {}", sim.url()),
     ] {
         assert!(
             lines.iter().any(|l| l[5..].starts_with(name)),

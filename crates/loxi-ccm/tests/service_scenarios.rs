@@ -470,7 +470,7 @@ impl Scenario {
         let plan = rules_for(svc, &self.ctx, &[ip], &[])
             .expect("a valid Service")
             .expect("an address");
-        let report = self.ctx.fleet.instances[0]
+        let report = self.ctx.fleet.instances()[0]
             .apply_service(
                 &self.ctx.cluster,
                 NS,

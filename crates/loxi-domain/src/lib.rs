@@ -19,6 +19,7 @@ pub mod model;
 pub mod naming;
 pub mod plan;
 pub mod pools;
+pub mod roles;
 pub mod selection;
 pub mod sharing;
 pub mod text;

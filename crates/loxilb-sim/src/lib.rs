@@ -100,6 +100,9 @@ pub(crate) struct Shared {
     rule_posts: AtomicU64,
     /// API calls other than GET received (every write, whatever its path).
     writes: AtomicU64,
+    /// The first [`WRITE_LOG_LEN`] writes since start or the last restart, as `METHOD path`
+    /// (path below the API base): what a test reads to check the order of a replay.
+    write_log: Mutex<Vec<String>>,
     /// Endpoint addresses a test made unreachable (kept across restarts: not loxilb state).
     reachability: Mutex<endpoints::Reachability>,
     restarts: AtomicU64,
@@ -129,6 +132,7 @@ impl Shared {
             requests: AtomicU64::new(0),
             rule_posts: AtomicU64::new(0),
             writes: AtomicU64::new(0),
+            write_log: Mutex::default(),
             reachability: Mutex::default(),
             restarts: AtomicU64::new(0),
             bgp_enabled: AtomicBool::new(bgp),
@@ -183,8 +187,13 @@ impl Shared {
         lock(&self.reachability)
     }
 
-    pub(crate) fn count_write(&self) {
+    pub(crate) fn count_write(&self, method: &str, path: &str) {
         self.writes.fetch_add(1, Ordering::Relaxed);
+        let mut log = lock(&self.write_log);
+        if log.len() < WRITE_LOG_LEN {
+            let path = path.strip_prefix(API_BASE).unwrap_or(path);
+            log.push(format!("{method} {path}"));
+        }
     }
 
     fn set_fault(&self, f: Option<Fault>) {
@@ -221,6 +230,7 @@ impl Shared {
     fn restart(&self) {
         *self.state() = state::SimState::new(self.cfg.max_rules);
         self.requests.store(0, Ordering::Relaxed);
+        lock(&self.write_log).clear();
         self.fault_seen.store(0, Ordering::Relaxed);
         self.faults_injected.store(0, Ordering::Relaxed);
         self.restarts.fetch_add(1, Ordering::Relaxed);
@@ -265,6 +275,9 @@ struct Inner {
     /// hold it across the listener shutdown so a rebind never races it.
     running: tokio::sync::Mutex<Option<server::Running>>,
 }
+
+/// How many writes after a start [`Simulator::writes_since_restart`] keeps.
+pub const WRITE_LOG_LEN: usize = 256;
 
 /// Handle to a running simulator; cheap to clone.
 #[derive(Clone)]
@@ -421,6 +434,13 @@ impl Simulator {
         self.inner.shared.writes.load(Ordering::Relaxed)
     }
 
+    /// The first writes received since start or the last restart (at most
+    /// [`WRITE_LOG_LEN`]), in order, as `METHOD path` below the API base, e.g.
+    /// `POST /config/cistate`.
+    pub fn writes_since_restart(&self) -> Vec<String> {
+        lock(&self.inner.shared.write_log).clone()
+    }
+
     /// Makes an endpoint address unreachable for loxilb's health probes (or reachable
     /// again): with `monitor` on, its endpoints turn `inactive` once the probes give up
     /// (probe interval × retries), and `active` again once it is reachable.
@@ -471,6 +491,21 @@ impl Simulator {
             .bgp
             .set_peer_state(ip, state, updowntime)
             .is_some()
+    }
+
+    /// The HA state of every cluster instance, as `GET /config/cistate/all` lists them:
+    /// (instance, state, vip text), sorted by instance. What a test reads to see which
+    /// loxilb is `MASTER` for an instance (docs/loxilb-api.md#ha-roles).
+    pub fn cluster_states(&self) -> Vec<(String, String, String)> {
+        self.inner.shared.state().ci_states()
+    }
+
+    /// The state of one cluster instance (`None`: loxilb does not know it).
+    pub fn cluster_state(&self, instance: &str) -> Option<String> {
+        self.cluster_states()
+            .into_iter()
+            .find(|(name, _, _)| name == instance)
+            .map(|(_, state, _)| state)
     }
 
     /// API calls received since start or the last restart (admin excluded).

@@ -353,7 +353,7 @@ async fn api_entry(State(app): State<AppState>, req: Request) -> Response {
     let mut latency = shared.latency();
     if req.method() != Method::GET {
         latency += shared.write_latency();
-        shared.count_write();
+        shared.count_write(req.method().as_str(), req.uri().path());
     }
     if req.method() == Method::POST && req.uri().path().ends_with("/config/loadbalancer") {
         shared.count_rule_post();

@@ -637,6 +637,19 @@ impl SimState {
         Ok(())
     }
 
+    pub(crate) fn ci_states(&self) -> Vec<(String, String, String)> {
+        let mut v: Vec<(String, String, String)> = self
+            .ci
+            .iter()
+            .map(|(name, e)| {
+                let vip = e.vip.clone().unwrap_or_else(|| "<nil>".into());
+                (name.clone(), e.state.clone(), vip)
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
     pub(crate) fn list_ci(&self) -> Value {
         let attrs: Vec<Value> = self
             .ci

@@ -215,3 +215,34 @@ async fn admin_rules_stats_and_counts() {
     assert!(r.1["error"].is_string());
     let _: Value = r.1;
 }
+
+/// Several simulators in one test are separate loxilbs: each boots with its own
+/// `llb-inst0`/`NOT_DEFINED` entry, a role set on one does not show on the other, the
+/// library's view matches the API's listing, and a restart of one wipes only its roles.
+#[tokio::test]
+async fn several_simulators_keep_separate_ha_states() {
+    let a = start().await;
+    let b = start().await;
+    let boot = vec![(
+        "llb-inst0".to_string(),
+        "NOT_DEFINED".to_string(),
+        "0.0.0.0".to_string(),
+    )];
+    assert_eq!(a.sim.cluster_states(), boot);
+    assert_eq!(b.sim.cluster_states(), boot);
+    let master = json!({"instance": "llb-inst0", "state": "MASTER", "vip": "10.0.0.100"});
+    let backup = json!({"instance": "llb-inst0", "state": "BACKUP", "vip": "10.0.0.100"});
+    assert_success(&a.post("/config/cistate", &master).await);
+    assert_success(&b.post("/config/cistate", &backup).await);
+    assert_eq!(a.sim.cluster_state("llb-inst0").as_deref(), Some("MASTER"));
+    assert_eq!(b.sim.cluster_state("llb-inst0").as_deref(), Some("BACKUP"));
+    assert_eq!(a.sim.cluster_state("llb-inst1"), None);
+    let (_, listed) = a.get("/config/cistate/all").await;
+    assert_eq!(listed["Attr"][0]["vip"], "10.0.0.100");
+    assert_eq!(a.sim.cluster_states()[0].2, "10.0.0.100");
+    assert_eq!(b.sim.writes_since_restart(), ["POST /config/cistate"]);
+    b.sim.restart();
+    assert_eq!(b.sim.cluster_states(), boot);
+    assert!(b.sim.writes_since_restart().is_empty());
+    assert_eq!(a.sim.cluster_state("llb-inst0").as_deref(), Some("MASTER"));
+}

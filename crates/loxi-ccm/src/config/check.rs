@@ -118,11 +118,13 @@ pub async fn run(loaded: &Loaded) -> Report {
         Err(e) => return Report::config_failure(&e),
     };
     report.pass("configuration", describe_config(&cfg, loaded));
+    report.pass("fleet", describe_fleet(&cfg));
     let kube_and_inventory = async {
         let (mut lines, api) = kube_checks(loaded.args.kubeconfig.as_deref(), &cfg).await;
         lines
             .lines
             .extend(inventory_check(api.as_ref(), &cfg).await);
+        lines.lines.extend(roles_check(api.as_ref(), &cfg).await);
         (lines, api)
     };
     let (kube_lines, loxilb_lines) = match &cfg.loxilb_token_source {
@@ -196,6 +198,81 @@ fn describe_config(cfg: &Config, loaded: &Loaded) -> String {
         );
     }
     text
+}
+
+/// Where the loxilbs come from and how roles are arbitrated (docs/fleet.md).
+fn describe_fleet(cfg: &Config) -> String {
+    let members = match &cfg.discovery {
+        Some(d) => format!(
+            "loxilbs discovered from the EndpointSlices of Service {} in {} (port {})",
+            d.service,
+            d.namespace
+                .as_deref()
+                .map_or("any namespace".to_string(), |ns| format!("namespace {ns}")),
+            d.port
+        ),
+        None => format!("{} loxilb(s) from --loxilb-url", cfg.loxilb.len()),
+    };
+    let instances = cfg.ha_instances.join(", ");
+    let roles = match &cfg.roles {
+        Some(r) => {
+            let (ns, name) = &cfg.roles_record;
+            let excluded = if r.excluded.is_empty() {
+                String::new()
+            } else {
+                format!(", never to {}", r.excluded.join(", "))
+            };
+            format!(
+                "HA roles for {instances} with VIP {}{excluded}, recorded in ConfigMap {ns}/{name}",
+                r.vip
+            )
+        }
+        None => format!("HA instances {instances}, roles not set (--set-roles unset)"),
+    };
+    format!("{members}, plus LoxiURL resources if any; {roles}")
+}
+
+/// The HA masters recorded (docs/fleet.md#the-record), with `--set-roles`.
+async fn roles_check(api: Option<&kube::Client>, cfg: &Config) -> Option<CheckLine> {
+    cfg.roles.as_ref()?;
+    let client = api?;
+    let (ns, name) = &cfg.roles_record;
+    let cms: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::namespaced(client.clone(), ns);
+    let line = |ok: bool, detail: String| CheckLine {
+        ok,
+        name: "HA roles".into(),
+        detail,
+    };
+    Some(
+        match tokio::time::timeout(KUBE_TIMEOUT, cms.get_opt(name)).await {
+            Ok(Ok(Some(cm))) => {
+                let masters: Vec<String> = cm
+                    .data
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(instance, master)| format!("{instance} MASTER {master}"))
+                    .collect();
+                line(
+                    true,
+                    if masters.is_empty() {
+                        "no master recorded yet".into()
+                    } else {
+                        masters.join(", ")
+                    },
+                )
+            }
+            Ok(Ok(None)) => line(true, format!("no record yet ({ns}/{name})")),
+            Ok(Err(e)) => line(false, format!("reading {ns}/{name}: {e}")),
+            Err(_) => line(
+                false,
+                format!(
+                    "reading {ns}/{name}: no answer within {}s",
+                    KUBE_TIMEOUT.as_secs()
+                ),
+            ),
+        },
+    )
 }
 
 /// Why a Kubernetes call of the check failed.
@@ -363,6 +440,23 @@ fn needs(cfg: &Config) -> Vec<Need> {
                 .ns(lns)
                 .named(&lease.name),
         );
+    }
+    if let Some(d) = &cfg.discovery {
+        // The in-cluster loxilbs (docs/fleet.md#discovery).
+        for verb in ["list", "watch"] {
+            needs.push(
+                Need::new(verb, "discovery.k8s.io", "endpointslices").ns(d.namespace.as_deref()),
+            );
+        }
+    }
+    if cfg.roles.is_some() {
+        // The HA role record (docs/fleet.md#the-record): created by a server-side apply.
+        let (rns, name) = &cfg.roles_record;
+        let rns = Some(rns.as_str());
+        needs.push(Need::new("create", "", "configmaps").ns(rns));
+        for verb in ["get", "patch"] {
+            needs.push(Need::new(verb, "", "configmaps").ns(rns).named(name));
+        }
     }
     if !cfg.node_init.disable_node_init {
         needs.push(Need::new("patch", "", "nodes"));

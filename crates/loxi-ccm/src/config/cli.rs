@@ -73,7 +73,8 @@ pub struct RunArgs {
     pub kubeconfig: Option<PathBuf>,
 
     /// loxilb API endpoint(s), e.g. http://10.0.0.5:11111. Repeat the flag or separate with
-    /// commas; every instance gets every rule. Required. (kube-loxilb: --loxiURL)
+    /// commas; every instance gets every rule. Unset: the loxilbs running in the cluster are
+    /// followed instead (--loxilb-service, docs/fleet.md#discovery). (kube-loxilb: --loxiURL)
     #[arg(
         long = "loxilb-url",
         alias = "loxiURL",
@@ -81,6 +82,32 @@ pub struct RunArgs {
         value_delimiter = ','
     )]
     pub loxilb_urls: Vec<String>,
+
+    /// Without --loxilb-url: the Service whose ready EndpointSlice addresses are the loxilbs
+    /// (kube-loxilb's in-cluster loxilb Service), followed by a watch; a loxilb that appears
+    /// is programmed completely before Services count it, one that goes is dropped.
+    #[arg(
+        long = "loxilb-service",
+        env = "LOXI_CCM_LOXILB_SERVICE",
+        default_value = "loxilb-lb-service"
+    )]
+    pub loxilb_service: String,
+
+    /// Namespace of --loxilb-service; unset: any namespace.
+    #[arg(
+        long = "loxilb-service-namespace",
+        env = "LOXI_CCM_LOXILB_SERVICE_NAMESPACE"
+    )]
+    pub loxilb_service_namespace: Option<String>,
+
+    /// API port of the loxilbs found through --loxilb-service (http://<address>:<port>); an
+    /// EndpointSlice that does not list this port but exactly one other gives that one.
+    #[arg(
+        long = "loxilb-port",
+        env = "LOXI_CCM_LOXILB_PORT",
+        default_value_t = 11111
+    )]
+    pub loxilb_port: u16,
 
     /// Default IPv4 pool, named "default": a CIDR (network and broadcast addresses are never
     /// handed out) or a range a.b.c.d-a.b.c.e. (kube-loxilb: --externalCIDR; loxi-ccm: externalIPcidr)
@@ -374,6 +401,36 @@ pub struct RunArgs {
         action = clap::ArgAction::Set
     )]
     pub bgp_multihop: bool,
+
+    /// HA roles: for each HA instance exactly one reachable loxilb is MASTER and the others
+    /// BACKUP (POST /config/cistate, with this VIP; 0.0.0.0 for none). When a master stops
+    /// answering another takes over; roles are recorded in the ConfigMap
+    /// <leader-elect-name>-ha-roles (docs/fleet.md). Unset: no roles are set.
+    /// (kube-loxilb: --setRoles)
+    #[arg(long = "set-roles", alias = "setRoles", env = "LOXI_CCM_SET_ROLES")]
+    pub set_roles: Option<String>,
+
+    /// loxilbs never given a role with --set-roles: their URLs or hosts, comma-separated.
+    /// (kube-loxilb: --excludeRoleList)
+    #[arg(
+        long = "exclude-role-list",
+        alias = "excludeRoleList",
+        env = "LOXI_CCM_EXCLUDE_ROLE_LIST",
+        value_delimiter = ','
+    )]
+    pub exclude_role_list: Vec<String>,
+
+    /// Number of HA instances (llb-inst0, llb-inst1, ...): each Service is given one (the
+    /// least used, or loxilb.io/zoneinstance), recorded on the Service and never changed; its
+    /// rules carry the instance in their name. (kube-loxilb: --numZoneInstances)
+    #[arg(
+        long = "num-zone-instances",
+        alias = "numZoneInstances",
+        env = "LOXI_CCM_NUM_ZONE_INSTANCES",
+        default_value_t = 1,
+        value_parser = clap::value_parser!(u16).range(1..=64)
+    )]
+    pub num_zone_instances: u16,
 
     /// Address of the admin HTTP server (/metrics, /healthz, /readyz).
     #[arg(

@@ -114,6 +114,17 @@ pub struct Config {
     pub multus: bool,
     /// `None`: BGP off (`--bgp-local-as` unset or 0).
     pub bgp: Option<BgpSettings>,
+    /// `Some` without `--loxilb-url`: the loxilbs are followed in the cluster.
+    pub discovery: Option<Discovery>,
+    /// Timeout, token and CA for loxilbs that join later (discovered, `LoxiURL`).
+    pub loxilb_template: ClientConfig,
+    /// The HA instances Services are given (`--num-zone-instances`: `llb-inst0`, ...).
+    pub ha_instances: Vec<String>,
+    /// `None`: no HA roles (`--set-roles` unset).
+    pub roles: Option<loxi_domain::roles::HaSettings>,
+    /// Namespace and name of the ConfigMap recording the HA masters: the leader-election
+    /// namespace, `<leader-elect-name>-ha-roles`.
+    pub roles_record: (String, String),
 }
 
 /// Where the loxilb token comes from.
@@ -236,10 +247,8 @@ const LEGACY_KEYS: &[(&str, &[&str])] = &[
 const UNSUPPORTED_KEYS: &[&str] = &[
     "enableBGPCRDs",
     "externalSecondaryCIDRs6",
-    "setRoles",
     "zone",
     "privateCIDR",
-    "excludeRoleList",
     "appendEPs",
     "gatewayAPI",
     "loxilbGatewayClass",
@@ -248,6 +257,27 @@ const UNSUPPORTED_KEYS: &[&str] = &[
     "nodePortServiceVirtIP",
     "clientConnection",
 ];
+
+/// Where the loxilbs are found in the cluster (docs/fleet.md#discovery).
+#[derive(Debug, Clone)]
+pub struct Discovery {
+    /// The Service whose EndpointSlices list the loxilbs.
+    pub service: String,
+    /// `None`: any namespace.
+    pub namespace: Option<String>,
+    /// Their API port (when a slice does not give another: `runtime::discovery`).
+    pub port: u16,
+}
+
+impl Discovery {
+    /// The API URL of the loxilb at `address`, `port`.
+    pub fn url(&self, address: &std::net::IpAddr, port: u16) -> String {
+        match address {
+            std::net::IpAddr::V4(a) => format!("http://{a}:{port}"),
+            std::net::IpAddr::V6(a) => format!("http://[{a}]:{port}"),
+        }
+    }
+}
 
 /// `loxilb-url` -> `loxilbUrl`, `external-cidr6` -> `externalCidr6`.
 pub fn camel_case(long: &str) -> String {
@@ -914,15 +944,71 @@ impl Config {
             }
             loxilb.push(c);
         }
-        if loxilb.is_empty() {
-            return Err(ConfigError::Conflict(
-                "no loxilb URL: set --loxilb-url, LOXI_CCM_LOXILB_URL or the config key loxilbUrl"
-                    .to_string(),
-            ));
-        }
+        let discovery = if loxilb.is_empty() {
+            let service = args.loxilb_service.trim();
+            if !loxi_domain::address_name::is_object_name(service) {
+                return Err(bad(
+                    "loxilb_service",
+                    service,
+                    "expected the name of a Service",
+                ));
+            }
+            let namespace = args
+                .loxilb_service_namespace
+                .as_deref()
+                .map(str::trim)
+                .filter(|n| !n.is_empty());
+            if let Some(ns) = namespace
+                && !is_dns_label(ns)
+            {
+                return Err(bad(
+                    "loxilb_service_namespace",
+                    ns,
+                    "expected a namespace name",
+                ));
+            }
+            if args.loxilb_port == 0 {
+                return Err(bad("loxilb_port", "0", "expected a port, 1-65535"));
+            }
+            Some(Discovery {
+                service: service.to_string(),
+                namespace: namespace.map(str::to_string),
+                port: args.loxilb_port,
+            })
+        } else {
+            None
+        };
+
+        let mut loxilb_template = ClientConfig::new("http://loxilb");
+        loxilb_template.timeout = args.loxilb_timeout;
+        loxilb_template.token = token.clone();
+        loxilb_template.ca_pem = ca_pem.clone();
 
         let (pools, secondary_pools) = build_pools(args, origins)?;
         let bgp = bgp_settings(args, origins)?;
+        let ha_instances = loxi_domain::roles::instance_names(
+            loxi_domain::roles::DEFAULT_ZONE,
+            args.num_zone_instances,
+        );
+        let roles = match args.set_roles.as_deref().map(str::trim) {
+            None | Some("") => None,
+            Some(vip) => {
+                if vip.parse::<std::net::IpAddr>().is_err() {
+                    return Err(bad(
+                        "set_roles",
+                        vip,
+                        "the HA VIP must be an IP address (0.0.0.0 for none)",
+                    ));
+                }
+                Some(loxi_domain::roles::HaSettings {
+                    vip: vip.to_string(),
+                    instances: ha_instances.clone(),
+                    excluded: non_empty(&args.exclude_role_list)
+                        .map(str::to_string)
+                        .collect(),
+                })
+            }
+        };
         let pool = pools
             .iter()
             .find(|p| p.size(Family::V4) > 0)
@@ -971,6 +1057,14 @@ impl Config {
             node_init: args.node_init.clone(),
             multus: args.multus,
             bgp,
+            discovery,
+            loxilb_template,
+            ha_instances,
+            roles,
+            roles_record: (
+                args.leader_elect_namespace.clone(),
+                format!("{}-ha-roles", args.leader_elect_name),
+            ),
         })
     }
 }
@@ -1392,13 +1486,13 @@ mod tests {
                 file.display()
             )
         );
-        let file = temp_file("unsupported", "setRoles: 0.0.0.0\n");
+        let file = temp_file("unsupported", "privateCIDR: 10.0.0.0/8\n");
         let e = err(run(
             BASE,
             &env_of(&[("LOXI_CCM_CONFIG", file.to_str().unwrap())]),
         ));
         assert!(
-            e.contains("key \"setRoles\"") && e.contains("not support"),
+            e.contains("key \"privateCIDR\"") && e.contains("not support"),
             "{e}"
         );
         let file = temp_file(

@@ -52,6 +52,9 @@
 //! sender and are woken then, so a full instance costs no calls and no retry storm.
 
 mod bgp;
+mod roles;
+
+pub use roles::HaSettings;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
@@ -536,6 +539,11 @@ pub struct Instance {
     last_service_write: std::sync::Mutex<Option<Instant>>,
     /// Its BGP as this controller configured it (`bgp.rs`).
     bgp: Mutex<bgp::BgpState>,
+    /// The HA states this controller posted since it last (re)started (`roles.rs`).
+    roles: Mutex<roles::PostedRoles>,
+    /// Services' passes program it. A discovered instance joins without (`Fleet::set_members`)
+    /// and serves once its first replay programmed it completely.
+    serving: AtomicBool,
 }
 
 /// The outcome of applying rules to one instance. Only transport failures (the instance is
@@ -704,6 +712,8 @@ impl Instance {
             holdings: Mutex::new(Holdings::default()),
             last_service_write: std::sync::Mutex::new(None),
             bgp: Mutex::default(),
+            roles: Mutex::default(),
+            serving: AtomicBool::new(true),
         }
     }
 
@@ -723,6 +733,17 @@ impl Instance {
         if let Ok(mut t) = self.last_service_write.lock() {
             *t = Some(Instant::now());
         }
+    }
+
+    /// Services' passes program it (every configured instance; a discovered one once its
+    /// first replay is done).
+    pub fn is_serving(&self) -> bool {
+        self.serving.load(Ordering::SeqCst)
+    }
+
+    /// Its first replay programmed it completely: Services' passes program it from now on.
+    pub fn start_serving(&self) -> bool {
+        !self.serving.swap(true, Ordering::SeqCst)
     }
 
     /// Not known to be down: reachable at the last probe, or not probed yet.
@@ -1483,10 +1504,26 @@ impl Instance {
     }
 }
 
-/// All configured instances.
+/// The loxilb instances: the configured ones, or those discovery follows
+/// (docs/fleet.md#discovery). A cheap handle: clones share the same members.
 #[derive(Clone)]
 pub struct Fleet {
-    pub instances: Arc<Vec<Instance>>,
+    inner: Arc<FleetInner>,
+}
+
+struct FleetInner {
+    /// Replaced as a whole when members join or leave; readers work on a snapshot.
+    members: std::sync::RwLock<Arc<Vec<Arc<Instance>>>>,
+    cluster: ClusterId,
+    capacity: AtomicUsize,
+    parallel_calls: AtomicUsize,
+}
+
+/// What [`Fleet::set_members`] changed: URLs that joined, and the instances that left.
+#[derive(Default)]
+pub struct MembersChanged {
+    pub joined: Vec<String>,
+    pub left: Vec<Arc<Instance>>,
 }
 
 impl Fleet {
@@ -1502,21 +1539,84 @@ impl Fleet {
         cluster: &ClusterId,
     ) -> Fleet {
         let fleet = Fleet {
-            instances: Arc::new(
-                clients
-                    .into_iter()
-                    .map(|c| Instance::new(c, cluster))
-                    .collect(),
-            ),
+            inner: Arc::new(FleetInner {
+                members: std::sync::RwLock::new(Arc::new(
+                    clients
+                        .into_iter()
+                        .map(|c| Arc::new(Instance::new(c, cluster)))
+                        .collect(),
+                )),
+                cluster: cluster.clone(),
+                capacity: AtomicUsize::new(capacity.max(1)),
+                parallel_calls: AtomicUsize::new(DEFAULT_PARALLEL_CALLS),
+            }),
         };
         fleet.set_capacity(capacity);
         fleet
     }
 
+    /// The instances now (a snapshot: members that join or leave later are not in it).
+    pub fn instances(&self) -> Arc<Vec<Arc<Instance>>> {
+        self.inner
+            .members
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Makes the members the loxilbs at `urls` (discovery): an instance already known is
+    /// kept with everything it holds; a new one joins *not serving* (Services' passes skip
+    /// it) until its first replay has programmed it completely; one no longer listed is
+    /// dropped. `client` makes the client of a new URL (`None`: skipped, it said why).
+    pub fn set_members(
+        &self,
+        urls: &[String],
+        client: impl Fn(&str) -> Option<LoxilbClient>,
+    ) -> MembersChanged {
+        let mut members = self
+            .inner
+            .members
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut changed = MembersChanged::default();
+        let mut next: Vec<Arc<Instance>> = Vec::with_capacity(urls.len());
+        for url in urls {
+            if next.iter().any(|i| i.url() == url) {
+                continue;
+            }
+            if let Some(known) = members.iter().find(|i| i.url() == url) {
+                next.push(known.clone());
+                continue;
+            }
+            let Some(c) = client(url) else { continue };
+            let inst = Instance::new(c, &self.inner.cluster);
+            inst.serving.store(false, Ordering::SeqCst);
+            inst.set_capacity(self.inner.capacity.load(Ordering::Relaxed));
+            inst.parallel_calls.store(
+                self.inner.parallel_calls.load(Ordering::Relaxed),
+                Ordering::Relaxed,
+            );
+            changed.joined.push(url.clone());
+            next.push(Arc::new(inst));
+        }
+        for old in members.iter() {
+            if !next.iter().any(|i| i.url() == old.url()) {
+                changed.left.push(old.clone());
+            }
+        }
+        if !changed.joined.is_empty() || !changed.left.is_empty() {
+            *members = Arc::new(next);
+        }
+        changed
+    }
+
     /// Sets how many Services' new rules a replay or drift repair sends at once to one
     /// instance (the controller uses its `--concurrency`).
     pub fn set_parallel_calls(&self, parallel: usize) {
-        for inst in self.instances.iter() {
+        self.inner
+            .parallel_calls
+            .store(parallel.max(1), Ordering::Relaxed);
+        for inst in self.instances().iter() {
             inst.parallel_calls
                 .store(parallel.max(1), Ordering::Relaxed);
         }
@@ -1524,22 +1624,29 @@ impl Fleet {
 
     /// Sets every instance's rule-table size.
     pub fn set_capacity(&self, capacity: usize) {
-        for inst in self.instances.iter() {
+        self.inner
+            .capacity
+            .store(capacity.max(1), Ordering::Relaxed);
+        for inst in self.instances().iter() {
             inst.set_capacity(capacity);
         }
     }
 
     /// `svc` is gone: it waits for room nowhere.
     pub async fn forget_waiter(&self, svc: &RuleOwner) {
-        for inst in self.instances.iter() {
+        for inst in self.instances().iter() {
             inst.holdings.lock().await.waiters.done(svc);
         }
     }
 
-    /// Probes every instance at once: one that times out must not delay noticing that
-    /// another restarted. In instance order.
-    pub async fn probe_all(&self, cluster: &ClusterId, metrics: &Metrics) -> Vec<Probe> {
-        futures::future::join_all(self.instances.iter().map(|i| i.probe(cluster, metrics))).await
+    /// Probes every instance of `instances` at once: one that times out must not delay
+    /// noticing that another restarted. In the order given.
+    pub async fn probe_all(
+        instances: &[Arc<Instance>],
+        cluster: &ClusterId,
+        metrics: &Metrics,
+    ) -> Vec<Probe> {
+        futures::future::join_all(instances.iter().map(|i| i.probe(cluster, metrics))).await
     }
 }
 

@@ -60,10 +60,8 @@ async fn readyz(State(ctx): State<Arc<Shared>>) -> impl IntoResponse {
     } else {
         "standby"
     };
-    let down: Vec<&str> = ctx
-        .service
-        .fleet
-        .instances
+    let instances = ctx.service.fleet.instances();
+    let down: Vec<&str> = instances
         .iter()
         .filter(|i| !i.is_healthy())
         .map(|i| i.url())

@@ -12,7 +12,7 @@ use tracing::{info, warn};
 
 use super::{Shared, Stop};
 use crate::ipam::claims::ClaimedBy;
-use crate::loxilb::{Instance, ServiceRules};
+use crate::loxilb::{Fleet, Instance, ServiceRules};
 use crate::metrics::Metrics;
 use crate::service::plan::{Desired, desired};
 use loxi_domain::bgp::BgpSettings;
@@ -93,16 +93,35 @@ pub async fn health_loop(shared: Arc<Shared>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let probes = ctx.fleet.probe_all(&ctx.cluster, &ctx.report.metrics).await;
-        for (i, probe) in probes.iter().enumerate() {
-            let inst = &ctx.fleet.instances[i];
+        let instances = ctx.fleet.instances();
+        let probes = Fleet::probe_all(&instances, &ctx.cluster, &ctx.report.metrics).await;
+        // HA roles first: a failover is not held up by replays, and a loxilb that restarted
+        // gets its role before its BGP and rules (docs/loxilb-api.md#replay-order).
+        for (inst, probe) in instances.iter().zip(&probes) {
             if probe.needs_replay() {
-                // loxilb's order after a start: BGP, then the rules.
+                // Restarted or back: the HA states it held are gone (or stale).
+                inst.forget_roles().await;
+            }
+        }
+        if let Some(roles) = &shared.roles {
+            roles.tick(&instances, &ctx.gate, &ctx.report.metrics).await;
+        }
+        let mut joined = false;
+        for (inst, probe) in instances.iter().zip(&probes) {
+            if probe.needs_replay() {
+                // loxilb's order after a start: roles (above), BGP, then the rules.
                 inst.forget_bgp().await;
                 if let Some(bgp) = &shared.bgp {
                     ensure_bgp_after_start(inst, bgp, &ctx.report.metrics).await;
                 }
-                converge_instance(&shared, i).await;
+                if converge_instance(&shared, inst).await && inst.start_serving() {
+                    // Discovered and now programmed completely: it serves from now on.
+                    info!(
+                        instance = inst.url(),
+                        "loxilb joined: programmed, now serving"
+                    );
+                    joined = true;
+                }
             } else if let Some(bgp) = &shared.bgp
                 && inst.is_healthy()
                 && let Err(e) = inst.ensure_bgp(bgp, &ctx.report.metrics).await
@@ -111,7 +130,7 @@ pub async fn health_loop(shared: Arc<Shared>) {
             }
         }
         // Programmed conditions name the unreachable instances: re-evaluate them.
-        if probes.iter().any(|p| p.changes_status()) {
+        if joined || probes.iter().any(|p| p.changes_status()) {
             ctx.requeue_all_served();
         }
     }
@@ -150,10 +169,10 @@ pub async fn drift_loop(shared: Arc<Shared>) {
     tick.tick().await; // the first tick is immediate; the health loop handles start-up
     loop {
         tick.tick().await;
-        for (i, inst) in ctx.fleet.instances.iter().enumerate() {
+        for inst in ctx.fleet.instances().iter() {
             if inst.is_healthy() {
                 wait_quiet(inst, shared.drift_interval).await;
-                converge_instance(&shared, i).await;
+                converge_instance(&shared, inst).await;
             }
         }
         collect_claims(&shared).await;
@@ -231,10 +250,10 @@ fn desired_everywhere(shared: &Shared) -> impl Iterator<Item = ServiceRules> + '
         })
 }
 
-/// Converges one instance to the rules of every served Service, from the stores.
-async fn converge_instance(shared: &Shared, index: usize) {
+/// Converges one instance to the rules of every served Service, from the stores; true when
+/// it now holds every rule it should (nothing failed, nothing held back).
+async fn converge_instance(shared: &Shared, inst: &Instance) -> bool {
     let ctx = &shared.service;
-    let inst = &ctx.fleet.instances[index];
     match inst
         .converge_all(
             &ctx.cluster,
@@ -244,14 +263,19 @@ async fn converge_instance(shared: &Shared, index: usize) {
         )
         .await
     {
-        Ok(report) if report.changes > 0 => {
-            info!(
-                instance = inst.url(),
-                changes = report.changes,
-                "drift repaired"
-            );
+        Ok(report) => {
+            if report.changes > 0 {
+                info!(
+                    instance = inst.url(),
+                    changes = report.changes,
+                    "drift repaired"
+                );
+            }
+            report.failed.is_empty()
         }
-        Ok(_) => {}
-        Err(e) => warn!(instance = inst.url(), error = %e, "drift check failed"),
+        Err(e) => {
+            warn!(instance = inst.url(), error = %e, "drift check failed");
+            false
+        }
     }
 }

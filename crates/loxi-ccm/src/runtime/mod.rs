@@ -1,8 +1,11 @@
 //! Wiring: watches and stores, the reconcile loop, loxilb health and drift checks.
 
 pub mod admin;
+pub mod discovery;
 mod loops;
+pub mod loxiurl;
 pub mod node_watch;
+pub mod roles;
 mod watches;
 
 use std::sync::Arc;
@@ -53,6 +56,10 @@ pub struct Shared {
     pub node_init: NodeInitArgs,
     /// `None`: BGP off.
     pub bgp: Option<loxi_domain::bgp::BgpSettings>,
+    /// `None`: no HA roles (`--set-roles` unset).
+    pub roles: Option<roles::Roles>,
+    /// The fleet's members by source (`discovery::Members`).
+    pub members: discovery::Members,
 }
 
 /// Reads the cluster identity: configured, or from the kube-system namespace UID.
@@ -341,6 +348,7 @@ pub async fn run(
             enforce_source_ranges: cfg.enforce_source_ranges,
             namespace: cfg.namespace.clone(),
             advertise: cfg.bgp.is_some(),
+            ha_instances: cfg.ha_instances.clone(),
         },
         selection,
         kube: client,
@@ -362,6 +370,18 @@ pub async fn run(
         drift_interval: cfg.drift_interval,
         node_init: cfg.node_init.clone(),
         bgp: cfg.bgp.clone(),
+        members: discovery::Members::new(
+            ctx.fleet
+                .instances()
+                .iter()
+                .map(|i| i.url().to_string())
+                .collect(),
+            cfg.loxilb_template.clone(),
+        ),
+        roles: cfg.roles.clone().map(|settings| {
+            let (namespace, name) = &cfg.roles_record;
+            roles::Roles::new(ctx.kube.clone(), settings, namespace, name)
+        }),
     });
 
     // Everything below ends with this function (dropping the set aborts its tasks): a
@@ -414,6 +434,10 @@ pub async fn run(
         lost_leadership.clone(),
         lost_notify.clone(),
     ));
+    if let Some(d) = &cfg.discovery {
+        tasks.spawn(discovery::follow(shared.clone(), d.clone()));
+    }
+    tasks.spawn(loxiurl::follow(shared.clone()));
     tasks.spawn(loops::health_loop(shared.clone()));
     tasks.spawn(loops::drift_loop(shared.clone()));
     let requeues = tokio_stream_from(requeue_rx);

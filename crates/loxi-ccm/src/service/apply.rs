@@ -15,8 +15,13 @@ use super::context::{Context, rule_owner};
 /// re-queues the Service.
 pub async fn apply_everywhere(svc: &Service, ctx: &Context, rules: &[Rule]) -> Programmed {
     let owner = rule_owner(svc);
-    let mut results = Vec::with_capacity(ctx.fleet.instances.len());
-    for inst in ctx.fleet.instances.iter() {
+    let instances = ctx.fleet.instances();
+    let mut results = Vec::with_capacity(instances.len());
+    for inst in instances.iter() {
+        if !inst.is_serving() {
+            // Joining (discovery): its first replay programs everything, this rule set too.
+            continue;
+        }
         let url = inst.url().to_string();
         if !inst.is_healthy() {
             results.push((url, InstanceResult::Down));

@@ -88,7 +88,7 @@ pub async fn cleanup(svc: &Service, ctx: &Context) -> Result<(), ReconcileError>
 async fn remove_rules(svc: &Service, ctx: &Context) -> Result<(), ReconcileError> {
     let owner = rule_owner(svc);
     let mut removed = 0;
-    for inst in ctx.fleet.instances.iter() {
+    for inst in ctx.fleet.instances().iter() {
         if !inst.is_healthy() {
             continue;
         }
@@ -127,19 +127,44 @@ async fn remove_rules(svc: &Service, ctx: &Context) -> Result<(), ReconcileError
     Ok(())
 }
 
-/// Adds our finalizer when missing; returns the Service as written then (its
-/// resourceVersion is the one the status write must match).
+/// Adds our finalizer when missing, and records the Service's HA instance when it has none
+/// yet and there are several (`plan::instance_to_pin`), in one patch; returns the Service as
+/// written then (its resourceVersion is the one the status write must match).
 pub async fn ensure_finalizer(
     svc: &Service,
     ctx: &Context,
 ) -> Result<Option<Service>, ReconcileError> {
     let wanted = ctx.selection.finalizer_for(svc);
-    if svc.finalizers().iter().any(|f| f == wanted) {
+    let has_finalizer = svc.finalizers().iter().any(|f| f == wanted);
+    let pin = super::plan::instance_to_pin(svc, ctx, has_finalizer);
+    if has_finalizer && pin.is_none() {
         return Ok(None);
     }
+    let Some(instance) = pin else {
+        let mut list: Vec<String> = svc.finalizers().to_vec();
+        list.push(wanted.to_string());
+        return patch_finalizers(ctx, svc, json!(list)).await.map(Some);
+    };
     let mut list: Vec<String> = svc.finalizers().to_vec();
-    list.push(wanted.to_string());
-    patch_finalizers(ctx, svc, json!(list)).await.map(Some)
+    if !has_finalizer {
+        list.push(wanted.to_string());
+    }
+    let patch = json!({
+        "metadata": {
+            "finalizers": list,
+            "annotations": { loxi_domain::roles::ZONE_INSTANCE_ANNOTATION: instance },
+            "resourceVersion": svc.resource_version(),
+        }
+    });
+    Ok(Some(
+        ctx.services_api(svc)
+            .patch(
+                &svc.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?,
+    ))
 }
 
 /// Sets the finalizer list; the resourceVersion makes it fail (409) rather than overwrite a

@@ -31,6 +31,8 @@ pub struct Settings {
     pub namespace: Option<String>,
     /// BGP is on (`--bgp-local-as`): rules advertise their addresses.
     pub advertise: bool,
+    /// The HA instances a Service can be given (`--num-zone-instances`).
+    pub ha_instances: Vec<String>,
 }
 
 pub struct Context {

@@ -7,7 +7,9 @@ use std::net::IpAddr;
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 use loxi_domain::ingress::IngressMode;
+use loxi_domain::naming::{DEFAULT_INSTANCE, RuleName};
 use loxi_domain::plan::Plan;
+use loxi_domain::roles::{UnknownInstance, ZONE_INSTANCE_ANNOTATION, parse_instance};
 use loxi_domain::{AnnotationError, PlanError, TrafficPolicy, parse_intent, plan_rules};
 use thiserror::Error;
 
@@ -24,6 +26,8 @@ pub enum Problem {
     Address(#[from] AddressProblem),
     #[error(transparent)]
     Plan(#[from] PlanError),
+    #[error(transparent)]
+    Instance(#[from] UnknownInstance),
 }
 
 impl Problem {
@@ -33,6 +37,7 @@ impl Problem {
             Problem::Annotation(e) => e.reason(),
             Problem::Address(e) => e.reason(),
             Problem::Plan(e) => e.reason(),
+            Problem::Instance(_) => "InvalidAnnotation",
         }
     }
 }
@@ -47,6 +52,7 @@ pub fn rules_for(
 ) -> Result<Option<Plan>, Problem> {
     let intent = parse_intent(svc.annotations(), ctx.settings.defaults)?;
     IngressMode::from_annotations(svc.annotations())?;
+    let ha_instance = ha_instance(svc, &ctx.settings.ha_instances)?;
     if addresses.is_empty() {
         return Ok(None);
     }
@@ -72,7 +78,57 @@ pub fn rules_for(
             rule.bgp = true;
         }
     }
+    if ha_instance != DEFAULT_INSTANCE {
+        for rule in &mut plan.rules {
+            if let Some(mut name) = RuleName::parse(&rule.name) {
+                name.instance = ha_instance.clone();
+                rule.name = name.to_string();
+            }
+        }
+    }
     Ok(Some(plan))
+}
+
+/// The HA instance of a Service (docs/fleet.md#ha-instances): the one its
+/// `loxilb.io/zoneinstance` names, else the first (the only one unless
+/// `--num-zone-instances` is above 1, where the reconcile gives each Service one before
+/// planning: [`instance_to_pin`]).
+pub fn ha_instance(svc: &Service, instances: &[String]) -> Result<String, UnknownInstance> {
+    match pinned_instance(svc) {
+        Some(value) => parse_instance(value, instances),
+        None => Ok(instances
+            .first()
+            .cloned()
+            .unwrap_or_else(|| DEFAULT_INSTANCE.to_string())),
+    }
+}
+
+/// The Service's `loxilb.io/zoneinstance`, unless empty (empty counts as absent).
+fn pinned_instance(svc: &Service) -> Option<&str> {
+    svc.annotations()
+        .get(ZONE_INSTANCE_ANNOTATION)
+        .map(|v| v.trim())
+        .filter(|v| !v.is_empty())
+}
+
+/// The HA instance to record on a Service that has none yet, when there are several:
+/// a Service already ours (programmed before there were several) keeps the first, the one its
+/// rules name; a new one gets the least used (`loxi_domain::roles::pick_instance`).
+pub fn instance_to_pin(svc: &Service, ctx: &Context, already_ours: bool) -> Option<String> {
+    let instances = &ctx.settings.ha_instances;
+    if instances.len() <= 1 || pinned_instance(svc).is_some() {
+        return None;
+    }
+    if already_ours {
+        return instances.first().cloned();
+    }
+    let mut counts = std::collections::BTreeMap::new();
+    for other in ctx.inputs.services.state() {
+        if let Some(Ok(inst)) = pinned_instance(&other).map(|v| parse_instance(v, instances)) {
+            *counts.entry(inst).or_insert(0) += 1;
+        }
+    }
+    Some(loxi_domain::roles::pick_instance(instances, &counts))
 }
 
 /// What a whole-instance pass (drift check, replay) should hold for one served Service.

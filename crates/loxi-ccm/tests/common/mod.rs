@@ -84,6 +84,19 @@ pub async fn store_in_etcd(path: &str, object: &serde_json::Value) {
     assert!(answer.status().is_success(), "etcd put {path}: {answer:?}");
 }
 
+/// A non-loopback IPv4 address of this machine (the source address of a route out; no
+/// packet is sent): EndpointSlices refuse loopback addresses, so simulators standing for
+/// in-cluster loxilbs listen here.
+pub fn host_address() -> std::net::IpAddr {
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+    socket
+        .connect("192.0.2.1:9")
+        .expect("a route out to find this machine's address");
+    let ip = socket.local_addr().unwrap().ip();
+    assert!(!ip.is_loopback(), "no non-loopback address: {ip}");
+    ip
+}
+
 /// Polls `check` until it returns `Some`, or panics after `timeout` naming `what`.
 pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
 where
@@ -138,6 +151,9 @@ pub struct Options {
     pub extra_args: Vec<String>,
     /// Serve /metrics, /healthz and /readyz on 127.0.0.1 at this port.
     pub admin_port: Option<u16>,
+    /// No `--loxilb-url` for the world's simulator: the loxilbs are discovered
+    /// ([`World::set_loxilb_endpoints`]).
+    pub discovery: bool,
 }
 
 impl Default for Options {
@@ -149,6 +165,7 @@ impl Default for Options {
             leader_elect: true,
             extra_args: Vec::new(),
             admin_port: None,
+            discovery: false,
         }
     }
 }
@@ -223,7 +240,6 @@ impl World {
         let mut args = vec![
             "loxi-ccm".to_string(),
             "run".into(),
-            format!("--loxilb-url={}", self.sim.url()),
             format!("--external-cidr={}", opts.cidr),
             format!("--namespace={}", self.ns),
             "--cluster-id=test".into(),
@@ -232,6 +248,9 @@ impl World {
             // Leader election on, with the Lease in the test's namespace.
             format!("--leader-elect-namespace={}", self.ns),
         ];
+        if !opts.discovery {
+            args.push(format!("--loxilb-url={}", self.sim.url()));
+        }
         if opts.ccm_mode {
             args.push("--ccm-mode".into());
         }
@@ -481,6 +500,64 @@ impl World {
             .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
             .filter_map(|e| e.reason)
             .collect()
+    }
+
+    /// The in-cluster loxilb Service `service` (selector-less, created if missing) in this
+    /// test's namespace, and its EndpointSlice `slice` listing one loxilb at `address`:`port`,
+    /// ready or not, as the EndpointSlice controller would for a loxilb Pod: what discovery
+    /// follows. The API server refuses loopback addresses there: use [`host_address`] and a
+    /// simulator listening on it (each in its own slice, with its own port).
+    pub async fn set_loxilb_slice(
+        &self,
+        service: &str,
+        slice: &str,
+        address: &str,
+        port: u16,
+        ready: bool,
+    ) {
+        use k8s_openapi::api::discovery::v1::EndpointSlice;
+        let svc = Service {
+            metadata: ObjectMeta {
+                name: Some(service.into()),
+                ..Default::default()
+            },
+            spec: Some(ServiceSpec {
+                ports: Some(vec![ServicePort {
+                    name: Some("loxilb-app".into()),
+                    port: 11111,
+                    protocol: Some("TCP".into()),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let _ = self.services.create(&PostParams::default(), &svc).await;
+        let body = serde_json::json!({
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": slice,
+                "labels": {"kubernetes.io/service-name": service},
+            },
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [address], "conditions": {"ready": ready}}],
+            "ports": [{"name": "loxilb-app", "port": port, "protocol": "TCP"}],
+        });
+        let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &self.ns);
+        api.patch(
+            slice,
+            &PatchParams::apply("loxi-ccm-tests").force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .unwrap();
+    }
+
+    pub async fn delete_loxilb_slice(&self, slice: &str) {
+        use k8s_openapi::api::discovery::v1::EndpointSlice;
+        let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &self.ns);
+        api.delete(slice, &DeleteParams::default()).await.unwrap();
     }
 
     pub async fn finish(mut self) {

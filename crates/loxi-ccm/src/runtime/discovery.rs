@@ -1,0 +1,236 @@
+//! Discovery of the loxilbs running in the cluster (docs/fleet.md#discovery): without
+//! `--loxilb-url`, the fleet is the ready addresses of the EndpointSlices of one Service
+//! (kube-loxilb's `loxilb-lb-service` by default), followed by a watch, so a loxilb that
+//! starts or goes is noticed as the EndpointSlice controller writes it, not at a poll.
+//!
+//! A loxilb that appears joins *not serving*: the health loop probes it, gives it its roles,
+//! BGP and every rule (the replay of a loxilb seen for the first time), and only then do
+//! Services' passes program it and count it in their status. One that leaves is dropped with
+//! what the controller knew of it.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::Api;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use loxilb_client::{ClientConfig, LoxilbClient};
+use tracing::{info, warn};
+
+use super::Shared;
+use crate::config::Discovery;
+
+/// The label the EndpointSlice controller puts on a Service's slices.
+const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// The API port of a slice's loxilbs: the slice's port numbered `default` when it lists one,
+/// else its only port, else `default`.
+fn api_port(slice: &EndpointSlice, default: u16) -> u16 {
+    let ports: Vec<u16> = slice
+        .ports
+        .iter()
+        .flatten()
+        .filter_map(|p| p.port.and_then(|n| u16::try_from(n).ok()))
+        .collect();
+    match ports.as_slice() {
+        [only] if !ports.contains(&default) => *only,
+        _ => default,
+    }
+}
+
+/// The ready loxilbs of `slices` as (address, API port) (an endpoint without a `ready`
+/// condition counts as ready, as Kubernetes defines it), sorted, without duplicates.
+pub fn ready_loxilbs<'a>(
+    slices: impl Iterator<Item = &'a EndpointSlice>,
+    default_port: u16,
+) -> Vec<(IpAddr, u16)> {
+    let mut out = BTreeSet::new();
+    for slice in slices {
+        let port = api_port(slice, default_port);
+        for ep in slice.endpoints.iter().flatten() {
+            let ready = ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
+            if !ready {
+                continue;
+            }
+            out.extend(
+                ep.addresses
+                    .iter()
+                    .filter_map(|a| a.parse::<IpAddr>().ok())
+                    .map(|a| (a, port)),
+            );
+        }
+    }
+    out.into_iter().collect()
+}
+
+/// Where fleet members come from, besides `--loxilb-url`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Source {
+    /// The loxilb Service's EndpointSlices.
+    Discovered,
+    /// `LoxiURL` resources (`runtime::loxiurl`).
+    Resources,
+}
+
+/// The fleet's members by source: the configured URLs (fixed), the discovered loxilbs and
+/// the `LoxiURL` resources' URLs. Each source replaces its own part; the fleet is the union.
+pub struct Members {
+    configured: Vec<String>,
+    by_source: std::sync::Mutex<std::collections::BTreeMap<Source, Vec<String>>>,
+    /// Timeout, token and CA of a joining loxilb's client (the URL is set per loxilb).
+    template: ClientConfig,
+}
+
+impl Members {
+    pub fn new(configured: Vec<String>, template: ClientConfig) -> Members {
+        Members {
+            configured,
+            by_source: std::sync::Mutex::default(),
+            template,
+        }
+    }
+
+    /// `source` now names `urls`: the fleet's members follow (`Fleet::set_members`).
+    pub fn set(&self, shared: &Arc<Shared>, source: Source, urls: Vec<String>) {
+        let all: Vec<String> = {
+            let mut by_source = self
+                .by_source
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            by_source.insert(source, urls);
+            self.configured
+                .iter()
+                .chain(by_source.values().flatten())
+                .cloned()
+                .collect()
+        };
+        let ctx = &shared.service;
+        let lease = ctx.gate.write_lease().clone();
+        let changed = ctx.fleet.set_members(&all, |url| {
+            let mut c = self.template.clone();
+            c.url = url.to_string();
+            let lease = lease.clone();
+            match LoxilbClient::new(c) {
+                Ok(client) => Some(client.with_write_gate(Arc::new(move || lease.holds()))),
+                Err(e) => {
+                    warn!(url, error = %e, "loxilb skipped");
+                    None
+                }
+            }
+        });
+        for url in &changed.joined {
+            info!(instance = %url, ?source, "loxilb joining (programmed before it serves)");
+        }
+        let left = !changed.left.is_empty();
+        for inst in changed.left {
+            info!(instance = inst.url(), "loxilb left the fleet: dropped");
+            // It may still run (a Pod no longer ready): the roles it held move to the others
+            // at the next tick, so it must not go on answering as MASTER.
+            if shared.roles.is_some() {
+                let shared = shared.clone();
+                tokio::spawn(async move {
+                    if let Some(roles) = &shared.roles {
+                        roles.step_down(&inst, &shared.service.report.metrics).await;
+                    }
+                });
+            }
+        }
+        if left {
+            // Programmed conditions count the instances.
+            ctx.requeue_all_served();
+        }
+    }
+}
+
+/// Follows the loxilb Service's EndpointSlices and keeps the fleet's members in step.
+pub async fn follow(shared: Arc<Shared>, discovery: Discovery) {
+    let ctx = &shared.service;
+    let api: Api<EndpointSlice> = match &discovery.namespace {
+        Some(ns) => Api::namespaced(ctx.kube.clone(), ns),
+        None => Api::all(ctx.kube.clone()),
+    };
+    let selector = format!("{SERVICE_NAME_LABEL}={}", discovery.service);
+    let (store, writer) = reflector::store::<EndpointSlice>();
+    let events = reflector(
+        writer,
+        watcher(api, watcher::Config::default().labels(&selector)),
+    )
+    .default_backoff();
+    futures::pin_mut!(events);
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(watcher::Event::InitApply(_) | watcher::Event::Init) => continue,
+            Ok(_) => {}
+            Err(e) => {
+                warn!(service = %discovery.service, error = %e, "watching the loxilb Service's EndpointSlices");
+                continue;
+            }
+        }
+        let slices = store.state();
+        let urls: Vec<String> = ready_loxilbs(slices.iter().map(|s| s.as_ref()), discovery.port)
+            .iter()
+            .map(|(address, port)| discovery.url(address, *port))
+            .collect();
+        shared.members.set(&shared, Source::Discovered, urls);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort};
+
+    fn ep(addr: &str, ready: Option<bool>) -> Endpoint {
+        Endpoint {
+            addresses: vec![addr.to_string()],
+            conditions: Some(EndpointConditions {
+                ready,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_ready_addresses_count() {
+        let a = EndpointSlice {
+            endpoints: Some(vec![
+                ep("10.0.0.2", Some(true)),
+                ep("10.0.0.1", None),
+                ep("10.0.0.3", Some(false)),
+            ]),
+            ..Default::default()
+        };
+        let b = EndpointSlice {
+            endpoints: Some(vec![ep("10.0.0.2", Some(true)), ep("fd00::1", Some(true))]),
+            ..Default::default()
+        };
+        let got: Vec<String> = ready_loxilbs([&a, &b].into_iter(), 11111)
+            .iter()
+            .map(|(a, p)| format!("{a} {p}"))
+            .collect();
+        assert_eq!(got, ["10.0.0.1 11111", "10.0.0.2 11111", "fd00::1 11111"]);
+    }
+
+    #[test]
+    fn the_api_port_comes_from_the_slice() {
+        let with_ports = |ports: &[i32]| EndpointSlice {
+            ports: Some(
+                ports
+                    .iter()
+                    .map(|p| EndpointPort {
+                        port: Some(*p),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        };
+        assert_eq!(api_port(&with_ports(&[]), 11111), 11111);
+        assert_eq!(api_port(&with_ports(&[20000]), 11111), 20000);
+        assert_eq!(api_port(&with_ports(&[179, 11111]), 11111), 11111);
+        assert_eq!(api_port(&with_ports(&[179, 20000]), 11111), 11111);
+    }
+}

@@ -1,0 +1,526 @@
+//! The loxilb fleet's HA roles (docs/fleet.md), against the real API server and several
+//! simulators: exactly one MASTER per HA instance, spread over the loxilbs; a master that
+//! stops answering is replaced within 2 s of being seen down, and does not take the role
+//! back when it returns; a controller restart and a leader change keep every master (the
+//! record); a restarted loxilb gets its role before its BGP and its rules; rules carry their
+//! Service's HA instance, which is recorded on the Service and never changes.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::Api;
+use loxilb_sim::{SimConfig, Simulator};
+
+async fn sim() -> Simulator {
+    Simulator::start("127.0.0.1:0".parse().unwrap(), SimConfig::default())
+        .await
+        .unwrap()
+}
+
+/// Among the simulators that are up: the index of the only one that is MASTER for
+/// `instance` while every other one is BACKUP, else `None`.
+async fn sole_master(sims: &[Simulator], instance: &str) -> Option<usize> {
+    let mut master = None;
+    for (i, s) in sims.iter().enumerate() {
+        if !s.is_up().await {
+            continue;
+        }
+        match s.cluster_state(instance).as_deref() {
+            Some("MASTER") if master.is_none() => master = Some(i),
+            Some("BACKUP") => {}
+            _ => return None,
+        }
+    }
+    master
+}
+
+async fn wait_sole_master(sims: &[Simulator], instance: &str) -> usize {
+    wait_for(&format!("one MASTER for {instance}"), WAIT, || async {
+        sole_master(sims, instance).await
+    })
+    .await
+}
+
+/// The HA role record (HA instance -> master URL).
+async fn record(w: &World) -> std::collections::BTreeMap<String, String> {
+    let api: Api<ConfigMap> = Api::namespaced(w.client.clone(), &w.ns);
+    api.get_opt("loxi-ccm-ha-roles")
+        .await
+        .unwrap()
+        .and_then(|cm| cm.data)
+        .unwrap_or_default()
+}
+
+fn url_label(s: &Simulator) -> String {
+    format!("loxilb=\"{}\"", s.url())
+}
+
+/// Waits until the controller serving metrics on `port` has posted `role` for `instance`
+/// to `s`.
+async fn wait_posted(port: u16, s: &Simulator, instance: &str, role: &str) {
+    let inst = format!("ha_instance=\"{instance}\"");
+    let role_label = format!("role=\"{role}\"");
+    wait_for(&format!("{role} posted to {}", s.url()), WAIT, || async {
+        let v = World::metric_sum(
+            port,
+            "loxi_ccm_ha_roles",
+            &[&inst, &url_label(s), &role_label],
+        )
+        .await?;
+        (v == 1.0).then_some(())
+    })
+    .await;
+}
+
+/// Three loxilbs, two HA instances: one master each, on different loxilbs, recorded. The
+/// master of `llb-inst0` goes down: another takes over within 2 s of the controller seeing
+/// it down; back up, the old master is made BACKUP and the role stays where it went.
+#[tokio::test]
+async fn one_master_per_instance_failover_and_no_flapping() {
+    let (b, c) = (sim().await, sim().await);
+    let admin_port = testenv::free_port().unwrap();
+    let opts = Options {
+        admin_port: Some(admin_port),
+        extra_args: vec![
+            format!("--loxilb-url={}", b.url()),
+            format!("--loxilb-url={}", c.url()),
+            "--set-roles=0.0.0.0".into(),
+            "--num-zone-instances=2".into(),
+        ],
+        ..Options::default()
+    };
+    let w = World::with("hafailover", opts).await;
+    let sims = vec![w.sim.clone(), b, c];
+    let m0 = wait_sole_master(&sims, "llb-inst0").await;
+    let m1 = wait_sole_master(&sims, "llb-inst1").await;
+    assert_ne!(m0, m1, "the instances are spread over the loxilbs");
+    for s in &sims {
+        let vips: Vec<String> = s.cluster_states().into_iter().map(|(_, _, v)| v).collect();
+        assert!(vips.iter().all(|v| v == "0.0.0.0"), "{vips:?}");
+    }
+    wait_for("the roles recorded", WAIT, || async {
+        let r = record(&w).await;
+        (r.get("llb-inst0") == Some(&sims[m0].url()) && r.get("llb-inst1") == Some(&sims[m1].url()))
+            .then_some(())
+    })
+    .await;
+
+    let down_at = Instant::now();
+    sims[m0].go_down().await;
+    let up_label = format!("instance=\"{}\"", sims[m0].url());
+    wait_for("the master seen down", WAIT, || async {
+        let up = World::metric_sum(admin_port, "loxi_ccm_loxilb_up", &[&up_label]).await?;
+        (up == 0.0).then_some(())
+    })
+    .await;
+    let seen = Instant::now();
+    let new = wait_sole_master(&sims, "llb-inst0").await;
+    let (after_seen, after_down) = (seen.elapsed(), down_at.elapsed());
+    eprintln!(
+        "failover: new master {after_seen:?} after the master was seen down, {after_down:?} after it went down"
+    );
+    assert_ne!(new, m0);
+    assert!(
+        after_seen < Duration::from_secs(2),
+        "new master {after_seen:?} after the failure was seen"
+    );
+    // The metric is polled, so "seen" may be noticed late: bound the whole span too (one
+    // 200 ms health interval to notice, then 2 s).
+    assert!(
+        after_down < Duration::from_millis(2200),
+        "new master {after_down:?} after the master went down"
+    );
+    assert_eq!(sole_master(&sims, "llb-inst1").await, Some(m1));
+
+    sims[m0].come_up().await.unwrap();
+    wait_for("the old master made BACKUP", WAIT, || async {
+        (sims[m0].cluster_state("llb-inst0").as_deref() == Some("BACKUP")).then_some(())
+    })
+    .await;
+    assert_eq!(sole_master(&sims, "llb-inst0").await, Some(new));
+    wait_for("the new master recorded", WAIT, || async {
+        (record(&w).await.get("llb-inst0") == Some(&sims[new].url())).then_some(())
+    })
+    .await;
+    let failovers = World::metric_sum(
+        admin_port,
+        "loxi_ccm_ha_failovers_total",
+        &["ha_instance=\"llb-inst0\""],
+    )
+    .await;
+    assert_eq!(failovers, Some(1.0));
+    w.finish().await;
+}
+
+/// Roles survive the controller: after a failover the master is not the loxilb a fresh
+/// decision would pick (the first by URL); a restarted controller and then a new leader keep
+/// it, and never post MASTER to the other (its state would show it).
+#[tokio::test]
+async fn a_restart_and_a_leader_change_keep_the_masters() {
+    let other = sim().await;
+    let port1 = testenv::free_port().unwrap();
+    let opts = |port: u16| Options {
+        admin_port: Some(port),
+        extra_args: vec![
+            format!("--loxilb-url={}", other.url()),
+            "--set-roles=0.0.0.0".into(),
+        ],
+        ..Options::default()
+    };
+    let mut w = World::with("harestart", opts(port1)).await;
+    let sims = vec![w.sim.clone(), other.clone()];
+    let first = wait_sole_master(&sims, "llb-inst0").await;
+    sims[first].go_down().await;
+    let kept = wait_for("the other loxilb MASTER", WAIT, || async {
+        sole_master(&sims, "llb-inst0")
+            .await
+            .filter(|m| *m != first)
+    })
+    .await;
+    sims[first].come_up().await.unwrap();
+    wait_for("the old master BACKUP", WAIT, || async {
+        (sole_master(&sims, "llb-inst0").await == Some(kept)).then_some(())
+    })
+    .await;
+    wait_for("the move recorded", WAIT, || async {
+        (record(&w).await.get("llb-inst0") == Some(&sims[kept].url())).then_some(())
+    })
+    .await;
+
+    // A restarted controller reads the record.
+    w.stop_controller().await;
+    let port2 = testenv::free_port().unwrap();
+    w.start_controller(&opts(port2)).await;
+    wait_posted(port2, &sims[kept], "llb-inst0", "MASTER").await;
+    wait_posted(port2, &sims[first], "llb-inst0", "BACKUP").await;
+    assert_eq!(sole_master(&sims, "llb-inst0").await, Some(kept));
+
+    // A standby takes over when the leader stops, and keeps the masters too.
+    let port3 = testenv::free_port().unwrap();
+    let standby = w.spawn_controller(&opts(port3));
+    w.stop_controller().await;
+    wait_posted(port3, &sims[kept], "llb-inst0", "MASTER").await;
+    wait_posted(port3, &sims[first], "llb-inst0", "BACKUP").await;
+    assert_eq!(sole_master(&sims, "llb-inst0").await, Some(kept));
+    assert_eq!(record(&w).await.get("llb-inst0"), Some(&sims[kept].url()));
+    w.controller = Some(standby);
+    w.finish().await;
+}
+
+/// A loxilb that restarts empty gets its HA role back first, then its BGP settings, then
+/// its rules (docs/loxilb-api.md#replay-order).
+#[tokio::test]
+async fn a_restarted_loxilb_gets_its_role_before_bgp_and_rules() {
+    let bgp = SimConfig {
+        bgp: true,
+        ..SimConfig::default()
+    };
+    let opts = Options {
+        extra_args: vec![
+            "--set-roles=0.0.0.0".into(),
+            "--bgp-local-as=65100".into(),
+            "--bgp-peers=192.0.2.250:65001".into(),
+        ],
+        ..Options::default()
+    };
+    let w = World::with_sim("harestartorder", opts, bgp).await;
+    w.add_node("node-a", "10.7.0.1").await;
+    let ip = w.serve_one_port("web", 80).await;
+    assert_eq!(w.sim.cluster_state("llb-inst0").as_deref(), Some("MASTER"));
+    // The start-up replay is over (its BGP part comes last but one) before the restart.
+    wait_for("BGP configured", WAIT, || async {
+        let bgp = w.sim.bgp();
+        (bgp.global.is_some() && !bgp.neighbors.is_empty()).then_some(())
+    })
+    .await;
+    w.sim.restart();
+    wait_for("role, BGP and rule back", WAIT, || async {
+        (w.sim.cluster_state("llb-inst0").as_deref() == Some("MASTER")
+            && w.rules_for(&ip).len() == 1
+            && w.sim.bgp().global.is_some())
+        .then_some(())
+    })
+    .await;
+    let log = w.sim.writes_since_restart();
+    // The replay the restart caused is the one that sends the global BGP settings last:
+    // the HA role comes right before them. (A start-up replay still finishing when the
+    // simulator restarted, or a neighbour check of the health tick, may write before the
+    // restart is seen.)
+    let global = log
+        .iter()
+        .rposition(|l| l == "POST /config/bgp/global")
+        .unwrap_or_else(|| panic!("no BGP global in {log:?}"));
+    assert!(
+        global > 0 && log[global - 1] == "POST /config/cistate",
+        "{log:?}"
+    );
+    w.finish().await;
+}
+
+/// Rules name their Service's HA instance: the one `loxilb.io/zoneinstance` names, else the
+/// least used one, recorded on the Service (and kept when the number of instances changes);
+/// an instance that does not exist is refused with a condition naming the annotation.
+#[tokio::test]
+async fn rules_carry_the_services_ha_instance_which_never_changes() {
+    // One address per Service (no sharing), so each address's rules are one Service's.
+    let opts = |n: u16| Options {
+        extra_args: vec![
+            format!("--num-zone-instances={n}"),
+            "--set-unique-ip".into(),
+        ],
+        ..Options::default()
+    };
+    let mut w = World::with("hainstance", opts(2)).await;
+    w.add_node("node-a", "10.7.0.1").await;
+    let pinned = annotated(
+        World::lb_service("pinned", Some(CLASS), &[(80, "TCP")]),
+        &[("loxilb.io/zoneinstance", "1")],
+    );
+    w.create(&pinned).await;
+    let pinned_ip = w.wait_for_ip("pinned").await;
+    let sim = w.sim.clone();
+    let names_for = |ip: &str| -> Vec<String> {
+        sim.rules()
+            .into_iter()
+            .filter(|r| r.external_ip == ip)
+            .map(|r| r.name)
+            .collect()
+    };
+    wait_for("the pinned Service's rule", WAIT, || async {
+        let names = names_for(&pinned_ip);
+        (names.len() == 1).then_some(())
+    })
+    .await;
+    assert!(
+        names_for(&pinned_ip)[0].ends_with(":llb-inst1"),
+        "{:?}",
+        names_for(&pinned_ip)
+    );
+
+    let auto_ip = w.serve_one_port("auto", 81).await;
+    let recorded = |svc: &k8s_openapi::api::core::v1::Service| {
+        svc.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("loxilb.io/zoneinstance").cloned())
+    };
+    let auto = w.get("auto").await.unwrap();
+    assert_eq!(
+        recorded(&auto).as_deref(),
+        Some("llb-inst0"),
+        "the least used"
+    );
+    assert!(names_for(&auto_ip)[0].ends_with(":llb-inst0"));
+
+    let bad = annotated(
+        World::lb_service("bad", Some(CLASS), &[(82, "TCP")]),
+        &[("loxilb.io/zoneinstance", "llb-inst7")],
+    );
+    w.create(&bad).await;
+    let (status, reason, message) = wait_for("the bad instance refused", WAIT, || async {
+        let svc = w.get("bad").await?;
+        World::condition(&svc, "loxilb.io/Programmed").filter(|(s, _, _)| s == "False")
+    })
+    .await;
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "InvalidAnnotation")
+    );
+    assert!(message.contains("loxilb.io/zoneinstance"), "{message}");
+
+    // More instances later: the recorded instance stays.
+    w.stop_controller().await;
+    w.start_controller(&opts(3)).await;
+    w.create(&World::lb_service("later", Some(CLASS), &[(83, "TCP")]))
+        .await;
+    let later_ip = w.wait_for_ip("later").await;
+    wait_for("the later Service's rule", WAIT, || async {
+        (names_for(&later_ip).len() == 1).then_some(())
+    })
+    .await;
+    assert!(
+        names_for(&later_ip)[0].ends_with(":llb-inst2"),
+        "{:?}",
+        names_for(&later_ip)
+    );
+    assert_eq!(
+        recorded(&w.get("auto").await.unwrap()).as_deref(),
+        Some("llb-inst0")
+    );
+    assert!(names_for(&auto_ip)[0].ends_with(":llb-inst0"));
+    w.finish().await;
+}
+
+/// Discovery (docs/fleet.md#discovery): without `--loxilb-url`, the loxilbs are the ready
+/// addresses of `loxilb-lb-service`'s EndpointSlices, in any namespace. A not-ready address
+/// is left out; one that turns ready is programmed completely (roles, every Service's rules)
+/// before Services count it; one that goes is dropped (Services count one instance again,
+/// new rules go only to the others, and its role moves).
+#[tokio::test]
+async fn discovery_follows_the_loxilb_services_endpointslices() {
+    let host = host_address();
+    let a = Simulator::start((host, 0).into(), SimConfig::default())
+        .await
+        .unwrap();
+    let b = Simulator::start((host, 0).into(), SimConfig::default())
+        .await
+        .unwrap();
+    let opts = Options {
+        discovery: true,
+        extra_args: vec!["--set-roles=0.0.0.0".into(), "--set-unique-ip".into()],
+        ..Options::default()
+    };
+    let w = World::with("discovery", opts).await;
+    w.add_node("node-a", "10.7.0.1").await;
+    let svc = "loxilb-lb-service";
+    let host = host.to_string();
+    w.set_loxilb_slice(svc, "loxilb-a", &host, a.addr().port(), true)
+        .await;
+    w.set_loxilb_slice(svc, "loxilb-b", &host, b.addr().port(), false)
+        .await;
+    let programmed_on = |name: &'static str, n: &'static str| {
+        let w = &w;
+        async move {
+            wait_for(&format!("{name} programmed on {n}"), WAIT, || async {
+                let svc = w.get(name).await?;
+                let (status, _, message) = World::condition(&svc, "loxilb.io/Programmed")?;
+                (status == "True" && message.contains(&format!(" on {n} "))).then_some(())
+            })
+            .await
+        }
+    };
+    w.create(&World::lb_service("web", Some(CLASS), &[(80, "TCP")]))
+        .await;
+    w.create(&World::lb_service("api", Some(CLASS), &[(81, "TCP")]))
+        .await;
+    let web_ip = w.wait_for_ip("web").await;
+    let api_ip = w.wait_for_ip("api").await;
+    programmed_on("web", "1/1").await;
+    programmed_on("api", "1/1").await;
+    let holds = |s: &Simulator, ip: &str| s.rules().iter().any(|r| r.external_ip == ip);
+    assert!(holds(&a, &web_ip) && holds(&a, &api_ip));
+    assert!(
+        b.rules().is_empty(),
+        "a loxilb that is not ready gets nothing"
+    );
+    assert_eq!(
+        wait_sole_master(std::slice::from_ref(&a), "llb-inst0").await,
+        0
+    );
+
+    // b turns ready: joins, is programmed, then counted.
+    b.set_write_latency(Duration::from_millis(50));
+    w.set_loxilb_slice(svc, "loxilb-b", &host, b.addr().port(), true)
+        .await;
+    programmed_on("web", "2/2").await;
+    assert!(
+        holds(&b, &web_ip) && holds(&b, &api_ip),
+        "counted only once it holds every Service's rules"
+    );
+    assert_eq!(b.cluster_state("llb-inst0").as_deref(), Some("BACKUP"));
+
+    // a goes: dropped, its role moves to b (a, still running, is told BACKUP: never two
+    // masters), new rules go to b only.
+    w.delete_loxilb_slice("loxilb-a").await;
+    programmed_on("web", "1/1").await;
+    wait_for("b MASTER, a BACKUP", WAIT, || async {
+        (b.cluster_state("llb-inst0").as_deref() == Some("MASTER")
+            && a.cluster_state("llb-inst0").as_deref() == Some("BACKUP"))
+        .then_some(())
+    })
+    .await;
+    w.create(&World::lb_service("late", Some(CLASS), &[(82, "TCP")]))
+        .await;
+    let late_ip = w.wait_for_ip("late").await;
+    programmed_on("late", "1/1").await;
+    assert!(holds(&b, &late_ip));
+    assert!(!holds(&a, &late_ip), "a dropped loxilb gets no new rule");
+    w.finish().await;
+}
+
+/// kube-loxilb's `LoxiURL` resources (docs/fleet.md#loxiurl-resources): a resource of type
+/// default adds its loxilbs to the fleet (programmed completely, then counted), its deletion
+/// takes them out again; a `cidrpool` one is refused with a Warning Event naming it.
+#[tokio::test]
+async fn loxiurl_resources_add_and_remove_loxilbs() {
+    use kube::CustomResourceExt;
+    use kube::api::{DeleteParams, PostParams};
+    use loxi_ccm::runtime::loxiurl::{LoxiURL, LoxiURLSpec};
+    let extra = sim().await;
+    let mut w = World::with("loxiurl", Options::default()).await;
+    // The CRD (kube-loxilb's group and kind), then a controller that sees it.
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        Api::all(w.client.clone());
+    let _ = crds.create(&PostParams::default(), &LoxiURL::crd()).await;
+    let resources: Api<LoxiURL> = Api::all(w.client.clone());
+    wait_for("the LoxiURL CRD served", WAIT, || async {
+        resources.list(&Default::default()).await.ok().map(|_| ())
+    })
+    .await;
+    w.stop_controller().await;
+    w.start_controller(&Options::default()).await;
+    w.add_node("node-a", "10.7.0.1").await;
+    let ip = w.serve_one_port("web", 80).await;
+    let name = format!("{}-extra", w.ns);
+    let res = LoxiURL::new(
+        &name,
+        LoxiURLSpec {
+            loxi_url: extra.url(),
+            kind: None,
+            zone: Some("llb".into()),
+        },
+    );
+    resources
+        .create(&PostParams::default(), &res)
+        .await
+        .unwrap();
+    let on = |n: &'static str| {
+        let w = &w;
+        async move {
+            wait_for(&format!("web programmed on {n}"), WAIT, || async {
+                let svc = w.get("web").await?;
+                let (status, _, message) = World::condition(&svc, "loxilb.io/Programmed")?;
+                (status == "True" && message.contains(&format!(" on {n} "))).then_some(())
+            })
+            .await
+        }
+    };
+    on("2/2").await;
+    assert!(extra.rules().iter().any(|r| r.external_ip == ip));
+    resources
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    on("1/1").await;
+
+    let pool = format!("{}-pool", w.ns);
+    let res = LoxiURL::new(
+        &pool,
+        LoxiURLSpec {
+            loxi_url: "12.12.12.0/24".into(),
+            kind: Some("cidrpool".into()),
+            zone: None,
+        },
+    );
+    resources
+        .create(&PostParams::default(), &res)
+        .await
+        .unwrap();
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(w.client.clone());
+    wait_for("a Warning Event on the cidrpool LoxiURL", WAIT, || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("InvalidLoxiURL")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(pool.as_str())
+            })
+            .then_some(())
+    })
+    .await;
+    let _ = resources.delete(&pool, &DeleteParams::default()).await;
+    w.finish().await;
+}
