@@ -15,6 +15,7 @@
 //! | `PUT /admin/bgp/peer-state` | `{"ip":"10.0.0.1","state":"ESTABLISHED","updowntime":"00:05:00"}` | a peer's session state; `updowntime` optional (counts from now); 404 for an unknown peer (`Simulator::set_bgp_peer_state`) |
 //! | `GET /admin/rules` | – | stored rules, same as `Simulator::rules()` |
 //! | `GET /admin/stats` | – | counters and knobs |
+//! | `GET /admin/writes` | – | the API writes since start or the last restart, in order, with their status (`Simulator::write_log`) |
 
 use std::time::Duration;
 
@@ -45,6 +46,7 @@ pub(crate) fn routes() -> Router<AppState> {
         .route("/admin/bgp/peer-state", put(set_peer_state))
         .route("/admin/rules", get(rules))
         .route("/admin/stats", get(stats))
+        .route("/admin/writes", get(writes))
 }
 
 fn bad_request(msg: impl std::fmt::Display) -> Response {
@@ -241,6 +243,10 @@ async fn set_peer_state(State(app): State<AppState>, body: Bytes) -> Response {
 
 async fn rules(State(app): State<AppState>) -> Response {
     ok(json!(app.shared.state().snapshot()))
+}
+
+async fn writes(State(app): State<AppState>) -> Response {
+    ok(json!(app.shared.write_log()))
 }
 
 async fn stats(State(app): State<AppState>) -> Response {

@@ -105,6 +105,21 @@ pub(crate) struct Shared {
     restarts: AtomicU64,
     /// loxilb runs with BGP: a start option, so a restart keeps it.
     bgp_enabled: AtomicBool,
+    /// The API writes since start or the last restart, in the order they were answered
+    /// (the last [`WRITE_LOG_LIMIT`]): lets a test see the order of a replay.
+    write_log: Mutex<std::collections::VecDeque<SimWrite>>,
+}
+
+/// How many API writes [`Simulator::write_log`] keeps.
+pub const WRITE_LOG_LIMIT: usize = 10_000;
+
+/// One API write as the simulator answered it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SimWrite {
+    pub method: String,
+    /// The path under the API base, with the query (`/config/bgp/neigh/10.0.0.1?remoteAs=1`).
+    pub path: String,
+    pub status: u16,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -130,6 +145,7 @@ impl Shared {
             reachability: Mutex::default(),
             restarts: AtomicU64::new(0),
             bgp_enabled: AtomicBool::new(bgp),
+            write_log: Mutex::default(),
         }
     }
 
@@ -210,8 +226,21 @@ impl Shared {
         self.requests.fetch_add(1, Ordering::Relaxed);
     }
 
+    pub(crate) fn log_write(&self, write: SimWrite) {
+        let mut log = lock(&self.write_log);
+        if log.len() == WRITE_LOG_LIMIT {
+            log.pop_front();
+        }
+        log.push_back(write);
+    }
+
+    pub(crate) fn write_log(&self) -> Vec<SimWrite> {
+        lock(&self.write_log).iter().cloned().collect()
+    }
+
     fn restart(&self) {
         *self.state() = state::SimState::new(self.cfg.max_rules);
+        lock(&self.write_log).clear();
         self.requests.store(0, Ordering::Relaxed);
         self.fault_seen.store(0, Ordering::Relaxed);
         self.faults_injected.store(0, Ordering::Relaxed);
@@ -423,6 +452,12 @@ impl Simulator {
             .bgp
             .set_peer_state(ip, state, updowntime)
             .is_some()
+    }
+
+    /// The API writes (every call but GET) answered since start or the last restart, in
+    /// order, with their status (the last [`WRITE_LOG_LIMIT`]).
+    pub fn write_log(&self) -> Vec<SimWrite> {
+        self.inner.shared.write_log()
     }
 
     /// API calls received since start or the last restart (admin excluded).
