@@ -43,6 +43,13 @@ pub struct BgpSessionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AdvertisementLabels {
+    pub loxilb: String,
+    /// `announce` (a rule created with `bgp: true`) or `withdraw` (deleted with `?bgp=true`).
+    pub change: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolLabels {
     pub pool: String,
     pub state: String,
@@ -67,6 +74,8 @@ pub struct Metrics {
     loxilb_limit_hits: Family<InstanceReasonLabels, Counter>,
     loxilb_replays: Family<InstanceReasonLabels, Counter>,
     bgp_sessions: Family<BgpSessionLabels, Gauge>,
+    bgp_session_drops: Family<BgpSessionLabels, Counter>,
+    bgp_advertisement_changes: Family<AdvertisementLabels, Counter>,
     pool_addresses: Family<PoolLabels, Gauge<i64, AtomicI64>>,
     endpoints_dropped: Gauge,
     events_dropped: Counter,
@@ -147,6 +156,19 @@ impl Metrics {
              state (ESTABLISHED, ACTIVE, ...)",
             bgp_sessions.clone(),
         );
+        let bgp_session_drops = Family::<BgpSessionLabels, Counter>::default();
+        registry.register(
+            "bgp_session_drops",
+            "BGP sessions that left ESTABLISHED, by loxilb, peer and the state they went to",
+            bgp_session_drops.clone(),
+        );
+        let bgp_advertisement_changes = Family::<AdvertisementLabels, Counter>::default();
+        registry.register(
+            "bgp_advertisement_changes",
+            "Changes of loxilb's per-address advertisement count made by rule calls: announce \
+             (a rule created with bgp) or withdraw (a rule deleted with ?bgp=true)",
+            bgp_advertisement_changes.clone(),
+        );
         let pool_addresses = Family::<PoolLabels, Gauge<i64, AtomicI64>>::default();
         registry.register(
             "pool_addresses",
@@ -184,6 +206,8 @@ impl Metrics {
             loxilb_limit_hits,
             loxilb_replays,
             bgp_sessions,
+            bgp_session_drops,
+            bgp_advertisement_changes,
             pool_addresses,
             endpoints_dropped,
             events_dropped,
@@ -282,6 +306,28 @@ impl Metrics {
         } else {
             self.bgp_sessions.remove(&labels);
         }
+    }
+
+    /// The session of `loxilb` with `peer` left ESTABLISHED for `state`.
+    pub fn bgp_session_dropped(&self, loxilb: &str, peer: &str, state: &str) {
+        self.bgp_session_drops
+            .get_or_create(&BgpSessionLabels {
+                loxilb: loxilb.to_string(),
+                peer: peer.to_string(),
+                state: state.to_string(),
+            })
+            .inc();
+    }
+
+    /// A rule call changed loxilb's advertisement count of its address (`announce` or
+    /// `withdraw`).
+    pub fn bgp_advertisement_changed(&self, loxilb: &str, change: &str) {
+        self.bgp_advertisement_changes
+            .get_or_create(&AdvertisementLabels {
+                loxilb: loxilb.to_string(),
+                change: change.to_string(),
+            })
+            .inc();
     }
 
     pub fn set_leader(&self, leading: bool) {

@@ -6,7 +6,10 @@ use std::path::Path;
 fn checked_in_crds_match_the_code() {
     let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy");
     let update = std::env::var("UPDATE_CRDS").is_ok_and(|v| v == "1");
-    for (file, yaml) in loxi_ccm::ipam::crds::rendered() {
+    for (file, yaml) in loxi_ccm::ipam::crds::rendered()
+        .into_iter()
+        .chain(loxi_ccm::bgp::crds::rendered())
+    {
         let path = deploy.join(file);
         if update {
             std::fs::write(&path, &yaml).unwrap();
