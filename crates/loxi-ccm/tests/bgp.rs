@@ -178,7 +178,9 @@ async fn an_address_is_advertised_once_and_withdrawn_on_delete() {
 async fn a_pool_with_advertisement_off_announces_nothing() {
     use kube::api::{Api, Patch, PatchParams, PostParams};
     use loxi_ccm::ipam::address_pools::{AddressPool, AddressPoolSpec};
+    let admin_port = testenv::free_port().unwrap();
     let opts = Options {
+        admin_port: Some(admin_port),
         extra_args: vec![
             "--bgp-local-as=65100".into(),
             "--bgp-peers=192.0.2.250:65001".into(),
@@ -264,6 +266,25 @@ async fn a_pool_with_advertisement_off_announces_nothing() {
     wait_for("both withdrawn", WAIT, || async {
         w.sim.bgp_advertisements().is_empty().then_some(())
     })
+    .await;
+    // The counter of advertisement changes: the loud rule and the re-created quiet one
+    // announced, both deletions withdrew (the quiet rule's DELETE before its re-creation
+    // carried ?bgp=false and changed nothing).
+    let changes = |change: &'static str| async move {
+        World::metric_sum(
+            admin_port,
+            "loxi_ccm_bgp_advertisement_changes_total",
+            &[&format!("change=\"{change}\"")],
+        )
+        .await
+    };
+    wait_for(
+        "two announcements and two withdrawals counted",
+        WAIT,
+        || async {
+            (changes("announce").await? == 2.0 && changes("withdraw").await? == 2.0).then_some(())
+        },
+    )
     .await;
     let _ = pools.delete(&name, &DeleteParams::default()).await;
     w.finish().await;
