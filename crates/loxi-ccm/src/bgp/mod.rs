@@ -295,12 +295,21 @@ impl Bgp {
         if self.resources.is_none() {
             return;
         }
+        // A loxilb running without BGP holds nothing a deletion must wait for.
+        let removal_view: Vec<Pass<'_>> = passes
+            .iter()
+            .zip(&view)
+            .map(|((_, pass), (url, v))| match pass {
+                Some(Err(ClientError::BgpDisabled { .. })) => (*url, None),
+                _ => (*url, *v),
+            })
+            .collect();
         let now = now();
         for (id, m) in &plan.meta {
             if m.deleting {
                 let item = plan.desired.removing.get(id).cloned().flatten();
                 if m.finalizers.iter().any(|f| f == FINALIZER)
-                    && desired::removed_everywhere(item.as_deref(), &view)
+                    && desired::removed_everywhere(item.as_deref(), &removal_view)
                 {
                     let rest: Vec<&String> =
                         m.finalizers.iter().filter(|f| *f != FINALIZER).collect();
