@@ -88,6 +88,11 @@ pub(super) struct BgpState {
     applies: BTreeMap<ItemId, BgpPolicyApply>,
 }
 
+/// goBGP's answer to calls before its global configuration (docs/loxilb-api.md#bgp).
+fn gobgp_not_started(e: &ClientError) -> bool {
+    e.to_string().contains("hasn't started yet")
+}
+
 fn listed_ip(n: &BgpNeighborStatus) -> Option<IpAddr> {
     n.ip_address.parse::<IpAddr>().ok()
 }
@@ -123,6 +128,41 @@ impl Instance {
     /// taken, or loxilb is unreachable; refusals of single items are in the report.
     pub async fn ensure_bgp(&self, config: &BgpConfig) -> Result<BgpReport, ClientError> {
         let mut state = self.bgp.lock().await;
+        match self.pass(&mut state, config).await {
+            // goBGP lost its configuration behind this process's back (loxilb restarted
+            // between two probes, unnoticed): start over, in loxilb's order.
+            Err(e) if gobgp_not_started(&e) && state.global.is_some() => {
+                info!(
+                    instance = self.url(),
+                    "goBGP has no global configuration any more: configuring it again"
+                );
+                *state = BgpState::default();
+                // Right after a restart goBGP answers errors for a moment: back-off.
+                let mut delay = std::time::Duration::from_millis(100);
+                let mut result = self.pass(&mut state, config).await;
+                for _ in 1..5 {
+                    let transient = match &result {
+                        Ok(report) => !report.refused.is_empty(),
+                        Err(e) => !is_transport(e),
+                    };
+                    if !transient {
+                        break;
+                    }
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                    result = self.pass(&mut state, config).await;
+                }
+                result
+            }
+            other => other,
+        }
+    }
+
+    async fn pass(
+        &self,
+        state: &mut BgpState,
+        config: &BgpConfig,
+    ) -> Result<BgpReport, ClientError> {
         let Some(router_id) = self.router_id(config.global.router_id) else {
             return Err(ClientError::Config(format!(
                 "no BGP router id for {}: its address is not IPv4; set --bgp-router-id",
@@ -150,13 +190,14 @@ impl Instance {
             state.global = Some(global);
         }
         if !state.known {
-            self.learn_held(&mut state, config).await?;
+            self.learn_held(state, config).await?;
             state.known = true;
         }
         let mut report = BgpReport::default();
-        // A transport failure ends the pass; anything else is that item's refusal.
+        // A transport failure ends the pass, and so does a goBGP without its global
+        // configuration (`ensure_bgp` starts over); anything else is that item's refusal.
         let mut refused = |id: &str, e: ClientError| -> Result<(), ClientError> {
-            if is_transport(&e) {
+            if is_transport(&e) || gobgp_not_started(&e) {
                 return Err(e);
             }
             report.refused.insert(id.to_string(), e.to_string());
