@@ -61,6 +61,13 @@ pub struct HaInstanceLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AdvertisementLabels {
+    pub loxilb: String,
+    /// `announce` (a rule created with `bgp: true`) or `withdraw` (deleted with `?bgp=true`).
+    pub change: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolLabels {
     pub pool: String,
     pub state: String,
@@ -87,6 +94,8 @@ pub struct Metrics {
     bgp_sessions: Family<BgpSessionLabels, Gauge>,
     ha_roles: Family<HaRoleLabels, Gauge>,
     ha_failovers: Family<HaInstanceLabels, Counter>,
+    bgp_session_drops: Family<BgpSessionLabels, Counter>,
+    bgp_advertisement_changes: Family<AdvertisementLabels, Counter>,
     pool_addresses: Family<PoolLabels, Gauge<i64, AtomicI64>>,
     endpoints_dropped: Gauge,
     services_not_programmed: Family<ReasonLabels, Gauge>,
@@ -182,6 +191,19 @@ impl Metrics {
              stopped answering",
             ha_failovers.clone(),
         );
+        let bgp_session_drops = Family::<BgpSessionLabels, Counter>::default();
+        registry.register(
+            "bgp_session_drops",
+            "BGP sessions that left ESTABLISHED, by loxilb, peer and the state they went to",
+            bgp_session_drops.clone(),
+        );
+        let bgp_advertisement_changes = Family::<AdvertisementLabels, Counter>::default();
+        registry.register(
+            "bgp_advertisement_changes",
+            "Changes of loxilb's per-address advertisement count made by rule calls: announce \
+             (a rule created with bgp) or withdraw (a rule deleted with ?bgp=true)",
+            bgp_advertisement_changes.clone(),
+        );
         let pool_addresses = Family::<PoolLabels, Gauge<i64, AtomicI64>>::default();
         registry.register(
             "pool_addresses",
@@ -228,6 +250,8 @@ impl Metrics {
             bgp_sessions,
             ha_roles,
             ha_failovers,
+            bgp_session_drops,
+            bgp_advertisement_changes,
             pool_addresses,
             endpoints_dropped,
             services_not_programmed,
@@ -349,6 +373,28 @@ impl Metrics {
         self.ha_failovers
             .get_or_create(&HaInstanceLabels {
                 ha_instance: ha_instance.to_string(),
+            })
+            .inc();
+    }
+
+    /// The session of `loxilb` with `peer` left ESTABLISHED for `state`.
+    pub fn bgp_session_dropped(&self, loxilb: &str, peer: &str, state: &str) {
+        self.bgp_session_drops
+            .get_or_create(&BgpSessionLabels {
+                loxilb: loxilb.to_string(),
+                peer: peer.to_string(),
+                state: state.to_string(),
+            })
+            .inc();
+    }
+
+    /// A rule call changed loxilb's advertisement count of its address (`announce` or
+    /// `withdraw`).
+    pub fn bgp_advertisement_changed(&self, loxilb: &str, change: &str) {
+        self.bgp_advertisement_changes
+            .get_or_create(&AdvertisementLabels {
+                loxilb: loxilb.to_string(),
+                change: change.to_string(),
             })
             .inc();
     }

@@ -170,3 +170,122 @@ async fn an_address_is_advertised_once_and_withdrawn_on_delete() {
     .await;
     w.finish().await;
 }
+
+/// A pool with `bgpAdvertise: false` announces nothing: its Service's rule is created
+/// without BGP (advertisement count 0) while a Service from another pool is announced; turning
+/// the switch on re-creates the rule advertising.
+#[tokio::test]
+async fn a_pool_with_advertisement_off_announces_nothing() {
+    use kube::api::{Api, Patch, PatchParams, PostParams};
+    use loxi_ccm::ipam::address_pools::{AddressPool, AddressPoolSpec};
+    let admin_port = testenv::free_port().unwrap();
+    let opts = Options {
+        admin_port: Some(admin_port),
+        extra_args: vec![
+            "--bgp-local-as=65100".into(),
+            "--bgp-peers=192.0.2.250:65001".into(),
+        ],
+        ..Options::default()
+    };
+    let w = World::with_sim("bgppool", opts, bgp_sim()).await;
+    let pools: Api<AddressPool> = Api::all(w.client.clone());
+    let name = format!("{}-quiet", w.ns);
+    let _ = pools.delete(&name, &DeleteParams::default()).await;
+    wait_for("no stale pool", WAIT, || async {
+        pools.get_opt(&name).await.unwrap().is_none().then_some(())
+    })
+    .await;
+    pools
+        .create(
+            &PostParams::default(),
+            &AddressPool::new(
+                &name,
+                AddressPoolSpec {
+                    addresses: vec!["198.51.100.0/28".into()],
+                    auto_assign: false,
+                    avoid_buggy_ips: true,
+                    priority: 0,
+                    disabled: false,
+                    namespace_selector: None,
+                    service_selector: None,
+                    retain_addresses: None,
+                    bgp_advertise: false,
+                },
+            ),
+        )
+        .await
+        .unwrap();
+    w.add_node("node-a", "10.7.0.1").await;
+    let quiet = annotated(
+        World::lb_service("quiet", Some(CLASS), &[(80, "TCP")]),
+        &[("loxilb.io/poolSelect", name.as_str())],
+    );
+    w.create(&quiet).await;
+    w.create(&World::lb_service("loud", Some(CLASS), &[(80, "TCP")]))
+        .await;
+    let quiet_ip = w.wait_for_ip("quiet").await;
+    let loud_ip = w.wait_for_ip("loud").await;
+    assert!(quiet_ip.starts_with("198.51.100."), "{quiet_ip}");
+    wait_for(
+        "both rules, only the loud address announced",
+        WAIT,
+        || async {
+            (w.rules_for(&quiet_ip).len() == 1
+                && w.rules_for(&loud_ip).len() == 1
+                && w.sim.bgp_advertisement_count(&loud_ip) == 1)
+                .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(w.sim.bgp_advertisement_count(&quiet_ip), 0);
+    assert_eq!(
+        w.sim.bgp_advertisements().keys().collect::<Vec<_>>(),
+        [&loud_ip]
+    );
+
+    // Switched on: the rule is re-created advertising.
+    pools
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"bgpAdvertise": true}})),
+        )
+        .await
+        .unwrap();
+    wait_for("the quiet address announced once", WAIT, || async {
+        (w.sim.bgp_advertisement_count(&quiet_ip) == 1 && w.rules_for(&quiet_ip).len() == 1)
+            .then_some(())
+    })
+    .await;
+    for svc in ["quiet", "loud"] {
+        w.services
+            .delete(svc, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    wait_for("both withdrawn", WAIT, || async {
+        w.sim.bgp_advertisements().is_empty().then_some(())
+    })
+    .await;
+    // The counter of advertisement changes: the loud rule and the re-created quiet one
+    // announced, both deletions withdrew (the quiet rule's DELETE before its re-creation
+    // carried ?bgp=false and changed nothing).
+    let changes = |change: &'static str| async move {
+        World::metric_sum(
+            admin_port,
+            "loxi_ccm_bgp_advertisement_changes_total",
+            &[&format!("change=\"{change}\"")],
+        )
+        .await
+    };
+    wait_for(
+        "two announcements and two withdrawals counted",
+        WAIT,
+        || async {
+            (changes("announce").await? == 2.0 && changes("withdraw").await? == 2.0).then_some(())
+        },
+    )
+    .await;
+    let _ = pools.delete(&name, &DeleteParams::default()).await;
+    w.finish().await;
+}

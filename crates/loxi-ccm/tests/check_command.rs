@@ -671,3 +671,66 @@ async fn loxilb_tls_and_token_are_checked_and_the_token_never_shown() {
         let _ = std::fs::remove_file(f);
     }
 }
+
+/// With BGP on, `check` prints the settings and, for each loxilb, every neighbour with its
+/// session state and the configured peers it does not hold; a loxilb without BGP fails the
+/// line.
+#[tokio::test]
+async fn bgp_settings_and_each_peers_state_on_each_loxilb() {
+    use loxilb_client::bgp::{BgpGlobal, BgpNeighbor};
+    let with_bgp = Simulator::start(
+        "127.0.0.1:0".parse().unwrap(),
+        SimConfig {
+            bgp: true,
+            ..SimConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let without = Simulator::start("127.0.0.1:0".parse().unwrap(), SimConfig::default())
+        .await
+        .unwrap();
+    loxilb_client::install_crypto_provider();
+    let client =
+        loxilb_client::LoxilbClient::new(loxilb_client::ClientConfig::new(&with_bgp.url()))
+            .unwrap();
+    client
+        .set_bgp_global(&BgpGlobal {
+            router_id: "127.0.0.1".parse().unwrap(),
+            local_as: 65100,
+            set_next_hop_self: false,
+            listen_port: 0,
+        })
+        .await
+        .unwrap();
+    client
+        .add_bgp_neighbor(&BgpNeighbor::new("192.0.2.254".parse().unwrap(), 65001))
+        .await
+        .unwrap();
+    assert!(with_bgp.set_bgp_peer_state("192.0.2.254", "ESTABLISHED", Some("00:01:00")));
+    let out = check(
+        &[
+            &format!("--loxilb-url={},{}", with_bgp.url(), without.url()),
+            "--external-cidr=192.0.2.0/24",
+            "--kubeconfig=/nonexistent/kubeconfig",
+            "--bgp-local-as=65100",
+            "--bgp-peers=192.0.2.254:65001,192.0.2.253:65002",
+        ],
+        &[],
+    )
+    .await;
+    let config = line(&out, "OK   configuration:");
+    assert!(
+        config.contains("BGP local AS 65100") && config.contains("192.0.2.253:65002"),
+        "{config}"
+    );
+    let good = line(&out, &format!("OK   loxilb {} BGP:", with_bgp.url()));
+    assert!(
+        good.contains("192.0.2.254 AS 65001 ESTABLISHED (for 00:01:00)"),
+        "{good}"
+    );
+    assert!(good.contains("not held (yet): 192.0.2.253:65002"), "{good}");
+    let off = line(&out, &format!("FAIL loxilb {} BGP:", without.url()));
+    assert!(off.contains("without BGP"), "{off}");
+    assert_readable(&text(&out));
+}

@@ -1,14 +1,21 @@
-//! The CRD manifests of the Helm chart (charts/loxi-ccm/crds) are exactly what the code
+//! The CRD manifests of the Helm chart (charts/loxi-ccm/crds, and files/bgp-crds.yaml) are exactly what the code
 //! generates; deploy/ is rendered from the chart (tests/chart.rs keeps it so).
 
 use std::path::Path;
 
 #[test]
 fn checked_in_crds_match_the_code() {
-    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../charts/loxi-ccm/crds");
+    let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../charts/loxi-ccm");
     let update = std::env::var("UPDATE_CRDS").is_ok_and(|v| v == "1");
-    for (file, yaml) in loxi_ccm::ipam::crds::rendered() {
-        let path = deploy.join(file);
+    // The project's own CRDs are always installed (crds/); kube-loxilb's BGP ones only when
+    // asked (files/, rendered by templates/optional/bgp-crds.yaml).
+    let ours = loxi_ccm::ipam::crds::rendered()
+        .into_iter()
+        .map(|(file, yaml)| (chart.join("crds").join(file), yaml));
+    let bgp = loxi_ccm::bgp::crds::rendered()
+        .into_iter()
+        .map(|(file, yaml)| (chart.join("files").join(file), yaml));
+    for (path, yaml) in ours.chain(bgp) {
         if update {
             std::fs::write(&path, &yaml).unwrap();
             continue;

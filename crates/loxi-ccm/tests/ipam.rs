@@ -370,6 +370,7 @@ fn pool_spec(ns: &str, addresses: &[&str]) -> AddressPoolSpec {
         namespace_selector: Some(only_ns(ns)),
         service_selector: None,
         retain_addresses: None,
+        bgp_advertise: true,
     }
 }
 

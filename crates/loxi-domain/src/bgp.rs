@@ -429,6 +429,7 @@ pub fn parse_router_id(text: &str) -> Result<Ipv4Addr, BgpError> {
 
 /// `spec` of kube-loxilb's `BGPPeerService` (`bgppeer.loxilb.io/v1`).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct BGPPeerServiceSpec {
     #[serde(default)]
@@ -479,6 +480,7 @@ impl BGPPeerServiceSpec {
 
 /// `spec` of kube-loxilb's `BGPPolicyDefinedSetsService`.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct BGPPolicyDefinedSetsServiceSpec {
     #[serde(default)]
@@ -494,6 +496,7 @@ pub struct BGPPolicyDefinedSetsServiceSpec {
 
 /// One `prefixList` entry.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct BGPPolicyPrefix {
     #[serde(default)]
@@ -639,6 +642,7 @@ impl BGPPolicyDefinedSetsServiceSpec {
 
 /// `spec` of kube-loxilb's `BGPPolicyDefinitionService`.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct BGPPolicyDefinitionServiceSpec {
     #[serde(default)]
@@ -649,6 +653,7 @@ pub struct BGPPolicyDefinitionServiceSpec {
 
 /// One statement: loxilb needs both objects (without one the request crashes it).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct BGPPolicyStatement {
     #[serde(default)]
@@ -660,6 +665,7 @@ pub struct BGPPolicyStatement {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct BGPPolicyConditions {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -671,6 +677,7 @@ pub struct BGPPolicyConditions {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct MatchPrefixSet {
     #[serde(default)]
@@ -680,6 +687,7 @@ pub struct MatchPrefixSet {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct MatchNeighborSet {
     #[serde(default)]
@@ -689,6 +697,7 @@ pub struct MatchNeighborSet {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct BGPConditions {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -717,6 +726,7 @@ pub struct BGPConditions {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct AsPathLength {
     #[serde(default)]
@@ -726,6 +736,7 @@ pub struct AsPathLength {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct BGPAsPathSet {
     #[serde(default)]
@@ -735,6 +746,7 @@ pub struct BGPAsPathSet {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct BGPCommunitySet {
     #[serde(default)]
@@ -744,6 +756,7 @@ pub struct BGPCommunitySet {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct BGPPolicyActions {
     /// `accept-route`, `reject-route`, or empty (none: the next statement decides).
@@ -754,6 +767,7 @@ pub struct BGPPolicyActions {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct BGPActions {
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -778,6 +792,7 @@ pub struct BGPActions {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SetCommunity {
     #[serde(default)]
@@ -787,6 +802,7 @@ pub struct SetCommunity {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SetAsPathPrepend {
     /// `as`.
@@ -891,9 +907,12 @@ impl BGPPolicyDefinitionServiceSpec {
 
 /// `spec` of kube-loxilb's `BGPPolicyApplyService`.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct BGPPolicyApplyServiceSpec {
-    /// The neighbour the policies apply to.
+    /// Where the policies apply: `global` (goBGP's global RIB, the only target loxilb's
+    /// peers support) or a neighbour's address (kube-loxilb's examples; loxilb refuses it
+    /// for peers that are not route-server clients, which it never makes them).
     #[serde(default)]
     pub ip_address: String,
     #[serde(default)]
@@ -919,7 +938,8 @@ pub enum RouteAction {
 /// A checked `BGPPolicyApplyService`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PolicyApply {
-    pub neighbor: IpAddr,
+    /// `None`: `global`.
+    pub neighbor: Option<IpAddr>,
     pub policy_type: PolicyType,
     pub policies: Vec<String>,
     pub route_action: RouteAction,
@@ -931,12 +951,17 @@ impl BGPPolicyApplyServiceSpec {
         if ip.is_empty() {
             return Err(missing(
                 "spec.ipAddress",
-                "required: the neighbour's address",
+                "required: global or the neighbour's address",
             ));
         }
-        let neighbor: IpAddr = ip
-            .parse()
-            .map_err(|_| bad("spec.ipAddress", ip, "not an IP address"))?;
+        let neighbor: Option<IpAddr> = if ip == "global" {
+            None
+        } else {
+            Some(
+                ip.parse()
+                    .map_err(|_| bad("spec.ipAddress", ip, "not an IP address or global"))?,
+            )
+        };
         let policy_type = match self.policy_type.as_str() {
             "import" => PolicyType::Import,
             "export" => PolicyType::Export,
@@ -1520,6 +1545,11 @@ mod tests {
             .unwrap();
         assert_eq!(ok.policy_type, PolicyType::Export);
         assert_eq!(ok.route_action, RouteAction::Accept);
+        assert_eq!(ok.neighbor, Some("10.0.0.2".parse().unwrap()));
+        let global = apply("global", "import", &["p"], "accept")
+            .validate()
+            .unwrap();
+        assert_eq!(global.neighbor, None);
         assert_eq!(
             apply("10.0.0.2", "import", &["p"], "reject")
                 .validate()

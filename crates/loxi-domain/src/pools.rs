@@ -203,6 +203,9 @@ pub struct PoolDef {
     /// How long a deleted Service's address from this pool stays reserved for its
     /// namespace/name (`loxilb.io/retain-address` on the Service wins). `None`: released.
     pub retain: Option<std::time::Duration>,
+    /// Rules on its addresses are announced by BGP when BGP is on (`bgpAdvertise`; flag
+    /// pools: always, they follow the global setting).
+    pub advertise: bool,
 }
 
 /// Labels of the Service asking for an address, and of its namespace.
@@ -224,6 +227,7 @@ impl PoolDef {
             namespace_selector: None,
             service_selector: None,
             retain: None,
+            advertise: true,
         }
     }
 
@@ -277,6 +281,8 @@ pub struct PoolSpec {
     pub service_selector: Option<RawSelector>,
     /// `retainAddresses`: how long a deleted Service's address stays reserved for it.
     pub retain: Option<String>,
+    /// `bgpAdvertise`: announce its addresses by BGP (when BGP is on).
+    pub advertise: bool,
 }
 
 /// Checks a resource's spec; every problem is reported, not only the first.
@@ -339,6 +345,7 @@ pub fn validate_pool(spec: &PoolSpec) -> Result<PoolDef, Vec<String>> {
         namespace_selector,
         service_selector,
         retain,
+        advertise: spec.advertise,
     })
 }
 
@@ -418,6 +425,17 @@ impl PoolSet {
 
     pub fn get(&self, name: &str) -> Option<&PoolDef> {
         self.defs.iter().find(|d| d.name() == name)
+    }
+
+    /// Whether rules on `ip` may be announced by BGP: not when a pool holding it has
+    /// advertisement off (`bgpAdvertise: false`: the operator reaches those addresses another
+    /// way, L2 or static routes), even if an overlapping pool would. Addresses outside every
+    /// pool (static ones) and flag pools follow the global setting.
+    pub fn advertises(&self, ip: &IpAddr) -> bool {
+        self.defs
+            .iter()
+            .filter(|d| d.pool.contains(ip))
+            .all(|d| d.advertise)
     }
 
     /// The pools `who` may take a new `family` address from, in order. `selected` is
@@ -543,6 +561,7 @@ mod tests {
             namespace_selector: None,
             service_selector: None,
             retain: None,
+            advertise: true,
         }
     }
 
@@ -792,5 +811,29 @@ mod tests {
         assert_eq!(names, ["a", "b", "default"]);
         // The flag pool kept its name; the clashing resource was dropped.
         assert_eq!(set.get("default").unwrap().origin, PoolOrigin::Flag(0));
+    }
+
+    #[test]
+    fn advertisement_follows_every_pool_holding_the_address() {
+        let mut quiet = spec("quiet", &["192.0.2.0/28"]);
+        quiet.advertise = false;
+        let loud = spec("loud", &["192.0.2.8/29", "198.51.100.0/24"]);
+        let set = merge_pools(
+            &[flag("default", "203.0.113.0/24")],
+            &[],
+            vec![
+                ("quiet".into(), validate_pool(&quiet)),
+                ("loud".into(), validate_pool(&loud)),
+            ],
+        );
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert!(!set.advertises(&ip("192.0.2.3")), "in the quiet pool only");
+        assert!(
+            !set.advertises(&ip("192.0.2.9")),
+            "in both: the pool with advertisement off wins"
+        );
+        assert!(set.advertises(&ip("198.51.100.7")), "in the loud pool");
+        assert!(set.advertises(&ip("203.0.113.7")), "a flag pool");
+        assert!(set.advertises(&ip("10.9.9.9")), "outside every pool");
     }
 }

@@ -16,6 +16,7 @@
 //! | `PUT /admin/token` | `{"token":"..."}` or `{"token":null}` | the token API calls need from now on (`Simulator::set_auth_token`) |
 //! | `GET /admin/rules` | – | stored rules, same as `Simulator::rules()` |
 //! | `GET /admin/stats` | – | counters and knobs |
+//! | `GET /admin/writes` | – | the API writes since start or the last restart, in order, with their status (`Simulator::write_log`) |
 
 use std::time::Duration;
 
@@ -47,6 +48,7 @@ pub(crate) fn routes() -> Router<AppState> {
         .route("/admin/token", put(set_token))
         .route("/admin/rules", get(rules))
         .route("/admin/stats", get(stats))
+        .route("/admin/writes", get(writes))
 }
 
 fn bad_request(msg: impl std::fmt::Display) -> Response {
@@ -259,6 +261,10 @@ async fn set_peer_state(State(app): State<AppState>, body: Bytes) -> Response {
 
 async fn rules(State(app): State<AppState>) -> Response {
     ok(json!(app.shared.state().snapshot()))
+}
+
+async fn writes(State(app): State<AppState>) -> Response {
+    ok(json!(app.shared.write_log()))
 }
 
 async fn stats(State(app): State<AppState>) -> Response {

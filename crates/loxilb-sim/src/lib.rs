@@ -100,9 +100,6 @@ pub(crate) struct Shared {
     rule_posts: AtomicU64,
     /// API calls other than GET received (every write, whatever its path).
     writes: AtomicU64,
-    /// The first [`WRITE_LOG_LEN`] writes since start or the last restart, as `METHOD path`
-    /// (path below the API base): what a test reads to check the order of a replay.
-    write_log: Mutex<Vec<String>>,
     /// Endpoint addresses a test made unreachable (kept across restarts: not loxilb state).
     reachability: Mutex<endpoints::Reachability>,
     restarts: AtomicU64,
@@ -111,6 +108,21 @@ pub(crate) struct Shared {
     /// The token every API call but `/version` needs (`SimConfig::auth_token` at start);
     /// replaced by [`Simulator::set_auth_token`] (loxilb re-reads its manual token file).
     auth_token: Mutex<Option<String>>,
+    /// The API writes since start or the last restart, in the order they were answered
+    /// (the last [`WRITE_LOG_LIMIT`]): lets a test see the order of a replay.
+    write_log: Mutex<std::collections::VecDeque<SimWrite>>,
+}
+
+/// How many API writes [`Simulator::write_log`] keeps.
+pub const WRITE_LOG_LIMIT: usize = 10_000;
+
+/// One API write as the simulator answered it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SimWrite {
+    pub method: String,
+    /// The path under the API base, with the query (`/config/bgp/neigh/10.0.0.1?remoteAs=1`).
+    pub path: String,
+    pub status: u16,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -132,12 +144,12 @@ impl Shared {
             requests: AtomicU64::new(0),
             rule_posts: AtomicU64::new(0),
             writes: AtomicU64::new(0),
-            write_log: Mutex::default(),
             reachability: Mutex::default(),
             restarts: AtomicU64::new(0),
             bgp_enabled: AtomicBool::new(bgp),
             auth_token: Mutex::new(cfg.auth_token.clone()),
             cfg,
+            write_log: Mutex::default(),
         }
     }
 
@@ -187,13 +199,8 @@ impl Shared {
         lock(&self.reachability)
     }
 
-    pub(crate) fn count_write(&self, method: &str, path: &str) {
+    pub(crate) fn count_write(&self) {
         self.writes.fetch_add(1, Ordering::Relaxed);
-        let mut log = lock(&self.write_log);
-        if log.len() < WRITE_LOG_LEN {
-            let path = path.strip_prefix(API_BASE).unwrap_or(path);
-            log.push(format!("{method} {path}"));
-        }
     }
 
     fn set_fault(&self, f: Option<Fault>) {
@@ -227,10 +234,22 @@ impl Shared {
         self.requests.fetch_add(1, Ordering::Relaxed);
     }
 
+    pub(crate) fn log_write(&self, write: SimWrite) {
+        let mut log = lock(&self.write_log);
+        if log.len() == WRITE_LOG_LIMIT {
+            log.pop_front();
+        }
+        log.push_back(write);
+    }
+
+    pub(crate) fn write_log(&self) -> Vec<SimWrite> {
+        lock(&self.write_log).iter().cloned().collect()
+    }
+
     fn restart(&self) {
         *self.state() = state::SimState::new(self.cfg.max_rules);
-        self.requests.store(0, Ordering::Relaxed);
         lock(&self.write_log).clear();
+        self.requests.store(0, Ordering::Relaxed);
         self.fault_seen.store(0, Ordering::Relaxed);
         self.faults_injected.store(0, Ordering::Relaxed);
         self.restarts.fetch_add(1, Ordering::Relaxed);
@@ -275,9 +294,6 @@ struct Inner {
     /// hold it across the listener shutdown so a rebind never races it.
     running: tokio::sync::Mutex<Option<server::Running>>,
 }
-
-/// How many writes after a start [`Simulator::writes_since_restart`] keeps.
-pub const WRITE_LOG_LEN: usize = 256;
 
 /// Handle to a running simulator; cheap to clone.
 #[derive(Clone)]
@@ -434,11 +450,17 @@ impl Simulator {
         self.inner.shared.writes.load(Ordering::Relaxed)
     }
 
-    /// The first writes received since start or the last restart (at most
-    /// [`WRITE_LOG_LEN`]), in order, as `METHOD path` below the API base, e.g.
-    /// `POST /config/cistate`.
+    /// The writes answered since start or the last restart, in order, as `METHOD path`
+    /// below the API base without the query, e.g. `POST /config/cistate`: the short form of
+    /// [`Simulator::write_log`].
     pub fn writes_since_restart(&self) -> Vec<String> {
-        lock(&self.inner.shared.write_log).clone()
+        self.write_log()
+            .into_iter()
+            .map(|w| {
+                let path = w.path.split('?').next().unwrap_or_default();
+                format!("{} {path}", w.method)
+            })
+            .collect()
     }
 
     /// Makes an endpoint address unreachable for loxilb's health probes (or reachable
@@ -506,6 +528,12 @@ impl Simulator {
             .into_iter()
             .find(|(name, _, _)| name == instance)
             .map(|(_, state, _)| state)
+    }
+
+    /// The API writes (every call but GET) answered since start or the last restart, in
+    /// order, with their status (the last [`WRITE_LOG_LIMIT`]).
+    pub fn write_log(&self) -> Vec<SimWrite> {
+        self.inner.shared.write_log()
     }
 
     /// API calls received since start or the last restart (admin excluded).

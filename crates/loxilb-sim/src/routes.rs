@@ -353,7 +353,7 @@ async fn api_entry(State(app): State<AppState>, req: Request) -> Response {
     let mut latency = shared.latency();
     if req.method() != Method::GET {
         latency += shared.write_latency();
-        shared.count_write(req.method().as_str(), req.uri().path());
+        shared.count_write();
     }
     if req.method() == Method::POST && req.uri().path().ends_with("/config/loadbalancer") {
         shared.count_rule_post();
@@ -366,6 +366,17 @@ async fn api_entry(State(app): State<AppState>, req: Request) -> Response {
         Ok(resp) => resp,
         Err(e) => e.into_response(),
     };
+    if parts.method != Method::GET {
+        let path = parts.uri.path();
+        shared.log_write(crate::SimWrite {
+            method: parts.method.to_string(),
+            path: match parts.uri.query() {
+                Some(q) => format!("{}?{q}", path.strip_prefix(API_BASE).unwrap_or(path)),
+                None => path.strip_prefix(API_BASE).unwrap_or(path).to_string(),
+            },
+            status: resp.status().as_u16(),
+        });
+    }
     tracing::debug!(method = %parts.method, path = %parts.uri.path(), status = resp.status().as_u16(), "api call");
     resp
 }

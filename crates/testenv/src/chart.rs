@@ -29,7 +29,10 @@ pub const NAMESPACE: &str = "kube-system";
 pub const RELEASE: &str = "loxi-ccm";
 
 /// Options rendered into `deploy/optional/`, each with the `--set` that turns it on.
-const OPTIONAL: &[(&str, &str)] = &[("templates/optional/multus-rbac.yaml", "multus.enabled=true")];
+const OPTIONAL: &[(&str, &str)] = &[
+    ("templates/optional/multus-rbac.yaml", "multus.enabled=true"),
+    ("templates/optional/bgp-crds.yaml", "bgpCrds.enabled=true"),
+];
 
 /// `(path under deploy/, text)` for every plain manifest, in path order.
 pub fn plain_manifests(helm: &Path) -> Result<Vec<(PathBuf, String)>> {

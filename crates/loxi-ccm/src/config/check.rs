@@ -178,6 +178,30 @@ fn describe_config(cfg: &Config, loaded: &Loaded) -> String {
             ""
         },
     );
+    match &cfg.bgp {
+        None => text.push_str("; BGP off"),
+        Some(b) => {
+            let peers: Vec<String> = b.peers.iter().map(ToString::to_string).collect();
+            text.push_str(&format!(
+                "; BGP local AS {}, router id {}, listen port {}, peers {}{}{}",
+                b.local_asn,
+                b.router_id
+                    .map_or_else(|| "each loxilb's address".to_string(), |r| r.to_string()),
+                b.listen_port.unwrap_or(179),
+                if peers.is_empty() {
+                    "none from the flags".to_string()
+                } else {
+                    peers.join(",")
+                },
+                if b.multihop { ", multihop" } else { "" },
+                if cfg.bgp_crds {
+                    ", kube-loxilb's BGP resources served"
+                } else {
+                    ""
+                },
+            ));
+        }
+    }
     if let Some(path) = &loaded.config_file {
         text.push_str(&format!("; config file {}", path.display()));
     }
@@ -423,6 +447,26 @@ fn needs(cfg: &Config) -> Vec<Need> {
         for verb in ["list", "watch"] {
             needs.push(Need::new(verb, "", "pods").ns(ns));
         }
+    }
+    if cfg.bgp.is_some() && cfg.bgp_crds {
+        for (group, plural) in [
+            ("bgppeer.loxilb.io", "bgppeerservices"),
+            (
+                "bgppolicydefinedsets.loxilb.io",
+                "bgppolicydefinedsetsservices",
+            ),
+            (
+                "bgppolicydefinition.loxilb.io",
+                "bgppolicydefinitionservices",
+            ),
+            ("bgppolicyapply.loxilb.io", "bgppolicyapplyservices"),
+        ] {
+            for verb in ["list", "watch", "patch"] {
+                needs.push(Need::new(verb, group, plural));
+            }
+            needs.push(Need::new("patch", group, plural).sub("status"));
+        }
+        needs.push(Need::new("create", "events.k8s.io", "events").ns(Some("default")));
     }
     if cfg.cluster_id.is_none() {
         needs.push(Need::new("get", "", "namespaces").named("kube-system"));
@@ -718,8 +762,75 @@ async fn inventory_check(api: Option<&kube::Client>, cfg: &Config) -> Option<Che
 }
 
 async fn loxilb_checks(cfg: &Config) -> Report {
-    let lines = futures::future::join_all(cfg.loxilb.iter().cloned().map(one_loxilb)).await;
+    let checks = cfg.loxilb.iter().cloned().map(|c| async move {
+        let mut lines = vec![one_loxilb(c.clone()).await];
+        if let Some(bgp) = &cfg.bgp {
+            lines.push(one_loxilb_bgp(c, bgp).await);
+        }
+        lines
+    });
+    let lines = futures::future::join_all(checks)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
     Report { lines }
+}
+
+/// The BGP line of one loxilb: each neighbour it holds with its session state, and the
+/// configured peers it does not hold (yet).
+async fn one_loxilb_bgp(mut c: ClientConfig, bgp: &loxi_domain::bgp::BgpSettings) -> CheckLine {
+    let name = format!("loxilb {} BGP", c.url);
+    c.retry.attempts = 1;
+    let line = |ok: bool, detail: String| CheckLine {
+        ok,
+        name: name.clone(),
+        detail,
+    };
+    let client = match LoxilbClient::new(c) {
+        Ok(client) => client,
+        Err(e) => return line(false, e.to_string()),
+    };
+    let listed = match client.list_bgp_neighbors().await {
+        Ok(listed) => listed,
+        Err(loxilb_client::ClientError::BgpDisabled { .. }) => {
+            return line(
+                false,
+                "loxilb runs without BGP (start it with -b): it refuses every BGP call".into(),
+            );
+        }
+        Err(e) => return line(false, format!("listing the BGP neighbours failed: {e}")),
+    };
+    let mut parts: Vec<String> = listed
+        .iter()
+        .map(|n| {
+            format!(
+                "{} AS {} {} (for {})",
+                n.ip_address, n.remote_as, n.state, n.updowntime
+            )
+        })
+        .collect();
+    let missing: Vec<String> = bgp
+        .peers
+        .iter()
+        .filter(|p| {
+            !listed
+                .iter()
+                .any(|n| n.ip_address.parse::<std::net::IpAddr>().ok() == Some(p.address))
+        })
+        .map(ToString::to_string)
+        .collect();
+    if parts.is_empty() {
+        parts.push("no neighbour".into());
+    }
+    let mut detail = parts.join(", ");
+    if !missing.is_empty() {
+        detail.push_str(&format!(
+            "; configured but not held (yet): {}",
+            missing.join(", ")
+        ));
+    }
+    line(true, detail)
 }
 
 async fn one_loxilb(mut c: ClientConfig) -> CheckLine {

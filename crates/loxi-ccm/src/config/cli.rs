@@ -432,6 +432,21 @@ pub struct RunArgs {
     )]
     pub num_zone_instances: u16,
 
+    /// Serve kube-loxilb's BGP custom resources (BGPPeerService, BGPPolicyDefinedSetsService,
+    /// BGPPolicyDefinitionService, BGPPolicyApplyService; CRDs in
+    /// deploy/optional/bgp-crds.yaml): their peers and policies are configured on every
+    /// loxilb, with status. Needs --bgp-local-as. (kube-loxilb: --enableBGPCRDs)
+    #[arg(
+        long = "bgp-crds",
+        alias = "enableBGPCRDs",
+        env = "LOXI_CCM_BGP_CRDS",
+        default_value_t = false,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    pub bgp_crds: bool,
+
     /// Address of the admin HTTP server (/metrics, /healthz, /readyz).
     #[arg(
         long = "admin-addr",

@@ -125,6 +125,8 @@ pub struct Config {
     /// Namespace and name of the ConfigMap recording the HA masters: the leader-election
     /// namespace, `<leader-elect-name>-ha-roles`.
     pub roles_record: (String, String),
+    /// `--bgp-crds`: serve kube-loxilb's BGP custom resources (only with `bgp`).
+    pub bgp_crds: bool,
 }
 
 /// Where the loxilb token comes from.
@@ -236,6 +238,7 @@ const LEGACY_KEYS: &[(&str, &[&str])] = &[
     ("bgp_listen_port", &["listenBGPPort"]),
     ("bgp_peers", &["extBGPPeers"]),
     ("bgp_multihop", &["eBGPMultiHop"]),
+    ("bgp_crds", &["enableBGPCRDs"]),
     ("lb_mode", &["setLBMode"]),
     ("monitor", &["monitor"]),
     ("use_pod_network", &["usePodNetwork"]),
@@ -245,7 +248,6 @@ const LEGACY_KEYS: &[(&str, &[&str])] = &[
 /// kube-loxilb / loxi-ccm (Go) settings that have no equivalent here. Refused with an
 /// explanation rather than ignored: silently dropping e.g. `setRoles` would change behaviour.
 const UNSUPPORTED_KEYS: &[&str] = &[
-    "enableBGPCRDs",
     "externalSecondaryCIDRs6",
     "zone",
     "privateCIDR",
@@ -1009,6 +1011,14 @@ impl Config {
                 })
             }
         };
+        if args.bgp_crds && bgp.is_none() {
+            return Err(ConfigError::invalid(
+                origins.describe("bgp_crds"),
+                "the BGP custom resources need BGP on: set the local AS number (--bgp-local-as, \
+                 kube-loxilb: --setBGP)"
+                    .to_string(),
+            ));
+        }
         let pool = pools
             .iter()
             .find(|p| p.size(Family::V4) > 0)
@@ -1065,6 +1075,7 @@ impl Config {
                 args.leader_elect_namespace.clone(),
                 format!("{}-ha-roles", args.leader_elect_name),
             ),
+            bgp_crds: args.bgp_crds,
         })
     }
 }
@@ -1629,6 +1640,12 @@ mod tests {
         let file = temp_file("bgp", "setBGP: 65100\nextBGPPeers: 10.0.0.1:65001\n");
         let cfg = ok(&[], &[("LOXI_CCM_CONFIG", file.to_str().unwrap())]);
         assert_eq!(cfg.bgp.unwrap().local_asn.get(), 65100);
+        // The BGP resources: loxi-ccm's flag, kube-loxilb's flag and file key.
+        assert!(!ok(&["--setBGP=65100"], &[]).bgp_crds);
+        assert!(ok(&["--setBGP=65100", "--bgp-crds"], &[]).bgp_crds);
+        assert!(ok(&["--setBGP=65100", "--enableBGPCRDs=true"], &[]).bgp_crds);
+        let file = temp_file("bgpcrds", "setBGP: 65100\nenableBGPCRDs: true\n");
+        assert!(ok(&[], &[("LOXI_CCM_CONFIG", file.to_str().unwrap())]).bgp_crds);
         // Each refusal names the option it came from.
         for (argv, option) in [
             (
@@ -1644,6 +1661,7 @@ mod tests {
                 "flag --bgp-router-id",
             ),
             (vec!["--bgp-local-as=x"], "flag --bgp-local-as"),
+            (vec!["--bgp-crds"], "flag --bgp-crds"),
         ] {
             let mut full = vec![BASE[0], cidr];
             full.extend(argv.iter().copied());

@@ -101,6 +101,12 @@ fn yes() -> bool {
         json_path = ".spec.disabled",
         priority = 1
     ),
+    printcolumn(
+        name = "BGP",
+        type_ = "boolean",
+        json_path = ".spec.bgpAdvertise",
+        priority = 1
+    ),
     printcolumn(name = "V4-Total", type_ = "integer", json_path = ".status.ipv4.total"),
     printcolumn(name = "V4-Used", type_ = "integer", json_path = ".status.ipv4.used"),
     printcolumn(name = "V4-Free", type_ = "integer", json_path = ".status.ipv4.free"),
@@ -159,6 +165,12 @@ pub struct AddressPoolSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(transform = schema::retain_duration)]
     pub retain_addresses: Option<String>,
+    /// With BGP on (`--bgp-local-as`), loxilb announces the addresses of this pool to its
+    /// peers. False: rules on its addresses are created without BGP, for addresses the
+    /// network reaches another way (L2, static routes); an address that is also in another
+    /// pool is not announced either. Changing it re-creates the rules on its addresses.
+    #[serde(default = "yes", rename = "bgpAdvertise")]
+    pub bgp_advertise: bool,
 }
 
 /// Address counts of one family (saturating at 2^63-1 for huge IPv6 pools).
@@ -250,6 +262,7 @@ pub fn to_spec(pool: &AddressPool) -> PoolSpec {
         namespace_selector: pool.spec.namespace_selector.as_ref().map(raw_selector),
         service_selector: pool.spec.service_selector.as_ref().map(raw_selector),
         retain: pool.spec.retain_addresses.clone(),
+        advertise: pool.spec.bgp_advertise,
     }
 }
 
@@ -519,6 +532,7 @@ mod tests {
                 namespace_selector: None,
                 service_selector: None,
                 retain_addresses: None,
+                bgp_advertise: true,
             },
         );
         p.metadata.generation = Some(3);

@@ -77,7 +77,9 @@ struct Cache {
     swept: Instant,
 }
 
-/// Publishes Events on behalf of one controller (see the module docs).
+/// Publishes Events on behalf of one controller (see the module docs). Clones share the
+/// queue and the writer.
+#[derive(Clone)]
 pub struct EventRecorder {
     queue: mpsc::Sender<(Event, ObjectReference)>,
     /// Events queued and not yet written (or given up on).

@@ -1,43 +1,121 @@
-//! BGP on each loxilb: its goBGP's global settings and neighbours, from the operator's
-//! settings (docs/bgp.md).
+//! BGP on each loxilb: brings its goBGP to a [`BgpConfig`] (decided by `crate::bgp` from the
+//! flags and kube-loxilb's BGP resources) in loxilb's order (docs/bgp.md).
 //!
 //! loxilb keeps no BGP state across a restart (its goBGP is respawned empty) and answers a
 //! second global POST with an error, so the global settings are sent once per loxilb start
-//! (again after a restart or a come-back). Neighbours are compared with what loxilb lists at
-//! every health tick: missing ones are added, ones the settings no longer name are removed
-//! (this controller owns loxilb's neighbour list). The listing also gives each session's
-//! state, exported as a metric. goBGP answers errors for a moment after loxilb starts: the
-//! next tick tries again.
+//! (again after a restart or a come-back). A pass runs in loxilb's dependency order:
+//!
+//! 1. the global settings (peers need them);
+//! 2. removals, dependents first: policy applications, policies, defined sets, neighbours
+//!    (a policy in use cannot be deleted, nor a set a policy uses);
+//! 3. additions, dependencies first: neighbours, defined sets, policies, applications.
+//!
+//! So after a restart (nothing held) the replay goes global → neighbours → sets →
+//! definitions → applications, and the caller replays the rules after it.
+//!
+//! Neighbours are compared with what loxilb lists (this controller owns loxilb's neighbour
+//! list: unknown ones are removed). Sets, policies and applications are compared with what
+//! this process sent since loxilb started: loxilb's listings normalise what they show
+//! (prefixes in network form, empty objects, its own policies), so they cannot be compared
+//! field by field. The first pass after this process started, or after the loxilb came back,
+//! reads the names loxilb holds, so that existing ones are not sent again (a policy POSTed
+//! twice appends its statements, which loxilb refuses); after a restart it holds none. A
+//! changed item is removed and added again.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr};
 
-use loxi_domain::bgp::BgpSettings;
 use loxilb_client::ClientError;
-use loxilb_client::bgp::{BgpGlobal, BgpNeighbor};
-use tracing::{info, warn};
+use loxilb_client::bgp::{
+    BgpDefinedSet, BgpGlobal, BgpNeighbor, BgpNeighborStatus, BgpPolicy, BgpPolicyApply,
+    DefinedSetKind,
+};
+use tracing::info;
 
-use super::Instance;
-use crate::metrics::Metrics;
+use super::{Instance, is_transport};
+
+/// The policy loxilb creates with the global configuration.
+const LOXILB_OWN_POLICY: &str = "set-llb-export-gpolicy";
+
+/// Names an item of the configuration in reports: `peer 192.0.2.1`, `set prefix/ps1`,
+/// `policy p1`, `apply <resource name>`.
+pub type ItemId = String;
+
+/// The id of the neighbour at `ip`.
+pub fn peer_item(ip: IpAddr) -> ItemId {
+    format!("peer {ip}")
+}
+
+/// goBGP's global settings; the router id per loxilb.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GlobalSettings {
+    /// `None`: each loxilb's own IPv4 address from its URL.
+    pub router_id: Option<Ipv4Addr>,
+    pub local_as: u32,
+    /// 0: 179.
+    pub listen_port: u16,
+}
+
+/// Everything this controller wants on every loxilb's goBGP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BgpConfig {
+    pub global: GlobalSettings,
+    pub peers: Vec<BgpNeighbor>,
+    pub sets: Vec<(ItemId, DefinedSetKind, BgpDefinedSet)>,
+    pub policies: Vec<(ItemId, BgpPolicy)>,
+    pub applies: Vec<(ItemId, BgpPolicyApply)>,
+}
+
+/// The outcome of one pass on one loxilb.
+#[derive(Debug, Clone, Default)]
+pub struct BgpReport {
+    /// Items loxilb refused to add or to remove, with its error.
+    pub refused: BTreeMap<ItemId, String>,
+    /// The neighbours with their session state, as listed after the pass.
+    pub sessions: Vec<BgpNeighborStatus>,
+}
 
 /// What this controller knows of one loxilb's BGP.
 #[derive(Debug, Default)]
 pub(super) struct BgpState {
     /// The global settings sent since loxilb last (re)started.
     global: Option<BgpGlobal>,
-    /// Peers whose session state the metric shows for this instance.
-    shown: BTreeSet<(String, String)>,
+    /// What is held is known: false until the first pass after this process started or the
+    /// loxilb came back (it may hold sets and policies sent before).
+    known: bool,
+    sets: BTreeMap<ItemId, (DefinedSetKind, BgpDefinedSet)>,
+    policies: BTreeMap<ItemId, BgpPolicy>,
+    applies: BTreeMap<ItemId, BgpPolicyApply>,
+}
+
+/// goBGP's answer to calls before its global configuration (docs/loxilb-api.md#bgp).
+fn gobgp_not_started(e: &ClientError) -> bool {
+    e.to_string().contains("hasn't started yet")
+}
+
+fn listed_ip(n: &BgpNeighborStatus) -> Option<IpAddr> {
+    n.ip_address.parse::<IpAddr>().ok()
 }
 
 impl Instance {
-    /// loxilb restarted or came back: its goBGP holds nothing any more.
+    /// loxilb restarted or came back (also at this process's start): what it holds is read
+    /// again at the next pass.
     pub async fn forget_bgp(&self) {
-        self.bgp.lock().await.global = None;
+        *self.bgp.lock().await = BgpState::default();
+    }
+
+    /// Whether goBGP already runs with a global configuration: loxilb's own export policy,
+    /// created with it, is listed (docs/loxilb-api.md#the-global-configuration).
+    async fn gobgp_configured(&self) -> bool {
+        self.client
+            .list_bgp_policies()
+            .await
+            .is_ok_and(|list| list.iter().any(|p| p.name == LOXILB_OWN_POLICY))
     }
 
     /// The router id for this loxilb: the configured one, else its own IPv4 address.
-    fn router_id(&self, settings: &BgpSettings) -> Option<Ipv4Addr> {
-        settings.router_id.or_else(|| {
+    fn router_id(&self, configured: Option<Ipv4Addr>) -> Option<Ipv4Addr> {
+        configured.or_else(|| {
             let url = url::Url::parse(self.url()).ok()?;
             match url.host()? {
                 url::Host::Ipv4(ip) => Some(ip),
@@ -46,15 +124,46 @@ impl Instance {
         })
     }
 
-    /// Brings loxilb's BGP to `settings`: global settings once per loxilb start, neighbours
-    /// added and removed, session states into the metric.
-    pub async fn ensure_bgp(
-        &self,
-        settings: &BgpSettings,
-        metrics: &Metrics,
-    ) -> Result<(), ClientError> {
+    /// Brings loxilb's BGP to `config` (module docs). `Err`: the global settings were not
+    /// taken, or loxilb is unreachable; refusals of single items are in the report.
+    pub async fn ensure_bgp(&self, config: &BgpConfig) -> Result<BgpReport, ClientError> {
         let mut state = self.bgp.lock().await;
-        let Some(router_id) = self.router_id(settings) else {
+        match self.pass(&mut state, config).await {
+            // goBGP lost its configuration behind this process's back (loxilb restarted
+            // between two probes, unnoticed): start over, in loxilb's order.
+            Err(e) if gobgp_not_started(&e) && state.global.is_some() => {
+                info!(
+                    instance = self.url(),
+                    "goBGP has no global configuration any more: configuring it again"
+                );
+                *state = BgpState::default();
+                // Right after a restart goBGP answers errors for a moment: back-off.
+                let mut delay = std::time::Duration::from_millis(100);
+                let mut result = self.pass(&mut state, config).await;
+                for _ in 1..5 {
+                    let transient = match &result {
+                        Ok(report) => !report.refused.is_empty(),
+                        Err(e) => !is_transport(e),
+                    };
+                    if !transient {
+                        break;
+                    }
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                    result = self.pass(&mut state, config).await;
+                }
+                result
+            }
+            other => other,
+        }
+    }
+
+    async fn pass(
+        &self,
+        state: &mut BgpState,
+        config: &BgpConfig,
+    ) -> Result<BgpReport, ClientError> {
+        let Some(router_id) = self.router_id(config.global.router_id) else {
             return Err(ClientError::Config(format!(
                 "no BGP router id for {}: its address is not IPv4; set --bgp-router-id",
                 self.url()
@@ -62,63 +171,224 @@ impl Instance {
         };
         let global = BgpGlobal {
             router_id,
-            local_as: settings.local_asn.get(),
+            local_as: config.global.local_as,
             set_next_hop_self: false,
-            listen_port: settings.listen_port.unwrap_or(0),
+            listen_port: config.global.listen_port,
         };
         if state.global.as_ref() != Some(&global) {
-            self.client.set_bgp_global(&global).await?;
-            info!(instance = self.url(), %router_id, local_as = global.local_as, "BGP global settings sent");
+            match self.client.set_bgp_global(&global).await {
+                Ok(()) => {
+                    info!(instance = self.url(), %router_id, local_as = global.local_as, "BGP global settings sent");
+                }
+                // loxilb answers an error to a repeat of the global configuration (this
+                // process restarted, loxilb did not): harmless when goBGP already runs.
+                Err(e) if !is_transport(&e) && !state.known && self.gobgp_configured().await => {
+                    info!(instance = self.url(), error = %e, "BGP global settings already in place");
+                }
+                Err(e) => return Err(e),
+            }
             state.global = Some(global);
         }
-        let listed = self.client.list_bgp_neighbors().await?;
-        let wanted: Vec<BgpNeighbor> = settings
-            .peers
+        if !state.known {
+            self.learn_held(state, config).await?;
+            state.known = true;
+        }
+        let mut report = BgpReport::default();
+        // A transport failure ends the pass, and so does a goBGP without its global
+        // configuration (`ensure_bgp` starts over); anything else is that item's refusal.
+        let mut refused = |id: &str, e: ClientError| -> Result<(), ClientError> {
+            if is_transport(&e) || gobgp_not_started(&e) {
+                return Err(e);
+            }
+            report.refused.insert(id.to_string(), e.to_string());
+            Ok(())
+        };
+
+        // Removals, dependents first.
+        let gone: Vec<ItemId> = state
+            .applies
             .iter()
-            .map(|p| BgpNeighbor {
-                ip_address: p.address,
-                remote_as: p.asn.get(),
-                remote_port: p.port.unwrap_or(0),
-                set_multi_hop: settings.multihop,
-            })
+            .filter(|(id, held)| !config.applies.iter().any(|(i, a)| i == *id && a == *held))
+            .map(|(id, _)| id.clone())
             .collect();
-        let listed_ip =
-            |n: &loxilb_client::bgp::BgpNeighborStatus| n.ip_address.parse::<IpAddr>().ok();
-        for peer in &wanted {
+        for id in gone {
+            let Some(held) = state.applies.get(&id).cloned() else {
+                continue;
+            };
+            match self.client.unapply_bgp_policy(&held).await {
+                Ok(()) => {
+                    info!(instance = self.url(), item = %id, "BGP policy application removed");
+                    state.applies.remove(&id);
+                }
+                Err(e) => refused(&id, e)?,
+            }
+        }
+        let gone: Vec<ItemId> = state
+            .policies
+            .iter()
+            .filter(|(id, held)| !config.policies.iter().any(|(i, p)| i == *id && p == *held))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in gone {
+            let Some(held) = state.policies.get(&id).cloned() else {
+                continue;
+            };
+            match self.client.delete_bgp_policy(&held.name).await {
+                Ok(_) => {
+                    info!(instance = self.url(), item = %id, "BGP policy removed");
+                    state.policies.remove(&id);
+                }
+                Err(e) => refused(&id, e)?,
+            }
+        }
+        let gone: Vec<ItemId> = state
+            .sets
+            .iter()
+            .filter(|(id, held)| {
+                !config
+                    .sets
+                    .iter()
+                    .any(|(i, k, s)| i == *id && (*k, s) == (held.0, &held.1))
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in gone {
+            let Some((kind, held)) = state.sets.get(&id).cloned() else {
+                continue;
+            };
+            match self.client.delete_bgp_defined_set(kind, &held.name).await {
+                Ok(_) => {
+                    info!(instance = self.url(), item = %id, "BGP defined set removed");
+                    state.sets.remove(&id);
+                }
+                Err(e) => refused(&id, e)?,
+            }
+        }
+        let listed = self.client.list_bgp_neighbors().await?;
+        let mut peers_changed = false;
+        for n in &listed {
+            let Some(ip) = listed_ip(n) else { continue };
+            let wanted = config
+                .peers
+                .iter()
+                .any(|p| p.ip_address == ip && p.remote_as == n.remote_as);
+            if !wanted {
+                peers_changed = true;
+                match self.client.delete_bgp_neighbor(ip, n.remote_as).await {
+                    Ok(_) => info!(instance = self.url(), peer = %ip, "BGP neighbour removed"),
+                    Err(e) => refused(&peer_item(ip), e)?,
+                }
+            }
+        }
+
+        // Additions, dependencies first.
+        for peer in &config.peers {
             let present = listed
                 .iter()
                 .any(|n| listed_ip(n) == Some(peer.ip_address) && n.remote_as == peer.remote_as);
             if !present {
-                self.client.add_bgp_neighbor(peer).await?;
-                info!(instance = self.url(), peer = %peer.ip_address, remote_as = peer.remote_as, "BGP neighbour added");
-            }
-        }
-        for n in &listed {
-            let Some(ip) = listed_ip(n) else { continue };
-            let still = wanted
-                .iter()
-                .any(|p| p.ip_address == ip && p.remote_as == n.remote_as);
-            if !still {
-                match self.client.delete_bgp_neighbor(ip, n.remote_as).await {
-                    Ok(_) => info!(instance = self.url(), peer = %ip, "BGP neighbour removed"),
-                    Err(e) => {
-                        warn!(instance = self.url(), peer = %ip, error = %e, "could not remove a BGP neighbour")
+                peers_changed = true;
+                match self.client.add_bgp_neighbor(peer).await {
+                    Ok(_) => {
+                        info!(instance = self.url(), peer = %peer.ip_address, remote_as = peer.remote_as, "BGP neighbour added");
                     }
+                    Err(e) => refused(&peer_item(peer.ip_address), e)?,
                 }
             }
         }
-        let now: BTreeSet<(String, String)> = listed
+        for (id, kind, set) in &config.sets {
+            if state.sets.contains_key(id) {
+                continue;
+            }
+            match self.client.add_bgp_defined_set(*kind, set).await {
+                Ok(()) => {
+                    info!(instance = self.url(), item = %id, "BGP defined set added");
+                    state.sets.insert(id.clone(), (*kind, set.clone()));
+                }
+                Err(e) => refused(id, e)?,
+            }
+        }
+        for (id, policy) in &config.policies {
+            if state.policies.contains_key(id) {
+                continue;
+            }
+            match self.client.add_bgp_policy(policy).await {
+                Ok(()) => {
+                    info!(instance = self.url(), item = %id, "BGP policy added");
+                    state.policies.insert(id.clone(), policy.clone());
+                }
+                Err(e) => refused(id, e)?,
+            }
+        }
+        for (id, apply) in &config.applies {
+            if state.applies.contains_key(id) {
+                continue;
+            }
+            match self.client.apply_bgp_policy(apply).await {
+                Ok(_) => {
+                    info!(instance = self.url(), item = %id, "BGP policies applied");
+                    state.applies.insert(id.clone(), apply.clone());
+                }
+                Err(e) => refused(id, e)?,
+            }
+        }
+        report.sessions = if peers_changed {
+            self.client.list_bgp_neighbors().await?
+        } else {
+            listed
+        };
+        Ok(report)
+    }
+
+    /// The first pass after this process started: the sets and policies of `config` that
+    /// loxilb already holds (by name) are taken as held, so they are not sent again.
+    /// Applications are not listed by loxilb; sending one again is harmless (it answers
+    /// "duplicated policy", read as already present).
+    async fn learn_held(
+        &self,
+        state: &mut BgpState,
+        config: &BgpConfig,
+    ) -> Result<(), ClientError> {
+        if !config.policies.is_empty() {
+            let held: BTreeSet<String> = self
+                .client
+                .list_bgp_policies()
+                .await?
+                .into_iter()
+                .map(|p| p.name)
+                .collect();
+            for (id, policy) in &config.policies {
+                if held.contains(&policy.name) {
+                    state.policies.insert(id.clone(), policy.clone());
+                }
+            }
+        }
+        let kinds: BTreeSet<&str> = config
+            .sets
             .iter()
-            .filter(|n| listed_ip(n).is_some_and(|ip| wanted.iter().any(|p| p.ip_address == ip)))
-            .map(|n| (n.ip_address.clone(), n.state.clone()))
+            .map(|(_, k, _)| k.as_path_segment())
             .collect();
-        for (peer, s) in state.shown.difference(&now) {
-            metrics.set_bgp_session(self.url(), peer, s, false);
+        for kind in kinds {
+            let Some((_, k, _)) = config
+                .sets
+                .iter()
+                .find(|(_, k, _)| k.as_path_segment() == kind)
+            else {
+                continue;
+            };
+            let held: BTreeSet<String> = self
+                .client
+                .list_bgp_defined_sets(*k)
+                .await?
+                .into_iter()
+                .map(|s| s.name)
+                .collect();
+            for (id, k2, set) in &config.sets {
+                if k2 == k && held.contains(&set.name) {
+                    state.sets.insert(id.clone(), (*k2, set.clone()));
+                }
+            }
         }
-        for (peer, s) in &now {
-            metrics.set_bgp_session(self.url(), peer, s, true);
-        }
-        state.shown = now;
         Ok(())
     }
 }

@@ -51,7 +51,7 @@
 //! listing showing fewer rules, a restart). Services waiting for room register a requeue
 //! sender and are woken then, so a full instance costs no calls and no retry storm.
 
-mod bgp;
+pub mod bgp;
 mod roles;
 
 pub use roles::HaSettings;
@@ -1483,6 +1483,9 @@ impl Instance {
             started.elapsed(),
             result.as_ref().err(),
         );
+        if result.is_ok() && entry.service_arguments.bgp {
+            metrics.bgp_advertisement_changed(self.url(), "announce");
+        }
         result.map(|_| ())
     }
 
@@ -1500,6 +1503,10 @@ impl Instance {
             started.elapsed(),
             result.as_ref().err(),
         );
+        // loxilb drops the reference on every DELETE with ?bgp=true, even a 404.
+        if bgp && !result.as_ref().is_err_and(is_transport) {
+            metrics.bgp_advertisement_changed(self.url(), "withdraw");
+        }
         result.map(|_| ())
     }
 }

@@ -13,10 +13,7 @@ use tracing::{info, warn};
 use super::{Shared, Stop};
 use crate::ipam::claims::ClaimedBy;
 use crate::loxilb::{Fleet, Instance, ServiceRules};
-use crate::metrics::Metrics;
 use crate::service::plan::{Desired, desired};
-use loxi_domain::bgp::BgpSettings;
-use loxilb_client::ClientError;
 
 /// Waits for the stores, then (on the leader) rebuilds the address index from the claims and
 /// what Services show, before anything is allocated (`docs/architecture.md#invariants`);
@@ -85,7 +82,10 @@ where
 }
 
 /// Probes every loxilb; one that comes back, or that no longer holds rules we know it had
-/// (it restarted between two probes), gets a full replay at once (`Instance::probe`).
+/// (it restarted between two probes), gets a full replay at once (`Instance::probe`), in
+/// loxilb's order: HA roles, BGP (global, neighbours, policy sets, definitions,
+/// applications), then the rules. With BGP on, every reachable loxilb is brought to the BGP plan at every
+/// tick, and the BGP resources' status follows (`crate::bgp`).
 pub async fn health_loop(shared: Arc<Shared>) {
     let ctx = &shared.service;
     ctx.gate.wait_ready().await;
@@ -106,13 +106,20 @@ pub async fn health_loop(shared: Arc<Shared>) {
         if let Some(roles) = &shared.roles {
             roles.tick(&instances, &ctx.gate, &ctx.report.metrics).await;
         }
+        let plan = shared.bgp.as_ref().map(|bgp| (bgp, bgp.plan()));
+        let mut passes = Vec::new();
         let mut joined = false;
         for (inst, probe) in instances.iter().zip(&probes) {
+            let mut pass = None;
             if probe.needs_replay() {
                 // loxilb's order after a start: roles (above), BGP, then the rules.
                 inst.forget_bgp().await;
-                if let Some(bgp) = &shared.bgp {
-                    ensure_bgp_after_start(inst, bgp, &ctx.report.metrics).await;
+                if let Some((bgp, plan)) = &plan {
+                    let result = bgp.sync_after_start(inst, plan).await;
+                    if let Err(e) = &result {
+                        warn!(instance = inst.url(), error = %e, "BGP not configured after a loxilb start; trying again");
+                    }
+                    pass = Some(result);
                 }
                 if converge_instance(&shared, inst).await && inst.start_serving() {
                     // Discovered and now programmed completely: it serves from now on.
@@ -122,39 +129,23 @@ pub async fn health_loop(shared: Arc<Shared>) {
                     );
                     joined = true;
                 }
-            } else if let Some(bgp) = &shared.bgp
+            } else if let Some((bgp, plan)) = &plan
                 && inst.is_healthy()
-                && let Err(e) = inst.ensure_bgp(bgp, &ctx.report.metrics).await
             {
-                warn!(instance = inst.url(), error = %e, "BGP settings not applied; trying again");
+                let result = bgp.sync(inst, plan).await;
+                if let Err(e) = &result {
+                    warn!(instance = inst.url(), error = %e, "BGP settings not applied; trying again");
+                }
+                pass = Some(result);
             }
+            passes.push((inst.url().to_string(), pass));
+        }
+        if let Some((bgp, plan)) = &plan {
+            bgp.publish(plan, &passes).await;
         }
         // Programmed conditions name the unreachable instances: re-evaluate them.
         if joined || probes.iter().any(|p| p.changes_status()) {
             ctx.requeue_all_served();
-        }
-    }
-}
-
-/// BGP settings onto a loxilb that just (re)started: its goBGP answers errors for a moment
-/// after loxilb starts, so a few tries with back-off before the rules are replayed anyway
-/// (the health loop keeps trying after that).
-async fn ensure_bgp_after_start(inst: &Instance, bgp: &BgpSettings, metrics: &Metrics) {
-    let mut delay = Duration::from_millis(100);
-    for attempt in 1..=5 {
-        match inst.ensure_bgp(bgp, metrics).await {
-            Ok(()) => return,
-            Err(e)
-                if attempt == 5
-                    || !e.is_retryable() && !matches!(e, ClientError::Server { .. }) =>
-            {
-                warn!(instance = inst.url(), error = %e, "BGP settings not applied after a loxilb start");
-                return;
-            }
-            Err(_) => {
-                tokio::time::sleep(delay).await;
-                delay *= 2;
-            }
         }
     }
 }

@@ -27,6 +27,7 @@ use loxilb_client::LoxilbClient;
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
+use crate::bgp::{Bgp, Resources as BgpResources};
 use crate::config::{Config, TokenSource};
 use crate::ipam::address_pools::{AddressPool, Pools};
 use crate::ipam::claims::AddressClaim;
@@ -55,7 +56,7 @@ pub struct Shared {
     pub drift_interval: Duration,
     pub node_init: NodeInitArgs,
     /// `None`: BGP off.
-    pub bgp: Option<loxi_domain::bgp::BgpSettings>,
+    pub bgp: Option<Arc<Bgp>>,
     /// `None`: no HA roles (`--set-roles` unset).
     pub roles: Option<roles::Roles>,
     /// The fleet's members by source (`discovery::Members`).
@@ -319,6 +320,14 @@ pub async fn run(
     )
     .default_backoff();
 
+    // kube-loxilb's BGP resources (--bgp-crds): without their CRDs, say so at once.
+    let (bgp_resources, bgp_watches) = if cfg.bgp.is_some() && cfg.bgp_crds {
+        let (resources, watches) = BgpResources::watch(&client).await?;
+        (Some(resources), watches)
+    } else {
+        (None, Vec::new())
+    };
+
     let (requeue_tx, requeue_rx) = mpsc::unbounded_channel::<ObjectRef<Service>>();
     let reporter = Reporter {
         controller: "loxi-ccm".into(),
@@ -362,6 +371,14 @@ pub async fn run(
         requeue: requeue_tx,
         departures: Departures::new(filtered, inject_tx.clone(), relisted.clone()),
     });
+    let bgp = cfg.bgp.clone().map(|settings| {
+        Arc::new(Bgp::new(
+            settings,
+            bgp_resources,
+            ctx.report.recorder.clone(),
+            ctx.report.metrics.clone(),
+        ))
+    });
     let shared = Arc::new(Shared {
         service: ctx.clone(),
         synced: false.into(),
@@ -369,7 +386,7 @@ pub async fn run(
         health_interval: cfg.health_interval,
         drift_interval: cfg.drift_interval,
         node_init: cfg.node_init.clone(),
-        bgp: cfg.bgp.clone(),
+        bgp,
         members: discovery::Members::new(
             ctx.fleet
                 .instances()
@@ -410,6 +427,9 @@ pub async fn run(
         tasks.spawn(watches::pools(ctx.clone(), events));
     }
     tasks.spawn(watches::namespaces(ctx.clone(), namespace_events));
+    for watch in bgp_watches {
+        tasks.spawn(watch);
+    }
     {
         let shared = shared.clone();
         tasks.spawn(async move {

@@ -106,7 +106,11 @@ pub async fn pools(
             // Before start-up this only prepares the set; start-up computes it again under
             // the index lock before anything is allocated.
             Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone) => {
-                ctx.ipam.refresh_pools();
+                // With BGP on, a pool's `bgpAdvertise` decides its rules' `bgp` flag: plan
+                // the served Services again (pool edits are rare).
+                if ctx.ipam.refresh_pools() && ctx.settings.advertise {
+                    ctx.requeue_all_served();
+                }
                 // Even without a change of the set (a no-op edit) the pool's
                 // observedGeneration moved.
                 ctx.ipam.pools().changed.notify_one();

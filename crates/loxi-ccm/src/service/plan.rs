@@ -74,8 +74,10 @@ pub fn rules_for(
     };
     let mut plan = plan_rules(&ctx.cluster, &view, &nodes, &endpoints, addresses, &intent)?;
     if ctx.settings.advertise {
+        // Per pool: a pool with `bgpAdvertise: false` keeps its addresses unannounced.
+        let pools = ctx.ipam.pool_set();
         for rule in &mut plan.rules {
-            rule.bgp = true;
+            rule.bgp = pools.advertises(&rule.key.ip);
         }
     }
     if ha_instance != DEFAULT_INSTANCE {

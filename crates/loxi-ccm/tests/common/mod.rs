@@ -47,9 +47,17 @@ pub async fn install_crds(client: &kube::Client) {
     for crd in [
         loxi_ccm::ipam::claims::AddressClaim::crd(),
         loxi_ccm::ipam::address_pools::AddressPool::crd(),
+        loxi_ccm::bgp::crds::BGPPeerService::crd(),
+        loxi_ccm::bgp::crds::BGPPolicyDefinedSetsService::crd(),
+        loxi_ccm::bgp::crds::BGPPolicyDefinitionService::crd(),
+        loxi_ccm::bgp::crds::BGPPolicyApplyService::crd(),
     ] {
         let name = crd.metadata.name.clone().unwrap();
-        let _ = crds.create(&PostParams::default(), &crd).await;
+        match crds.create(&PostParams::default(), &crd).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => panic!("CRD {name} refused: {e}"),
+        }
         wait_for("CRD established", WAIT, || async {
             let c = crds.get(&name).await.ok()?;
             c.status?

@@ -1,0 +1,544 @@
+//! BGP: what every loxilb's goBGP holds, from the flags (`--bgp-local-as`, `--bgp-peers`, ...)
+//! and, with `--bgp-crds`, kube-loxilb's four BGP resources; their status, Events, finalizers
+//! and the session metrics (docs/bgp.md).
+//!
+//! Level-triggered, on the health loop's tick (`--health-interval`): each tick takes one
+//! [`Plan`] from the stores (the decisions are pure, `desired`), every reachable loxilb is
+//! brought to it (`crate::loxilb::bgp`, which also lists the sessions), then [`Bgp::publish`]
+//! writes what changed: each resource's status (conditions `Accepted` and `Programmed`,
+//! peers' sessions), Events, finalizers, metrics. A resource being deleted is left out of the
+//! plan, so the pass removes it from loxilb; its finalizer goes once every reachable loxilb
+//! has let it go (an unreachable one has nothing after a restart, or is cleaned by the next
+//! pass: neighbours by listing, the rest from what this process sent).
+//!
+//! Where an Event goes when a session leaves `ESTABLISHED`: on the `BGPPeerService` that
+//! configures the peer; a peer from the flags has no object of its own, so a warning log line
+//! and `loxi_ccm_bgp_session_drops_total` say it.
+
+pub mod crds;
+pub mod desired;
+mod schema;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::{self, Store, reflector};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Resource, ResourceExt};
+use loxi_domain::bgp::BgpSettings;
+use loxilb_client::ClientError;
+use serde_json::json;
+use tracing::{info, warn};
+
+use crate::k8s::events::EventRecorder;
+use crate::loxilb::Instance;
+use crate::loxilb::bgp::{BgpReport, ItemId, peer_item};
+use crate::metrics::Metrics;
+use crds::{
+    BGPPeerService, BGPPolicyApplyService, BGPPolicyDefinedSetsService, BGPPolicyDefinitionService,
+    BgpStatus, PeerSession,
+};
+use desired::{Desired, Item, Kind, Pass, Resource as Res, ResourceId, Snapshot};
+
+/// Our finalizer on the BGP resources: removed once loxilb no longer holds what they
+/// configured.
+pub const FINALIZER: &str = "loxilb.io/bgp-cleanup";
+
+/// The session state a peer should be in.
+const ESTABLISHED: &str = "ESTABLISHED";
+
+/// The API and the store of one kind.
+struct Kept<K: Resource<DynamicType = ()> + Clone + 'static> {
+    api: Api<K>,
+    store: Store<K>,
+}
+
+/// The four kinds' APIs and stores (with `--bgp-crds`).
+pub struct Resources {
+    peers: Kept<BGPPeerService>,
+    sets: Kept<BGPPolicyDefinedSetsService>,
+    definitions: Kept<BGPPolicyDefinitionService>,
+    applies: Kept<BGPPolicyApplyService>,
+}
+
+/// Watches one kind into a store; the future runs the watch.
+fn kept<K>(client: &kube::Client) -> (Kept<K>, futures::future::BoxFuture<'static, ()>)
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let api: Api<K> = Api::all(client.clone());
+    let (store, writer) = reflector::store::<K>();
+    let run = reflector(writer, watcher(api.clone(), watcher::Config::default()))
+        .default_backoff()
+        .for_each(|event| async move {
+            if let Err(e) = event {
+                warn!(kind = %K::kind(&()), error = %e, "BGP resource watch error");
+            }
+        });
+    (Kept { api, store }, Box::pin(run))
+}
+
+impl Resources {
+    /// The four watches (to be spawned). `Err` names the CRD that is not served.
+    pub async fn watch(
+        client: &kube::Client,
+    ) -> anyhow::Result<(Resources, Vec<futures::future::BoxFuture<'static, ()>>)> {
+        let (peers, a) = kept::<BGPPeerService>(client);
+        let (sets, b) = kept::<BGPPolicyDefinedSetsService>(client);
+        let (definitions, c) = kept::<BGPPolicyDefinitionService>(client);
+        let (applies, d) = kept::<BGPPolicyApplyService>(client);
+        let probe = ListParams::default().limit(1);
+        let served = [
+            (Kind::Peer, peers.api.list_metadata(&probe).await.err()),
+            (
+                Kind::DefinedSets,
+                sets.api.list_metadata(&probe).await.err(),
+            ),
+            (
+                Kind::Definition,
+                definitions.api.list_metadata(&probe).await.err(),
+            ),
+            (Kind::Apply, applies.api.list_metadata(&probe).await.err()),
+        ];
+        for (kind, err) in served {
+            if let Some(e) = err {
+                anyhow::bail!(
+                    "--bgp-crds: cannot list {} resources ({e}); install the CRDs (kubectl apply -f deploy/optional/bgp-crds.yaml) and grant the RBAC in deploy/20-clusterrole.yaml",
+                    kind.name()
+                );
+            }
+        }
+        Ok((
+            Resources {
+                peers,
+                sets,
+                definitions,
+                applies,
+            },
+            vec![a, b, c, d],
+        ))
+    }
+}
+
+/// What the leader knows of one live or deleted resource, besides its spec.
+#[derive(Debug, Clone)]
+struct Meta {
+    generation: Option<i64>,
+    resource_version: Option<String>,
+    finalizers: Vec<String>,
+    deleting: bool,
+    status: BgpStatus,
+    reference: ObjectReference,
+}
+
+/// One tick's view: the resources and the decisions over them.
+pub struct Plan {
+    pub desired: Desired,
+    meta: BTreeMap<ResourceId, Meta>,
+}
+
+/// Sessions as last seen, per (loxilb, peer): state and since when.
+type Seen = HashMap<(String, IpAddr), (String, String)>;
+
+#[derive(Default)]
+struct State {
+    last_good: BTreeMap<ResourceId, (ItemId, Item)>,
+    sessions: Seen,
+    /// Labels of `loxi_ccm_bgp_sessions` currently set: (loxilb, peer, state).
+    shown: BTreeSet<(String, String, String)>,
+}
+
+/// The BGP subsystem's handle.
+pub struct Bgp {
+    settings: BgpSettings,
+    resources: Option<Resources>,
+    recorder: EventRecorder,
+    metrics: Metrics,
+    state: Mutex<State>,
+}
+
+fn now() -> String {
+    Timestamp::now().to_string()
+}
+
+impl Bgp {
+    pub fn new(
+        settings: BgpSettings,
+        resources: Option<Resources>,
+        recorder: EventRecorder,
+        metrics: Metrics,
+    ) -> Bgp {
+        Bgp {
+            settings,
+            resources,
+            recorder,
+            metrics,
+            state: Mutex::default(),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// This tick's plan, from the stores.
+    pub fn plan(&self) -> Plan {
+        let mut snap = Snapshot::default();
+        let mut meta = BTreeMap::new();
+        if let Some(r) = &self.resources {
+            observe(
+                &r.peers.store,
+                Kind::Peer,
+                &mut meta,
+                &mut snap.peers,
+                |o| (o.spec.spec.clone(), o.status.clone()),
+            );
+            observe(
+                &r.sets.store,
+                Kind::DefinedSets,
+                &mut meta,
+                &mut snap.sets,
+                |o| (o.spec.spec.clone(), o.status.clone()),
+            );
+            observe(
+                &r.definitions.store,
+                Kind::Definition,
+                &mut meta,
+                &mut snap.definitions,
+                |o| (o.spec.spec.clone(), o.status.clone()),
+            );
+            observe(
+                &r.applies.store,
+                Kind::Apply,
+                &mut meta,
+                &mut snap.applies,
+                |o| (o.spec.spec.clone(), o.status.clone()),
+            );
+        }
+        let mut state = self.state();
+        let desired = desired::desired(&self.settings, &snap, &state.last_good);
+        state.last_good = desired.last_good.clone();
+        Plan { desired, meta }
+    }
+
+    /// One pass on a reachable loxilb.
+    pub async fn sync(&self, inst: &Instance, plan: &Plan) -> Result<BgpReport, ClientError> {
+        inst.ensure_bgp(&plan.desired.config).await
+    }
+
+    /// A pass on a loxilb that just (re)started: its goBGP answers errors for a moment after
+    /// loxilb starts, so errors are retried with back-off (100 ms doubling, 5 tries) before
+    /// they count; the caller replays the rules after it either way (the health loop keeps
+    /// trying BGP).
+    pub async fn sync_after_start(
+        &self,
+        inst: &Instance,
+        plan: &Plan,
+    ) -> Result<BgpReport, ClientError> {
+        let mut delay = Duration::from_millis(100);
+        let mut attempt = 1;
+        loop {
+            let result = self.sync(inst, plan).await;
+            let transient = match &result {
+                Ok(report) => !report.refused.is_empty(),
+                Err(e) => e.is_retryable() || matches!(e, ClientError::Server { .. }),
+            };
+            if !transient || attempt == 5 {
+                return result;
+            }
+            tokio::time::sleep(delay).await;
+            delay *= 2;
+            attempt += 1;
+        }
+    }
+
+    /// Writes what this tick's passes (one per loxilb, `None`: not reached) changed:
+    /// session metrics and Events, statuses, finalizers.
+    pub async fn publish(
+        &self,
+        plan: &Plan,
+        passes: &[(String, Option<Result<BgpReport, ClientError>>)],
+    ) {
+        let texts: Vec<String> = passes
+            .iter()
+            .map(|(_, p)| match p {
+                Some(Err(e)) => e.to_string(),
+                _ => String::new(),
+            })
+            .collect();
+        let view: Vec<Pass<'_>> = passes
+            .iter()
+            .zip(&texts)
+            .map(|((url, p), text)| {
+                let pass = match p {
+                    None => None,
+                    Some(Ok(r)) => Some(Ok(r)),
+                    Some(Err(_)) => Some(Err(text.as_str())),
+                };
+                (url.as_str(), pass)
+            })
+            .collect();
+        let sessions = self.track_sessions(plan, &view);
+        if self.resources.is_none() {
+            return;
+        }
+        // A loxilb running without BGP holds nothing a deletion must wait for.
+        let removal_view: Vec<Pass<'_>> = passes
+            .iter()
+            .zip(&view)
+            .map(|((_, pass), (url, v))| match pass {
+                Some(Err(ClientError::BgpDisabled { .. })) => (*url, None),
+                _ => (*url, *v),
+            })
+            .collect();
+        let now = now();
+        for (id, m) in &plan.meta {
+            if m.deleting {
+                let item = plan.desired.removing.get(id).cloned().flatten();
+                if m.finalizers.iter().any(|f| f == FINALIZER)
+                    && desired::removed_everywhere(item.as_deref(), &removal_view)
+                {
+                    let rest: Vec<&String> =
+                        m.finalizers.iter().filter(|f| *f != FINALIZER).collect();
+                    self.patch_meta(id, m, json!(rest)).await;
+                    info!(kind = id.0.name(), name = %id.1, "BGP resource removed from loxilb");
+                }
+                continue;
+            }
+            if !m.finalizers.iter().any(|f| f == FINALIZER) {
+                let mut list = m.finalizers.clone();
+                list.push(FINALIZER.to_string());
+                self.patch_meta(id, m, json!(list)).await;
+            }
+            let Some(verdict) = plan.desired.verdicts.get(id) else {
+                continue;
+            };
+            let outcomes = verdict
+                .item
+                .as_deref()
+                .map(|item| desired::outcomes(item, &view))
+                .unwrap_or_default();
+            let mut status = BgpStatus {
+                conditions: desired::conditions(
+                    verdict,
+                    &outcomes,
+                    m.generation,
+                    &m.status.conditions,
+                    &now,
+                ),
+                state: None,
+                sessions: Vec::new(),
+            };
+            if id.0 == Kind::Peer
+                && let Some(ip) = verdict
+                    .item
+                    .as_deref()
+                    .and_then(|i| i.strip_prefix("peer "))
+                    .and_then(|ip| ip.parse::<IpAddr>().ok())
+            {
+                status.sessions = sessions
+                    .iter()
+                    .filter(|(_, peer, _)| *peer == ip)
+                    .map(|(url, _, (state, since))| PeerSession {
+                        loxilb: url.clone(),
+                        state: state.clone(),
+                        since: since.clone(),
+                    })
+                    .collect();
+                let states: Vec<&str> = status.sessions.iter().map(|s| s.state.as_str()).collect();
+                status.state = desired::summary(&states);
+            }
+            if status != m.status {
+                self.announce_changes(id, m, &status);
+                self.patch_status(id, &status).await;
+            }
+        }
+    }
+
+    /// Warning Events when a condition turns False (a refused spec, a loxilb refusal).
+    fn announce_changes(&self, id: &ResourceId, m: &Meta, status: &BgpStatus) {
+        for c in &status.conditions {
+            let was = m.status.conditions.iter().find(|p| p.type_ == c.type_);
+            let changed = was.is_none_or(|p| p.status != c.status || p.message != c.message);
+            if c.status == "False" && changed && c.reason != "NotAccepted" {
+                self.recorder.publish(
+                    Event {
+                        type_: EventType::Warning,
+                        reason: c.reason.clone(),
+                        note: Some(c.message.clone()),
+                        action: "Configure".into(),
+                        secondary: None,
+                    },
+                    m.reference.clone(),
+                );
+                warn!(kind = id.0.name(), name = %id.1, reason = %c.reason, message = %c.message, "BGP resource not configured");
+            }
+        }
+    }
+
+    /// Session states of the wanted peers on each reached loxilb, with since when; metrics
+    /// and the Event or log line of a session leaving ESTABLISHED. Returns (loxilb, peer,
+    /// (state, since)).
+    fn track_sessions(
+        &self,
+        plan: &Plan,
+        view: &[Pass<'_>],
+    ) -> Vec<(String, IpAddr, (String, String))> {
+        let now = now();
+        let mut out = Vec::new();
+        let mut state = self.state();
+        let mut shown = BTreeSet::new();
+        for peer in &plan.desired.config.peers {
+            let ip = peer.ip_address;
+            for (url, listed) in desired::sessions(ip, view) {
+                let Some(current) = listed else { continue };
+                let key = (url.clone(), ip);
+                let before = state.sessions.get(&key).cloned();
+                let since = match &before {
+                    Some((s, since)) if *s == current => since.clone(),
+                    _ => now.clone(),
+                };
+                if let Some((was, _)) = &before
+                    && was == ESTABLISHED
+                    && current != ESTABLISHED
+                {
+                    self.session_left(plan, &url, ip, &current);
+                }
+                state.sessions.insert(key, (current.clone(), since.clone()));
+                shown.insert((url.clone(), ip.to_string(), current.clone()));
+                out.push((url, ip, (current, since)));
+            }
+        }
+        // Peers no longer configured start afresh if they come back.
+        state.sessions.retain(|(_, ip), _| {
+            plan.desired
+                .config
+                .peers
+                .iter()
+                .any(|p| p.ip_address == *ip)
+        });
+        for (l, p, s) in state.shown.difference(&shown) {
+            self.metrics.set_bgp_session(l, p, s, false);
+        }
+        for (l, p, s) in &shown {
+            self.metrics.set_bgp_session(l, p, s, true);
+        }
+        state.shown = shown;
+        out
+    }
+
+    fn session_left(&self, plan: &Plan, loxilb: &str, ip: IpAddr, state: &str) {
+        self.metrics
+            .bgp_session_dropped(loxilb, &ip.to_string(), state);
+        let item = peer_item(ip);
+        let owner =
+            plan.desired.verdicts.iter().find(|((kind, _), v)| {
+                *kind == Kind::Peer && v.item.as_deref() == Some(item.as_str())
+            });
+        let message =
+            format!("the BGP session of {loxilb} with {ip} left ESTABLISHED: now {state}");
+        match owner.and_then(|(id, _)| plan.meta.get(id)) {
+            Some(m) => {
+                self.recorder.publish(
+                    Event {
+                        type_: EventType::Warning,
+                        reason: "BGPSessionDown".into(),
+                        note: Some(message.clone()),
+                        action: "Observe".into(),
+                        secondary: None,
+                    },
+                    m.reference.clone(),
+                );
+                warn!(peer = %ip, loxilb, state, "{message}");
+            }
+            None => warn!(peer = %ip, loxilb, state, "{message} (a peer from --bgp-peers)"),
+        }
+    }
+
+    async fn patch_status(&self, id: &ResourceId, status: &BgpStatus) {
+        let Some(r) = &self.resources else { return };
+        let body = Patch::Merge(json!({ "status": status }));
+        let pp = PatchParams::default();
+        let name = id.1.as_str();
+        let result = match id.0 {
+            Kind::Peer => r.peers.api.patch_status(name, &pp, &body).await.map(drop),
+            Kind::DefinedSets => r.sets.api.patch_status(name, &pp, &body).await.map(drop),
+            Kind::Definition => r
+                .definitions
+                .api
+                .patch_status(name, &pp, &body)
+                .await
+                .map(drop),
+            Kind::Apply => r.applies.api.patch_status(name, &pp, &body).await.map(drop),
+        };
+        if let Err(e) = result {
+            warn!(kind = id.0.name(), name, error = %e, "could not write a BGP resource's status");
+        }
+    }
+
+    /// Sets the finalizer list; the resourceVersion makes the write fail (409) rather than
+    /// overwrite a list someone changed in between (the next tick decides again).
+    async fn patch_meta(&self, id: &ResourceId, m: &Meta, finalizers: serde_json::Value) {
+        let Some(r) = &self.resources else { return };
+        let body = Patch::Merge(json!({
+            "metadata": { "finalizers": finalizers, "resourceVersion": m.resource_version }
+        }));
+        let pp = PatchParams::default();
+        let name = id.1.as_str();
+        let result = match id.0 {
+            Kind::Peer => r.peers.api.patch(name, &pp, &body).await.map(drop),
+            Kind::DefinedSets => r.sets.api.patch(name, &pp, &body).await.map(drop),
+            Kind::Definition => r.definitions.api.patch(name, &pp, &body).await.map(drop),
+            Kind::Apply => r.applies.api.patch(name, &pp, &body).await.map(drop),
+        };
+        if let Err(e) = result {
+            warn!(kind = id.0.name(), name, error = %e, "could not write a BGP resource's finalizers");
+        }
+    }
+}
+
+/// Reads one kind's store into the snapshot and the metadata map.
+fn observe<K, S>(
+    store: &Store<K>,
+    kind: Kind,
+    meta: &mut BTreeMap<ResourceId, Meta>,
+    out: &mut Vec<Res<S>>,
+    parts: impl Fn(&K) -> (S, Option<BgpStatus>),
+) where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    for obj in store.state() {
+        let (spec, status) = parts(&obj);
+        let name = obj.name_any();
+        let deleting = obj.meta().deletion_timestamp.is_some();
+        meta.insert(
+            (kind, name.clone()),
+            Meta {
+                generation: obj.meta().generation,
+                resource_version: obj.resource_version(),
+                finalizers: obj.finalizers().to_vec(),
+                deleting,
+                status: status.unwrap_or_default(),
+                reference: obj.object_ref(&()),
+            },
+        );
+        out.push(Res {
+            name,
+            deleting,
+            spec,
+        });
+    }
+}
