@@ -339,6 +339,7 @@ fn pool_spec() -> impl Strategy<Value = PoolSpec> {
                     namespace_selector: ns,
                     service_selector: svc,
                     retain,
+                    advertise: true,
                 }
             },
         )
