@@ -712,4 +712,68 @@ async fn the_watched_token_secret_is_the_only_secret_the_service_account_reads()
     .await;
     stop_tx.send(()).unwrap();
     watch.await.unwrap();
+
+    // `loxi-ccm check` as the ServiceAccount, with the scenario's settings: it reads the token
+    // from the Secret and finds every permission `run` needs granted by the chart. (No loxilb
+    // runs here: the URL is a closed port.)
+    let out = check_as(
+        &kubeconfig,
+        &env,
+        &[("LOXI_CCM_LOXILB_URL", "http://127.0.0.1:1")],
+    )
+    .await;
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("OK   loxilb token") && l.contains("holds a token")),
+        "{out}"
+    );
+    assert!(
+        out.lines().any(|l| l.starts_with("OK   permissions")),
+        "{out}"
+    );
+    assert!(
+        !out.contains("rotated-token"),
+        "the token is never printed: {out}"
+    );
+
+    // The same for the discovery scenario: the chart's RBAC covers the EndpointSlice watch
+    // of the loxilb Service and the HA role record.
+    let values = chart_dir().join("ci/in-cluster-discovery-values.yaml");
+    let rendered = render(&helm, Some(&values), &[]);
+    let (env, _) = container_settings(&documents(&rendered));
+    assert!(
+        env.contains_key("LOXI_CCM_LOXILB_SERVICE") && !env.contains_key("LOXI_CCM_LOXILB_URL")
+    );
+    let (ok, out) = kubectl(
+        &cp,
+        &["apply", "--validate=strict", "-f", "-"],
+        Some(&rendered),
+    );
+    assert!(ok, "kubectl apply: {out}");
+    let out = check_as(&kubeconfig, &env, &[]).await;
+    assert!(
+        out.lines().any(|l| l.starts_with("OK   permissions")),
+        "{out}"
+    );
+}
+
+/// The output of `loxi-ccm check` run with `kubeconfig` and the settings `env` (then
+/// `overrides`), and nothing else from this process' environment.
+async fn check_as(
+    kubeconfig: &Path,
+    env: &BTreeMap<String, String>,
+    overrides: &[(&str, &str)],
+) -> String {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_loxi-ccm"));
+    cmd.arg("check")
+        .env_clear()
+        .env("KUBECONFIG", kubeconfig)
+        .envs(env)
+        .envs(overrides.iter().copied())
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
+        .await
+        .expect("loxi-ccm check stops within 60 s")
+        .expect("the loxi-ccm binary runs");
+    String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr)
 }
