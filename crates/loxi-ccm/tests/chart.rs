@@ -8,7 +8,10 @@
 //! - every scenario's rendering applies with `kubectl apply --dry-run=server --validate=strict`;
 //! - every setting a scenario renders (ConfigMap variables, container arguments) is one
 //!   `loxi-ccm run` accepts, with a valid value;
-//! - `helm install` creates the Deployment, whose ReplicaSet creates the Pods.
+//! - `helm install` creates the Deployment, whose ReplicaSet creates the Pods;
+//! - with `loxilb.watchTokenSecret` the ServiceAccount reads the token Secret (get, and the
+//!   controller's own list/watch by name) and no other Secret, and the controller's watch,
+//!   run with that ServiceAccount's token, sees a rotated token.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -150,6 +153,11 @@ fn a_misspelled_or_mistyped_value_is_refused() {
         ("env.LB_MODE=fullnat", "LB_MODE"),
         ("loxilb.urls[0]=192.0.2.1:11111", "/loxilb/urls/0"),
         ("extraArgs[0]=setLBMode=2", "/extraArgs/0"),
+        ("loxilb.discovery.servce=x", "'servce' not allowed"),
+        ("haRoles.setRoles=not-an-ip", "/haRoles/setRoles"),
+        ("haRoles.numZoneInstances=0", "/haRoles/numZoneInstances"),
+        // Discovery is off whenever a URL is given: the default URL must be removed.
+        ("loxilb.discovery.enabled=true", "set loxilb.urls to []"),
     ] {
         let out = helm_command(&helm)
             .args(["template", RELEASE])
@@ -553,4 +561,219 @@ async fn helm_install_creates_the_deployment_and_its_pods() {
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
+}
+
+/// `loxilb.watchTokenSecret` (ci/token-secret-watch-values.yaml), applied for real: the
+/// ServiceAccount may read exactly the token Secret, the way the controller reads it
+/// (crates/loxi-ccm/src/config/token.rs: a get, then a list and watch with the field selector
+/// metadata.name), and no other Secret; the controller's watch, authenticated as that
+/// ServiceAccount, follows a token rotation.
+#[tokio::test]
+async fn the_watched_token_secret_is_the_only_secret_the_service_account_reads() {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+    use kube::api::{Patch, PatchParams, PostParams};
+    use loxi_ccm::config::token::{SecretRef, read_secret, watch_secret};
+
+    let helm = helm();
+    let values = chart_dir().join("ci/token-secret-watch-values.yaml");
+    let rendered = render(&helm, Some(&values), &[]);
+    let docs = documents(&rendered);
+    let (env, _) = container_settings(&docs);
+    let secret_ref = env
+        .get("LOXI_CCM_LOXILB_TOKEN_SECRET")
+        .expect("the Secret is named in the settings");
+    let secret_ref = SecretRef::parse(secret_ref).unwrap();
+    assert_eq!(secret_ref.namespace, NAMESPACE);
+    assert_eq!(secret_ref.name, "loxi-ccm-loxilb-auth");
+    // The token is not also passed as a variable (only one token option is accepted).
+    assert!(
+        !rendered.contains("name: LOXI_CCM_LOXILB_TOKEN\n"),
+        "{rendered}"
+    );
+
+    let cp = testenv::ControlPlane::start().await.expect("control plane");
+    let (ok, out) = kubectl(
+        &cp,
+        &["apply", "--validate=strict", "-f", "-"],
+        Some(&rendered),
+    );
+    assert!(ok, "kubectl apply: {out}");
+    let admin = cp.admin_client().await.unwrap();
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), NAMESPACE);
+    let other = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some("another-secret".into()),
+            ..Default::default()
+        },
+        string_data: Some([("token".to_string(), "not-for-loxi-ccm".to_string())].into()),
+        ..Default::default()
+    };
+    secrets
+        .create(&PostParams::default(), &other)
+        .await
+        .unwrap();
+
+    // What the authorizer answers for the ServiceAccount.
+    let sa = format!("--as=system:serviceaccount:{NAMESPACE}:loxi-ccm");
+    for (verb, what, expected) in [
+        ("get", "secret/loxi-ccm-loxilb-auth", "yes"),
+        ("list", "secret/loxi-ccm-loxilb-auth", "yes"),
+        ("watch", "secret/loxi-ccm-loxilb-auth", "yes"),
+        ("get", "secret/another-secret", "no"),
+        ("list", "secrets", "no"),
+        ("watch", "secrets", "no"),
+        ("update", "secret/loxi-ccm-loxilb-auth", "no"),
+    ] {
+        let (_, out) = kubectl(
+            &cp,
+            &["auth", "can-i", verb, what, "-n", NAMESPACE, &sa],
+            None,
+        );
+        assert_eq!(
+            out.lines().next().unwrap_or_default().trim(),
+            expected,
+            "can-i {verb} {what}: {out}"
+        );
+    }
+
+    // The same with the ServiceAccount's own token, the way the controller calls.
+    let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), NAMESPACE);
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(3600),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let token = sas
+        .create_token_request("loxi-ccm", &PostParams::default(), &request)
+        .await
+        .unwrap()
+        .status
+        .and_then(|s| s.token)
+        .expect("a ServiceAccount token");
+    let kubeconfig = cp.dir().join("loxi-ccm-sa.kubeconfig");
+    cp.write_kubeconfig(&kubeconfig, &token).unwrap();
+    let as_sa = cp.client_for_kubeconfig(&kubeconfig).await.unwrap();
+    let sa_secrets: Api<Secret> = Api::namespaced(as_sa.clone(), NAMESPACE);
+    let forbidden =
+        |r: Result<_, kube::Error>| matches!(r, Err(kube::Error::Api(e)) if e.code == 403);
+    assert!(forbidden(
+        sa_secrets.get("another-secret").await.map(|_| ())
+    ));
+    assert!(forbidden(
+        sa_secrets.list(&ListParams::default()).await.map(|_| ())
+    ));
+    let by_name = ListParams::default().fields("metadata.name=loxi-ccm-loxilb-auth");
+    assert_eq!(sa_secrets.list(&by_name).await.unwrap().items.len(), 1);
+    assert_eq!(
+        read_secret(&as_sa, &secret_ref).await.unwrap().as_deref(),
+        Some("example-loxilb-token")
+    );
+
+    // The controller's watch, as the ServiceAccount: the chart's token, then a rotation.
+    let cell = loxilb_client::Token::new(None);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let watch = tokio::spawn(watch_secret(
+        as_sa.clone(),
+        secret_ref.clone(),
+        cell.clone(),
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
+    let holds = |value: &'static str| {
+        let cell = cell.clone();
+        move || {
+            let cell = cell.clone();
+            async move { (cell.get().as_deref() == Some(value)).then_some(()) }
+        }
+    };
+    wait_for(
+        "the chart's token through the watch",
+        &cp,
+        holds("example-loxilb-token"),
+    )
+    .await;
+    secrets
+        .patch(
+            "loxi-ccm-loxilb-auth",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"stringData": {"token": "rotated-token"}})),
+        )
+        .await
+        .unwrap();
+    wait_for(
+        "the rotated token through the watch",
+        &cp,
+        holds("rotated-token"),
+    )
+    .await;
+    stop_tx.send(()).unwrap();
+    watch.await.unwrap();
+
+    // `loxi-ccm check` as the ServiceAccount, with the scenario's settings: it reads the token
+    // from the Secret and finds every permission `run` needs granted by the chart. (No loxilb
+    // runs here: the URL is a closed port.)
+    let out = check_as(
+        &kubeconfig,
+        &env,
+        &[("LOXI_CCM_LOXILB_URL", "http://127.0.0.1:1")],
+    )
+    .await;
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("OK   loxilb token") && l.contains("holds a token")),
+        "{out}"
+    );
+    assert!(
+        out.lines().any(|l| l.starts_with("OK   permissions")),
+        "{out}"
+    );
+    assert!(
+        !out.contains("rotated-token"),
+        "the token is never printed: {out}"
+    );
+
+    // The same for the discovery scenario: the chart's RBAC covers the EndpointSlice watch
+    // of the loxilb Service and the HA role record.
+    let values = chart_dir().join("ci/in-cluster-discovery-values.yaml");
+    let rendered = render(&helm, Some(&values), &[]);
+    let (env, _) = container_settings(&documents(&rendered));
+    assert!(
+        env.contains_key("LOXI_CCM_LOXILB_SERVICE") && !env.contains_key("LOXI_CCM_LOXILB_URL")
+    );
+    let (ok, out) = kubectl(
+        &cp,
+        &["apply", "--validate=strict", "-f", "-"],
+        Some(&rendered),
+    );
+    assert!(ok, "kubectl apply: {out}");
+    let out = check_as(&kubeconfig, &env, &[]).await;
+    assert!(
+        out.lines().any(|l| l.starts_with("OK   permissions")),
+        "{out}"
+    );
+}
+
+/// The output of `loxi-ccm check` run with `kubeconfig` and the settings `env` (then
+/// `overrides`), and nothing else from this process' environment.
+async fn check_as(
+    kubeconfig: &Path,
+    env: &BTreeMap<String, String>,
+    overrides: &[(&str, &str)],
+) -> String {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_loxi-ccm"));
+    cmd.arg("check")
+        .env_clear()
+        .env("KUBECONFIG", kubeconfig)
+        .envs(env)
+        .envs(overrides.iter().copied())
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
+        .await
+        .expect("loxi-ccm check stops within 60 s")
+        .expect("the loxi-ccm binary runs");
+    String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr)
 }

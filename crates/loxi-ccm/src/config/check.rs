@@ -493,6 +493,18 @@ fn needs(cfg: &Config) -> Vec<Need> {
             );
         }
     }
+    if let crate::config::TokenSource::Secret(secret) = &cfg.loxilb_token_source {
+        // The token Secret: read by name at start-up, then listed and watched with the field
+        // selector metadata.name (config/token.rs), which RBAC matches against resourceNames:
+        // all three can be limited to this one Secret.
+        for verb in ["get", "list", "watch"] {
+            needs.push(
+                Need::new(verb, "", "secrets")
+                    .ns(Some(secret.namespace.as_str()))
+                    .named(&secret.name),
+            );
+        }
+    }
     if cfg.roles.is_some() {
         // The HA role record (docs/fleet.md#the-record): created by a server-side apply.
         let (rns, name) = &cfg.roles_record;
@@ -947,5 +959,22 @@ mod tests {
                 .iter()
                 .any(|n| n.contains("leases") || n.starts_with("get namespaces"))
         );
+        assert!(!list.iter().any(|n| n.contains("secrets")), "{list:?}");
+
+        let cli = <crate::config::cli::Cli as clap::Parser>::try_parse_from([
+            "loxi-ccm",
+            "run",
+            "--loxilb-url=http://127.0.0.1:11111",
+            "--external-cidr=192.0.2.0/24",
+            "--loxilb-token-secret=kube-system/loxi-ccm-loxilb-auth",
+        ])
+        .unwrap();
+        let crate::config::cli::Command::Run(args) = cli.command;
+        let cfg = Config::from_args(&args).unwrap();
+        let list: Vec<String> = needs(&cfg).iter().map(|n| n.to_string()).collect();
+        for verb in ["get", "list", "watch"] {
+            let need = format!("{verb} secrets \"loxi-ccm-loxilb-auth\" in namespace kube-system");
+            assert!(list.contains(&need), "{need} not in {list:?}");
+        }
     }
 }
