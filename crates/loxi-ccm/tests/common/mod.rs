@@ -528,8 +528,36 @@ impl World {
                     return started.elapsed();
                 }
                 last = format!("{}{}", findings, findings.summary());
-            } else if services.is_ok() {
-                last = "not every Service is ready yet".into();
+            } else if let Ok(list) = &services {
+                let waiting: Vec<String> = list
+                    .items
+                    .iter()
+                    .filter(|s| !ready(s))
+                    .take(5)
+                    .map(|s| {
+                        let conds: Vec<String> = s
+                            .status
+                            .as_ref()
+                            .and_then(|st| st.conditions.as_ref())
+                            .into_iter()
+                            .flatten()
+                            .map(|c| {
+                                format!("{}={} {}: {}", c.type_, c.status, c.reason, c.message)
+                            })
+                            .collect();
+                        format!(
+                            "{}{} [{}]",
+                            s.metadata.name.as_deref().unwrap_or(""),
+                            if s.metadata.deletion_timestamp.is_some() {
+                                " (deleting)"
+                            } else {
+                                ""
+                            },
+                            conds.join("; ")
+                        )
+                    })
+                    .collect();
+                last = format!("not ready yet: {}", waiting.join(" | "));
             }
             if started.elapsed() > timeout {
                 panic!("not settled after {timeout:?}: {last}");
