@@ -514,13 +514,14 @@ fn desired_rules<'a>(s: &Snapshot, v: &View<'a>, f: &mut Findings) -> Desired<'a
         let mut secondaries: Vec<IpAddr> = Vec::new();
         for c in &v.claims {
             for o in c.owners() {
-                if o.is(ns, name) && o.uid == uid {
-                    if let Some(ip) = c.ip() {
-                        if o.role.is_some() {
-                            secondaries.push(ip);
-                        } else {
-                            vips.push(ip);
-                        }
+                if o.is(ns, name)
+                    && o.uid == uid
+                    && let Some(ip) = c.ip()
+                {
+                    if o.role.is_some() {
+                        secondaries.push(ip);
+                    } else {
+                        vips.push(ip);
                     }
                 }
             }
