@@ -53,7 +53,11 @@ pub struct Load {
 /// The Service named `prefix-i`: port 80 for even `i` (each needs an address of its own),
 /// a port of its own for odd `i` (these share addresses, as kube-loxilb would place them).
 pub fn service(prefix: &str, i: usize, bump: bool) -> Service {
-    let port = if i.is_multiple_of(2) { 80 } else { 1000 + i as i32 };
+    let port = if i.is_multiple_of(2) {
+        80
+    } else {
+        1000 + i as i32
+    };
     let port = if bump { port + 10_000 } else { port };
     World::lb_service(&format!("{prefix}-{i}"), Some(CLASS), &[(port, "TCP")])
 }
