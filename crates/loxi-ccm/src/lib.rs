@@ -4,6 +4,7 @@
 //! Each top-level module is a subsystem that owns its state behind a handle; which may use
 //! which is the table in `docs/architecture.md`, kept true by `tests/architecture.rs`.
 
+pub mod audit;
 pub mod bgp;
 pub mod config;
 pub mod ipam;

@@ -109,6 +109,47 @@ async fn run(loaded: Loaded) -> ExitCode {
     }
 }
 
+/// `loxi-ccm audit`: the findings on standard output, the summary on standard error; exit 0
+/// when clean, 1 on any violation, 2 when the audit could not run (configuration, API).
+async fn audit(loaded: &Loaded) -> ExitCode {
+    let cfg = match loaded.config() {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let client =
+        match loxi_ccm::k8s::api::client(loaded.args.kubeconfig.as_deref(), cfg.kube_api).await {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!(
+                    "error: Kubernetes client: {}",
+                    loxi_ccm::k8s::api::anyhow_text(&e)
+                );
+                return ExitCode::from(EXIT_CONFIG);
+            }
+        };
+    match loxi_ccm::audit::audit(&client, &cfg).await {
+        Ok(findings) => {
+            print!("{findings}");
+            eprintln!("{}", findings.summary());
+            if findings.clean() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!(
+                "error: audit could not run: {}",
+                loxi_ccm::k8s::api::anyhow_text(&e)
+            );
+            ExitCode::from(EXIT_CONFIG)
+        }
+    }
+}
+
 /// glibc gives threads their own malloc arenas (up to 8 per core) and memory freed in one
 /// arena is not reused by the others. The controller's allocations move between threads
 /// all the time (tokio workers, the blocking thread parsing a loxilb listing), so every
@@ -171,6 +212,14 @@ async fn run_main() -> ExitCode {
     };
     match loaded.mode {
         Mode::Run => run(loaded).await,
+        Mode::Audit => {
+            init_logging(
+                loaded.args.log_format,
+                &loaded.args.log_level,
+                LogTo::Stderr,
+            );
+            audit(&loaded).await
+        }
         Mode::Check => {
             init_logging(
                 loaded.args.log_format,

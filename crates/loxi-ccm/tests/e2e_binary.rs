@@ -190,6 +190,30 @@ async fn shipped_manifests_and_rbac_run_the_binary_end_to_end() {
     assert!(!log.contains("forbidden"), "RBAC denied something:\n{log}");
 }
 
+/// Waits until the auditor (`loxi-ccm audit`'s checks, with the replicas' options) reports no
+/// violation for the whole cluster.
+async fn audit_clean(admin: &kube::Client, sim: &Simulator) {
+    let cli = <loxi_ccm::config::cli::Cli as clap::Parser>::try_parse_from([
+        "loxi-ccm".to_string(),
+        "run".into(),
+        format!("--loxilb-url={}", sim.url()),
+        "--external-cidr=198.51.100.0/24".into(),
+    ])
+    .unwrap();
+    let loxi_ccm::config::cli::Command::Run(run) = cli.command;
+    let cfg = loxi_ccm::config::Config::from_args(&run).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let last = match loxi_ccm::audit::audit(admin, &cfg).await {
+            Ok(f) if f.clean() => return,
+            Ok(f) => format!("{f}{}", f.summary()),
+            Err(e) => e.to_string(),
+        };
+        assert!(Instant::now() < deadline, "audit not clean: {last}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 /// Kills the child when dropped, so a failing assertion leaves no controller running.
 struct KillOnDrop(std::process::Child);
 
@@ -727,6 +751,7 @@ async fn a_frozen_leader_once_resumed_writes_nothing_to_loxilb() {
         "old leader after SIGCONT: {} write(s) stopped by the Lease check",
         log.matches("may no longer write").count()
     );
+    audit_clean(&admin, &sim).await;
 }
 
 /// A standby started while Services existed, which then saw them deleted by the leader, is
@@ -816,4 +841,5 @@ async fn a_promoted_standby_never_brings_back_services_deleted_while_it_stood_by
     );
     let ips: Vec<String> = sim.rules().into_iter().map(|r| r.external_ip).collect();
     assert_eq!(ips, vec![ip], "rules for deleted Services");
+    audit_clean(&admin, &sim).await;
 }

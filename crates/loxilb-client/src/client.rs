@@ -226,6 +226,33 @@ impl LoxilbClient {
         Ok(list.states)
     }
 
+    /// The BGP advertisement reference counts per address, where the loxilb exposes them:
+    /// only the loxilb simulator does (`GET /admin/bgp`, `crates/loxilb-sim/src/admin.rs`);
+    /// real loxilb keeps them internally and answers 404 for that path, which gives `None`.
+    /// Read by `loxi-ccm audit` only.
+    pub async fn simulator_advertisements(
+        &self,
+    ) -> Result<Option<std::collections::BTreeMap<String, u32>>, ClientError> {
+        #[derive(serde::Deserialize)]
+        struct AdminBgp {
+            #[serde(default)]
+            advertisements: std::collections::BTreeMap<String, u32>,
+        }
+        let url = self
+            .base
+            .join("/admin/bgp")
+            .map_err(|e| ClientError::Config(format!("admin URL: {e}")))?;
+        match self.send_url::<()>(Method::GET, url, None).await? {
+            Answer::Ok(bytes) => serde_json::from_slice::<AdminBgp>(&bytes)
+                .map(|b| Some(b.advertisements))
+                .map_err(|e| ClientError::BadResponse(format!("admin bgp: {e}"))),
+            Answer::Status(status, _) if status.is_client_error() => Ok(None),
+            Answer::Status(status, body) => {
+                Err(classify(status.as_u16(), body.message, body.result))
+            }
+        }
+    }
+
     /// `POST /config/cistate`. An unknown instance is created first; posting the state it
     /// already has changes nothing (docs/loxilb-api.md#ha-roles).
     pub async fn set_cluster_state(&self, state: &CiState) -> Result<(), ClientError> {

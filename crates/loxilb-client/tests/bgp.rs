@@ -555,3 +555,38 @@ async fn a_restart_loses_bgp_and_the_replay_order_works() {
         .unwrap();
     assert_eq!(sim.bgp_advertisement_count(VIP), 1);
 }
+
+/// `loxi-ccm audit` reads the counts from the simulator's admin view; a server without it
+/// (real loxilb: no `/admin`) gives `None`.
+#[tokio::test]
+async fn the_simulators_advertisement_counts_are_read_and_absent_elsewhere() {
+    let sim = start_sim(true).await;
+    let client = client_for(&sim);
+    assert_eq!(
+        client.simulator_advertisements().await.unwrap(),
+        Some(Default::default())
+    );
+    client
+        .apply_rule(&rule_entry("10.0.0.1", true))
+        .await
+        .unwrap();
+    let counts = client.simulator_advertisements().await.unwrap().unwrap();
+    assert_eq!(counts.get(VIP), Some(&1), "{counts:?}");
+    // A server that answers 404 for /admin/bgp, as real loxilb does.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf).await;
+            let _ = s
+                .write_all(
+                    b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                )
+                .await;
+        }
+    });
+    let elsewhere = LoxilbClient::new(ClientConfig::new(&format!("http://{addr}"))).unwrap();
+    assert_eq!(elsewhere.simulator_advertisements().await.unwrap(), None);
+}

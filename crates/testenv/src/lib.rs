@@ -41,6 +41,8 @@ pub struct ControlPlane {
     ca_pem: String,
     bin_dir: PathBuf,
     etcd_url: String,
+    /// kube-apiserver's arguments, to start it again on the same port (`restart_apiserver`).
+    api_args: Vec<String>,
 }
 
 /// Directory holding kube-apiserver, kube-controller-manager and kubectl for [`K8S_VERSION`]:
@@ -119,6 +121,16 @@ fn log_file(dir: &Path, name: &str) -> Result<std::fs::File> {
     Ok(std::fs::File::create(dir.join(format!("{name}.log")))?)
 }
 
+fn spawn_apiserver(bin_dir: &Path, dir: &Path, args: &[String]) -> Result<Child> {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("kube-apiserver.log"))?;
+    let mut api = Command::new(bin_dir.join("kube-apiserver"));
+    api.args(args).stdout(log.try_clone()?).stderr(log);
+    spawn_tied(api)
+}
+
 impl ControlPlane {
     /// Starts etcd and kube-apiserver and waits until the API answers `/readyz`.
     pub async fn start() -> Result<ControlPlane> {
@@ -180,8 +192,7 @@ impl ControlPlane {
         children.push(spawn_tied(etcd)?);
 
         let port = free_port()?;
-        let mut api = Command::new(bin_dir.join("kube-apiserver"));
-        api.args([
+        let api_args: Vec<String> = vec![
             format!("--etcd-servers={etcd_url}"),
             format!("--secure-port={port}"),
             "--bind-address=127.0.0.1".into(),
@@ -209,10 +220,8 @@ impl ControlPlane {
             "--profiling=false".into(),
             "--watch-cache=true".into(),
             "--v=0".into(),
-        ])
-        .stdout(log_file(&d, "kube-apiserver")?)
-        .stderr(log_file(&d, "kube-apiserver")?);
-        children.push(spawn_tied(api)?);
+        ];
+        children.push(spawn_apiserver(&bin_dir, &d, &api_args)?);
 
         let cp = ControlPlane {
             server: format!("https://127.0.0.1:{port}"),
@@ -221,6 +230,7 @@ impl ControlPlane {
             children: Mutex::new(children),
             bin_dir,
             etcd_url,
+            api_args,
         };
         cp.write_kubeconfig(&cp.kubeconfig_path(), ADMIN_TOKEN)?;
         cp.wait_ready(Duration::from_secs(120)).await?;
@@ -354,6 +364,29 @@ impl ControlPlane {
         let kc = kube::config::Kubeconfig::read_from(path)?;
         let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
         Ok(kube::Client::try_from(cfg)?)
+    }
+
+    /// Stops kube-apiserver (SIGKILL: no graceful close of watches) and starts it again on
+    /// the same port with the same etcd, then waits until it is ready: clients see their
+    /// connections cut and their requests refused meanwhile, and keep their credentials.
+    pub async fn restart_apiserver(&self) -> Result<()> {
+        {
+            let mut children = self
+                .children
+                .lock()
+                .map_err(|_| anyhow::anyhow!("children lock poisoned"))?;
+            // kube-apiserver is the last process started.
+            if let Some(mut api) = children.pop() {
+                let _ = api.kill();
+                let _ = api.wait();
+            }
+            children.push(spawn_apiserver(
+                &self.bin_dir,
+                self.dir.path(),
+                &self.api_args,
+            )?);
+        }
+        self.wait_ready(Duration::from_secs(120)).await
     }
 
     /// Stops every process (also done on drop).

@@ -34,6 +34,9 @@ pub enum Command {
 /// Name of the subcommand that validates the configuration and reaches every dependency.
 pub const CHECK: &str = "check";
 
+/// Name of the read-only subcommand that checks a live cluster's invariants (`crate::audit`).
+pub const AUDIT: &str = "audit";
+
 /// The complete command tree the binary parses: [`Cli`] plus `check`, which takes exactly the
 /// options of `run` (same flags, environment variables and config-file keys).
 ///
@@ -52,7 +55,24 @@ variables and config file), then checks the Kubernetes API (GET /version), the c
 and a rule listing, which also proves the token). Prints one OK or FAIL line per check; exits \
 1 when any check fails.",
         );
-    Cli::command().subcommand(check)
+    let audit = RunArgs::augment_args(clap::Command::new(AUDIT))
+        .about(
+            "Check a live cluster and its loxilbs against the controller's invariants (read-only); \
+print each violation with the objects involved and exit 1 if any",
+        )
+        .long_about(
+            "Reads the Services, Nodes, EndpointSlices, AddressClaims and AddressPools from the \
+API server and every loxilb's rules, computes each served Service's rules with the controller's \
+own planner, and checks: no address with two owners beyond legal sharing; every served Service \
+has its rules, with the right endpoints and flags, on every loxilb that answers; no rule named \
+as this cluster's whose Service is gone; no claim without an owner or a reservation; no Service \
+with our finalizer showing an address no claim backs; no address outside every pool unless \
+asked for; with BGP, advertisement counts matching the rules where loxilb exposes them (only \
+the simulator does). Takes the options of `run` (the same cluster id, namespace, pools and \
+loxilb URLs). Writes nothing. Prints one VIOLATION line per finding and NOTE lines for what \
+was not checked; exits 0 when clean, 1 on any violation, 2 when the audit could not run.",
+        );
+    Cli::command().subcommand(check).subcommand(audit)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -536,7 +556,7 @@ mod tests {
         Cli::command().debug_assert();
         command().debug_assert();
         let cmd = command();
-        for name in ["run", CHECK] {
+        for name in ["run", CHECK, AUDIT] {
             let sub = cmd.find_subcommand(name).unwrap();
             for arg in sub.get_arguments() {
                 if ["help", "version"].contains(&arg.get_id().as_str()) {
@@ -558,6 +578,7 @@ mod tests {
                 .collect()
         };
         assert_eq!(ids("run"), ids(CHECK));
+        assert_eq!(ids("run"), ids(AUDIT));
     }
 
     #[test]

@@ -36,7 +36,7 @@ use loxi_domain::{ClusterId, Defaults, NatMode, Pool};
 use loxilb_client::{ClientConfig, ClientError, LoxilbClient, Token};
 use thiserror::Error;
 
-use crate::config::cli::{CHECK, RunArgs};
+use crate::config::cli::{AUDIT, CHECK, RunArgs};
 use crate::leader::{LeaseConfig, default_identity};
 use crate::node_init::NodeInitArgs;
 
@@ -489,6 +489,7 @@ fn edit_distance(a: &str, b: &str) -> usize {
 pub enum Mode {
     Run,
     Check,
+    Audit,
 }
 
 /// The options of `run` / `check`, every layer applied, and where each came from.
@@ -555,10 +556,10 @@ where
                 .error(ErrorKind::MissingSubcommand, "a subcommand is required"),
         ));
     };
-    let mode = if name == CHECK {
-        Mode::Check
-    } else {
-        Mode::Run
+    let mode = match name {
+        CHECK => Mode::Check,
+        AUDIT => Mode::Audit,
+        _ => Mode::Run,
     };
     let invalid = |error: ConfigError| LoadError::Invalid { mode, error };
     let sub_cmd = full

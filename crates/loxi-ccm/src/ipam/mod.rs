@@ -256,6 +256,17 @@ impl Ipam {
                         freed |= state.index.release_from(&ip, &owner.key());
                     }
                 }
+                // Owners that are still served lost what backs their address (the claim
+                // deleted by hand, or by another tool): their reconcile claims it again, the
+                // address they show first, before the woken waiters below look for one.
+                // Without this they kept showing it, unclaimed, until something else
+                // re-queued them (found by the fault matrix: docs/RELIABILITY.md). A Service
+                // being deleted is re-queued for nothing: its reconcile finds it gone.
+                for owner in c.owners().into_iter().filter(|o| !o.uid.is_empty()) {
+                    let _ = self
+                        .requeue
+                        .send(ObjectRef::new(&owner.name).within(&owner.namespace));
+                }
                 if freed {
                     self.publish_metrics();
                     self.wake_waiters();

@@ -289,6 +289,9 @@ struct Holdings {
     marker: Marker,
     /// Counts marker placements, so that a probe's view older than the last one is ignored.
     marker_epoch: u64,
+    /// Counts the times room freed, so that a Service whose pass decided without room can
+    /// tell whether room freed before it started waiting (`Holdings::wait_for_room`).
+    room_freed_count: u64,
 }
 
 /// The restart marker's state on one instance.
@@ -315,7 +318,21 @@ impl Holdings {
     /// Room freed (a rule deleted, a restart): limits hit before may pass now.
     fn room_freed(&mut self) {
         self.refused.clear();
+        self.room_freed_count += 1;
         self.waiters.wake_all(Instant::now());
+    }
+
+    /// `svc` was held back by a limit in a pass that decided when room had freed
+    /// `freed_before` times: it waits for room, and is re-queued at once when room freed
+    /// since that decision. A pass lets go of the lock for its calls, and room freed
+    /// meanwhile woke the waiters of that moment, which did not include `svc` yet: without
+    /// this it would wait for a wake-up that already went (found by the fault matrix, a
+    /// full loxilb: docs/RELIABILITY.md).
+    fn wait_for_room(&mut self, svc: RuleOwner, need: usize, requeue: &Requeue, freed_before: u64) {
+        self.waiters.wait(svc.clone(), need, requeue.clone());
+        if self.room_freed_count != freed_before {
+            requeue.send(&svc);
+        }
     }
 }
 
@@ -981,7 +998,7 @@ impl Instance {
         };
         // 1. Decide under the lock (and reserve room for the new rules).
         let mut report = ApplyReport::default();
-        let work = {
+        let (work, freed_before) = {
             let mut h = self.holdings.lock().await;
             if !h.known
                 && let Err(e) = self.refresh(&mut h, metrics).await
@@ -1018,7 +1035,7 @@ impl Instance {
             };
             h.reserved += work.creates.len();
             h.in_flight.extend(work.keys());
-            work
+            (work, h.room_freed_count)
         };
         // 2. The calls, without the lock: Services on one instance are programmed in
         //    parallel (each Service is reconciled by one task at a time, and the decision
@@ -1051,7 +1068,7 @@ impl Instance {
         let svc = RuleOwner::new(namespace, name);
         match (&result, requeue) {
             (Ok(report), Some(tx)) if !report.blocked.is_empty() => {
-                h.waiters.wait(svc, rules_needed(report), tx.clone());
+                h.wait_for_room(svc, rules_needed(report), tx, freed_before);
             }
             _ => {
                 h.waiters.done(&svc);
@@ -1279,6 +1296,13 @@ impl Instance {
             for b in &report.blocked {
                 // Reported on the Service by its own reconcile.
                 debug!(instance = self.url(), "drift repair held back: {b}");
+            }
+            // The repair may have created the rules of a Service waiting for room (its own
+            // pass was held back, the whole-instance pass found room): woken, its reconcile
+            // reports it programmed, instead of showing CapacityExceeded until some other
+            // room frees (found by the fault matrix, a full loxilb: docs/RELIABILITY.md).
+            if report.changes > 0 {
+                h.waiters.wake_all(Instant::now());
             }
         }
         self.note_failure(&mut h, &result);
@@ -1774,6 +1798,69 @@ mod tests {
             .await
             .unwrap();
         assert!(r.complete() && r.changes == 2, "{r:?}");
+    }
+
+    #[test]
+    fn room_freed_between_decision_and_waiting_requeues_at_once() {
+        let (tx, mut rx) = requeue_channel();
+        let mut h = Holdings::default();
+        let b = RuleOwner::new("ns", "b");
+        // Decided with no room, and nothing freed until it waits: it waits for a wake-up.
+        let decided = h.room_freed_count;
+        h.wait_for_room(b.clone(), 1, &tx, decided);
+        assert!(rx.try_recv().is_err());
+        // Room frees: woken.
+        h.room_freed();
+        assert_eq!(rx.try_recv().unwrap(), b);
+        // Decided with no room, room freed while its calls ran (the waiters woken then did
+        // not include it), then it waits: re-queued at once, and it keeps waiting.
+        h.waiters.done(&b);
+        let decided = h.room_freed_count;
+        h.room_freed();
+        assert!(rx.try_recv().is_err(), "not a waiter yet");
+        h.wait_for_room(b.clone(), 1, &tx, decided);
+        assert_eq!(rx.try_recv().unwrap(), b);
+        h.room_freed();
+        assert_eq!(rx.try_recv().unwrap(), b);
+    }
+
+    #[tokio::test]
+    async fn a_drift_repair_that_creates_a_waiters_rules_wakes_it() {
+        let (_sim, inst) = sim(2048).await;
+        inst.set_capacity(1);
+        let m = Metrics::new();
+        let c = cluster();
+        let a = [rule("a", "192.0.2.1", 80, &[])];
+        let b = [rule("b", "192.0.2.2", 80, &[])];
+        inst.apply_service(&c, "ns", "a", &a, &m, None)
+            .await
+            .unwrap();
+        let (tx, mut rx) = requeue_channel();
+        let r = inst
+            .apply_service(&c, "ns", "b", &b, &m, Some(&tx))
+            .await
+            .unwrap();
+        assert!(!r.blocked.is_empty(), "{r:?}");
+        // Room appears without anything being deleted (here: a larger table), and the drift
+        // check programs b: b is woken, so that its condition stops saying it waits.
+        inst.set_capacity(2);
+        let r = inst
+            .converge_all(
+                &c,
+                None,
+                || {
+                    vec![
+                        ServiceRules::Want(a.to_vec()),
+                        ServiceRules::Want(b.to_vec()),
+                    ]
+                    .into_iter()
+                },
+                &m,
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.changes, 1, "{r:?}");
+        assert_eq!(rx.try_recv().unwrap().name, "b");
     }
 
     #[tokio::test]

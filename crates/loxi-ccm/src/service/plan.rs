@@ -10,10 +10,13 @@ use loxi_domain::ingress::IngressMode;
 use loxi_domain::naming::{DEFAULT_INSTANCE, RuleName};
 use loxi_domain::plan::Plan;
 use loxi_domain::roles::{UnknownInstance, ZONE_INSTANCE_ANNOTATION, parse_instance};
-use loxi_domain::{AnnotationError, PlanError, TrafficPolicy, parse_intent, plan_rules};
+use loxi_domain::{
+    AnnotationError, ClusterId, EndpointView, NodeView, PlanError, TrafficPolicy, parse_intent,
+    plan_rules,
+};
 use thiserror::Error;
 
-use super::context::Context;
+use super::context::{Context, Settings};
 use crate::ipam::AddressProblem;
 use crate::k8s::view::service_view;
 
@@ -50,16 +53,42 @@ pub fn rules_for(
     addresses: &[IpAddr],
     secondaries: &[IpAddr],
 ) -> Result<Option<Plan>, Problem> {
-    let intent = parse_intent(svc.annotations(), ctx.settings.defaults)?;
+    let nodes = ctx.inputs.node_views();
+    let pools = ctx.ipam.pool_set();
+    plan_from(
+        svc,
+        &ctx.settings,
+        &ctx.cluster,
+        &nodes,
+        || ctx.inputs.endpoints_of(svc),
+        |ip| pools.advertises(ip),
+        addresses,
+        secondaries,
+    )
+}
+
+/// [`rules_for`] over plain inputs: the Nodes' views, the Service's endpoints (asked for
+/// only when the plan reads them) and whether an address's pool lets BGP announce it. Pure; `loxi-ccm audit` (`crate::audit`) computes the
+/// rules a Service should have with it, exactly as the controller does.
+pub fn plan_from(
+    svc: &Service,
+    settings: &Settings,
+    cluster: &ClusterId,
+    nodes: &[NodeView],
+    endpoints_of: impl FnOnce() -> Vec<EndpointView>,
+    advertises: impl Fn(&IpAddr) -> bool,
+    addresses: &[IpAddr],
+    secondaries: &[IpAddr],
+) -> Result<Option<Plan>, Problem> {
+    let intent = parse_intent(svc.annotations(), settings.defaults)?;
     IngressMode::from_annotations(svc.annotations())?;
-    let ha_instance = ha_instance(svc, &ctx.settings.ha_instances)?;
+    let ha_instance = ha_instance(svc, &settings.ha_instances)?;
     if addresses.is_empty() {
         return Ok(None);
     }
-    let nodes = ctx.inputs.node_views();
     let mut view = service_view(svc);
     view.secondary_ips = secondaries.to_vec();
-    if !ctx.settings.enforce_source_ranges {
+    if !settings.enforce_source_ranges {
         // --source-ranges=ignore: said on the Service (conditions::source_ranges).
         view.source_ranges.clear();
     }
@@ -68,16 +97,15 @@ pub fn rules_for(
     let needs_endpoints =
         view.external_traffic_policy == TrafficPolicy::Local || intent.use_pod_network;
     let endpoints = if needs_endpoints {
-        ctx.inputs.endpoints_of(svc)
+        endpoints_of()
     } else {
         Vec::new()
     };
-    let mut plan = plan_rules(&ctx.cluster, &view, &nodes, &endpoints, addresses, &intent)?;
-    if ctx.settings.advertise {
+    let mut plan = plan_rules(cluster, &view, nodes, &endpoints, addresses, &intent)?;
+    if settings.advertise {
         // Per pool: a pool with `bgpAdvertise: false` keeps its addresses unannounced.
-        let pools = ctx.ipam.pool_set();
         for rule in &mut plan.rules {
-            rule.bgp = pools.advertises(&rule.key.ip);
+            rule.bgp = advertises(&rule.key.ip);
         }
     }
     if ha_instance != DEFAULT_INSTANCE {

@@ -4,6 +4,9 @@
 
 #![allow(dead_code)]
 
+pub mod load;
+pub mod proxy;
+
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::OnceLock;
@@ -283,9 +286,21 @@ impl World {
         oneshot::Sender<()>,
         tokio::task::JoinHandle<anyhow::Result<()>>,
     ) {
+        self.spawn_controller_with(self.client.clone(), opts)
+    }
+
+    /// As [`World::spawn_controller`], talking to the API server through `client` (e.g. one
+    /// going through a [`proxy::CutProxy`]).
+    pub fn spawn_controller_with(
+        &self,
+        client: kube::Client,
+        opts: &Options,
+    ) -> (
+        oneshot::Sender<()>,
+        tokio::task::JoinHandle<anyhow::Result<()>>,
+    ) {
         let cfg = self.config(opts);
         let (tx, rx) = oneshot::channel::<()>();
-        let client = self.client.clone();
         let admin = opts
             .admin_port
             .map(|port| std::net::SocketAddr::from(([127, 0, 0, 1], port)));
@@ -566,6 +581,94 @@ impl World {
         use k8s_openapi::api::discovery::v1::EndpointSlice;
         let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &self.ns);
         api.delete(slice, &DeleteParams::default()).await.unwrap();
+    }
+
+    /// Runs the auditor (`loxi-ccm audit`) with the configuration of this world's controller
+    /// (`opts`): same namespace, cluster id, pools and loxilb.
+    pub async fn audit(&self, opts: &Options) -> loxi_ccm::audit::Findings {
+        let cfg = self.config(opts);
+        loxi_ccm::audit::audit(&self.client, &cfg)
+            .await
+            .expect("the audit runs")
+    }
+
+    /// Waits until every Service of the namespace satisfies `ready` and the auditor reports
+    /// no violation; returns how long that took (the time to recover). Panics after
+    /// `timeout` with the last findings.
+    pub async fn settle(
+        &self,
+        opts: &Options,
+        timeout: Duration,
+        ready: impl Fn(&Service) -> bool,
+    ) -> Duration {
+        let started = Instant::now();
+        let mut last = String::new();
+        loop {
+            let services = self.services.list(&ListParams::default()).await;
+            let all_ready = match &services {
+                Ok(list) => list.items.iter().all(&ready),
+                Err(e) => {
+                    last = format!("listing Services: {e}");
+                    false
+                }
+            };
+            if all_ready {
+                let findings = self.audit(opts).await;
+                if findings.clean() {
+                    return started.elapsed();
+                }
+                last = format!("{}{}", findings, findings.summary());
+            } else if let Ok(list) = &services {
+                let waiting: Vec<String> = list
+                    .items
+                    .iter()
+                    .filter(|s| !ready(s))
+                    .take(5)
+                    .map(|s| {
+                        let conds: Vec<String> = s
+                            .status
+                            .as_ref()
+                            .and_then(|st| st.conditions.as_ref())
+                            .into_iter()
+                            .flatten()
+                            .map(|c| {
+                                format!("{}={} {}: {}", c.type_, c.status, c.reason, c.message)
+                            })
+                            .collect();
+                        format!(
+                            "{}{} [{}]",
+                            s.metadata.name.as_deref().unwrap_or(""),
+                            if s.metadata.deletion_timestamp.is_some() {
+                                " (deleting)"
+                            } else {
+                                ""
+                            },
+                            conds.join("; ")
+                        )
+                    })
+                    .collect();
+                last = format!("not ready yet: {}", waiting.join(" | "));
+            }
+            if started.elapsed() > timeout {
+                panic!("not settled after {timeout:?}: {last}");
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// [`World::settle`] with every Service showing an address and `loxilb.io/Programmed`
+    /// True.
+    pub async fn settle_programmed(&self, opts: &Options, timeout: Duration) -> Duration {
+        self.settle(opts, timeout, |s| {
+            s.status
+                .as_ref()
+                .and_then(|st| st.load_balancer.as_ref())
+                .and_then(|lb| lb.ingress.as_ref())
+                .is_some_and(|i| !i.is_empty())
+                && World::condition(s, "loxilb.io/Programmed").is_some_and(|c| c.0 == "True")
+                && s.metadata.deletion_timestamp.is_none()
+        })
+        .await
     }
 
     pub async fn finish(mut self) {

@@ -1,0 +1,1174 @@
+//! The invariants, as pure functions over one [`Snapshot`] of the cluster and its loxilbs.
+//! Nothing here reads the network or the clock: `collect` takes the snapshot, these decide.
+//!
+//! What counts as a violation is what the controller must never leave behind once it has
+//! converged. States the controller reaches by design and reports itself (a Service waiting
+//! for room on a full loxilb, reported `CapacityExceeded`; an address kept after its pool was
+//! shrunk, since editing a pool never moves an address) are notes, not violations.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::ResourceExt;
+use loxi_domain::addressing::{ANN_SECONDARY_IPS, ANN_STATIC_IP};
+use loxi_domain::pools::PoolSet;
+use loxi_domain::{Action, ClusterId, NodeView, Rule, RuleKey, RuleName, diff_rules};
+
+use crate::ipam::claims::{AddressClaim, ClaimedBy};
+use crate::k8s::view::{SERVICE_NAME_LABEL, Selection, endpoint_views, published_addresses};
+use crate::service::Settings;
+use crate::service::plan::plan_from;
+use crate::service::status::COND_PROGRAMMED;
+
+/// The `loxilb.io/Programmed` reasons under which a Service is reported, by the controller
+/// itself, as lacking rules it wants: a full loxilb (`crate::loxilb::REASON_CAPACITY`), a rule
+/// with source ranges past loxilb's first indexes (`REASON_SOURCE_RANGES`), a foreign rule
+/// on its address and port (`service::conditions`).
+const REPORTED_REASONS: [&str; 3] = [
+    "CapacityExceeded",
+    "SourceRangesUnsupported",
+    "RuleConflict",
+];
+
+/// One loxilb instance as the audit saw it.
+#[derive(Debug, Clone)]
+pub struct InstanceSnapshot {
+    pub url: String,
+    /// Every rule it lists, read back into the domain model; `Err`: it could not be listed
+    /// (down, refusing): its rules are not checked, and the report says so.
+    pub rules: Result<Vec<Rule>, String>,
+    /// BGP advertisement references per address text, where the loxilb exposes them (only
+    /// the simulator does; `None` for real loxilb).
+    pub advertisements: Option<BTreeMap<String, u32>>,
+}
+
+/// Everything the checks read, taken at one time.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub cluster: ClusterId,
+    pub selection: Selection,
+    /// The Service reconcile's settings (annotation defaults, `--namespace`, BGP on).
+    pub settings: Settings,
+    pub services: Vec<Service>,
+    /// The planner's view of every Node.
+    pub nodes: Vec<NodeView>,
+    pub endpoint_slices: Vec<EndpointSlice>,
+    /// Multus addresses per pod (namespace, name), with `--multus` only.
+    pub pod_networks: HashMap<(String, String), BTreeMap<String, Vec<IpAddr>>>,
+    pub claims: Vec<AddressClaim>,
+    pub pools: PoolSet,
+    pub instances: Vec<InstanceSnapshot>,
+}
+
+/// The kinds of violation, each with a stable name (the report's first word after
+/// `VIOLATION`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    /// An address held by owners that may not share it.
+    SharedAddress,
+    /// A served Service lacks a rule, holds a wrong or stale one, on a listed loxilb.
+    Rules,
+    /// A rule named as this cluster's whose Service is gone.
+    OwnedOrphan,
+    /// A claim (or an owner entry of one) whose Service is gone, without a reservation.
+    OwnerlessClaim,
+    /// A Service with our finalizer shows an address that no claim backs for it.
+    UnbackedStatus,
+    /// An address outside every pool that nobody asked for.
+    OutsidePools,
+    /// A loxilb's BGP advertisement counts differ from its rules.
+    BgpAdvertisements,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::SharedAddress => "shared-address",
+            Kind::Rules => "rules",
+            Kind::OwnedOrphan => "owned-orphan",
+            Kind::OwnerlessClaim => "ownerless-claim",
+            Kind::UnbackedStatus => "unbacked-status",
+            Kind::OutsidePools => "outside-pools",
+            Kind::BgpAdvertisements => "bgp-advertisements",
+        }
+    }
+}
+
+/// One broken invariant and the objects involved (`Service ns/name`, `AddressClaim x`,
+/// `rule "..." on <url>`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    pub kind: Kind,
+    pub detail: String,
+    pub objects: Vec<String>,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "VIOLATION {}: {} [{}]",
+            self.kind.name(),
+            self.detail,
+            self.objects.join("; ")
+        )
+    }
+}
+
+/// The audit's outcome: violations (exit 1) and notes (what was not checked, and states the
+/// controller reaches by design and reports itself).
+#[derive(Debug, Clone, Default)]
+pub struct Findings {
+    pub violations: Vec<Violation>,
+    pub notes: Vec<String>,
+    /// What was looked at, for the summary line.
+    pub services: usize,
+    pub claims: usize,
+    pub rules: usize,
+    pub instances: usize,
+}
+
+impl Findings {
+    pub fn clean(&self) -> bool {
+        self.violations.is_empty()
+    }
+
+    pub fn of_kind(&self, kind: Kind) -> Vec<&Violation> {
+        self.violations.iter().filter(|v| v.kind == kind).collect()
+    }
+
+    /// `audit passed: 0 violations (12 Services, 12 claims, 24 rules on 1 loxilb)`.
+    pub fn summary(&self) -> String {
+        format!(
+            "audit {}: {} violation(s) ({} Services, {} claims, {} rules on {} loxilb)",
+            if self.clean() { "passed" } else { "failed" },
+            self.violations.len(),
+            self.services,
+            self.claims,
+            self.rules,
+            self.instances,
+        )
+    }
+
+    fn violation(&mut self, kind: Kind, detail: impl Into<String>, objects: Vec<String>) {
+        self.violations.push(Violation {
+            kind,
+            detail: detail.into(),
+            objects,
+        });
+    }
+}
+
+impl fmt::Display for Findings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for v in &self.violations {
+            writeln!(f, "{v}")?;
+        }
+        for n in &self.notes {
+            writeln!(f, "NOTE {n}")?;
+        }
+        Ok(())
+    }
+}
+
+fn svc_name(ns: &str, name: &str) -> String {
+    format!("Service {ns}/{name}")
+}
+
+fn claim_name(c: &AddressClaim) -> String {
+    format!("AddressClaim {}", c.metadata.name.as_deref().unwrap_or(""))
+}
+
+fn rule_name(r: &Rule, url: &str) -> String {
+    format!("rule {:?} ({}) on {url}", r.name, r.key)
+}
+
+/// Runs every check.
+pub fn audit(s: &Snapshot) -> Findings {
+    let view = View::new(s);
+    let mut f = Findings {
+        services: view.services.len(),
+        claims: view.claims.len(),
+        rules: s
+            .instances
+            .iter()
+            .filter_map(|i| i.rules.as_ref().ok())
+            .map(Vec::len)
+            .sum(),
+        instances: s.instances.len(),
+        ..Findings::default()
+    };
+    for inst in &s.instances {
+        if let Err(e) = &inst.rules {
+            f.notes.push(format!(
+                "loxilb {} not checked: its rules could not be listed: {e}",
+                inst.url
+            ));
+        }
+    }
+    check_sharing(&view, &mut f);
+    check_claim_owners(&view, &mut f);
+    check_status(&view, &mut f);
+    check_pools(s, &view, &mut f);
+    let desired = desired_rules(s, &view, &mut f);
+    check_rules(s, &view, &desired, &mut f);
+    check_orphans(s, &view, &mut f);
+    check_advertisements(s, &mut f);
+    f
+}
+
+/// The snapshot indexed, restricted to `--namespace` when one is set.
+struct View<'a> {
+    services: HashMap<(&'a str, &'a str), &'a Service>,
+    claims: Vec<&'a AddressClaim>,
+    by_address: BTreeMap<IpAddr, Vec<&'a AddressClaim>>,
+    namespace: Option<&'a str>,
+}
+
+impl<'a> View<'a> {
+    fn new(s: &'a Snapshot) -> View<'a> {
+        let namespace = s.settings.namespace.as_deref();
+        let in_scope = |ns: &str| namespace.is_none_or(|n| n == ns);
+        let services = s
+            .services
+            .iter()
+            .filter(|svc| in_scope(svc.metadata.namespace.as_deref().unwrap_or("")))
+            .map(|svc| {
+                (
+                    (
+                        svc.metadata.namespace.as_deref().unwrap_or(""),
+                        svc.metadata.name.as_deref().unwrap_or(""),
+                    ),
+                    svc,
+                )
+            })
+            .collect();
+        let claims: Vec<&AddressClaim> = s
+            .claims
+            .iter()
+            .filter(|c| c.owners().iter().any(|o| in_scope(&o.namespace)))
+            .collect();
+        let mut by_address: BTreeMap<IpAddr, Vec<&AddressClaim>> = BTreeMap::new();
+        for c in &claims {
+            if let Some(ip) = c.ip() {
+                by_address.entry(ip).or_default().push(c);
+            }
+        }
+        View {
+            services,
+            claims,
+            by_address,
+            namespace,
+        }
+    }
+
+    fn in_scope(&self, ns: &str) -> bool {
+        self.namespace.is_none_or(|n| n == ns)
+    }
+
+    /// The Service an owner entry names, when it is that very Service (same uid).
+    fn live(&self, o: &ClaimedBy) -> Option<&'a Service> {
+        self.services
+            .get(&(o.namespace.as_str(), o.name.as_str()))
+            .copied()
+            .filter(|svc| svc.metadata.uid.as_deref() == Some(o.uid.as_str()))
+    }
+}
+
+/// No address with two owners beyond legal sharing (`loxi_domain::sharing`): every two
+/// owners of a claim have the same key and disjoint ports, a secondary address has one owner,
+/// nobody is listed twice, and one address has one claim.
+fn check_sharing(v: &View<'_>, f: &mut Findings) {
+    for c in &v.claims {
+        let owners = c.owners();
+        for (i, a) in owners.iter().enumerate() {
+            for b in owners.iter().skip(i + 1) {
+                let why = if a.is(&b.namespace, &b.name) && a.role == b.role {
+                    Some("listed twice".to_string())
+                } else if a.role.is_some() || b.role.is_some() {
+                    Some("a secondary address is never shared".to_string())
+                } else if !a.sharing().compatible(&b.sharing()) {
+                    Some(format!(
+                        "sharing not allowed: keys {:?} and {:?}, ports {:?} and {:?} (an \
+                         owner without ports or uid holds the address alone)",
+                        a.sharing_key.as_deref().unwrap_or(""),
+                        b.sharing_key.as_deref().unwrap_or(""),
+                        a.ports.as_deref().unwrap_or_default(),
+                        b.ports.as_deref().unwrap_or_default(),
+                    ))
+                } else {
+                    None
+                };
+                if let Some(why) = why {
+                    f.violation(
+                        Kind::SharedAddress,
+                        format!(
+                            "address {} has owners {} and {}: {why}",
+                            c.spec.address,
+                            a.key(),
+                            b.key()
+                        ),
+                        vec![
+                            claim_name(c),
+                            svc_name(&a.namespace, &a.name),
+                            svc_name(&b.namespace, &b.name),
+                        ],
+                    );
+                }
+            }
+        }
+    }
+    for (ip, claims) in &v.by_address {
+        if claims.len() > 1 {
+            f.violation(
+                Kind::SharedAddress,
+                format!("address {ip} has {} claims", claims.len()),
+                claims.iter().map(|c| claim_name(c)).collect(),
+            );
+        }
+    }
+}
+
+/// No claim without an owner and without a reservation: every owner entry with a uid names
+/// a Service that exists with that uid (an entry without uid is a reservation or a retained
+/// address, held for its namespace/name on purpose).
+fn check_claim_owners(v: &View<'_>, f: &mut Findings) {
+    for c in &v.claims {
+        let owners = c.owners();
+        let dangling: Vec<&&ClaimedBy> = owners
+            .iter()
+            .filter(|o| !o.uid.is_empty() && v.in_scope(&o.namespace) && v.live(o).is_none())
+            .collect();
+        if dangling.is_empty() {
+            continue;
+        }
+        let detail = if dangling.len() == owners.len() {
+            format!(
+                "claim for {} has no owner: {} gone, and no reservation",
+                c.spec.address,
+                dangling
+                    .iter()
+                    .map(|o| o.key())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        } else {
+            format!(
+                "claim for {} still lists {} whose Service is gone (its ports stay blocked)",
+                c.spec.address,
+                dangling
+                    .iter()
+                    .map(|o| o.key())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        };
+        let mut objects = vec![claim_name(c)];
+        objects.extend(
+            dangling
+                .iter()
+                .map(|o| format!("{} (uid {})", svc_name(&o.namespace, &o.name), o.uid)),
+        );
+        f.violation(Kind::OwnerlessClaim, detail, objects);
+    }
+}
+
+/// No Service with our finalizer showing an address that no claim backs for it.
+fn check_status(v: &View<'_>, f: &mut Findings) {
+    for (&(ns, name), svc) in &v.services {
+        if v.selection_finalizers(svc).is_empty() {
+            continue;
+        }
+        let uid = svc.metadata.uid.as_deref().unwrap_or("");
+        for ip in published_addresses(svc) {
+            let claims = v.by_address.get(&ip).map(Vec::as_slice).unwrap_or_default();
+            let backed = claims.iter().any(|c| {
+                c.owners()
+                    .iter()
+                    .any(|o| o.is(ns, name) && o.uid == uid && o.role.is_none())
+            });
+            if !backed {
+                let mut objects = vec![svc_name(ns, name)];
+                objects.extend(claims.iter().map(|c| claim_name(c)));
+                f.violation(
+                    Kind::UnbackedStatus,
+                    format!(
+                        "{ns}/{name} shows {ip} in its status, {}",
+                        if claims.is_empty() {
+                            "and no claim exists for it".to_string()
+                        } else {
+                            "but its claim does not list this Service".to_string()
+                        }
+                    ),
+                    objects,
+                );
+            }
+        }
+    }
+}
+
+impl View<'_> {
+    /// Our finalizers on `svc`: any of the two, since the audit judges what is left behind
+    /// (the class one, or the standard one a CCM-mode controller sets).
+    fn selection_finalizers(&self, svc: &Service) -> Vec<String> {
+        svc.metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .filter(|f| {
+                f.as_str() == crate::k8s::view::CLASS_FINALIZER
+                    || f.as_str() == crate::k8s::view::CCM_FINALIZER
+            })
+            .cloned()
+            .collect()
+    }
+}
+
+/// The addresses a Service asks for by name: `loxilb.io/staticIP`, `spec.loadBalancerIP`,
+/// `loxilb.io/secondaryIPs`.
+fn requested_addresses(svc: &Service) -> BTreeSet<IpAddr> {
+    let annotations = svc.annotations();
+    let listed = [ANN_STATIC_IP, ANN_SECONDARY_IPS]
+        .into_iter()
+        .filter_map(|k| annotations.get(k))
+        .flat_map(|v| v.split(','))
+        .chain(
+            svc.spec
+                .as_ref()
+                .and_then(|s| s.load_balancer_ip.as_deref()),
+        );
+    listed.filter_map(|t| t.trim().parse().ok()).collect()
+}
+
+/// No address outside every pool unless an owner asked for it by name, or it is an
+/// operator's reservation. An address whose claim names a pool that no longer holds it was
+/// taken from that pool before it was shrunk or deleted: kept by design (a pool edit never
+/// moves an address), noted.
+fn check_pools(s: &Snapshot, v: &View<'_>, f: &mut Findings) {
+    for c in &v.claims {
+        let Some(ip) = c.ip() else {
+            f.violation(
+                Kind::OutsidePools,
+                format!("claim address {:?} is not an IP address", c.spec.address),
+                vec![claim_name(c)],
+            );
+            continue;
+        };
+        if s.pools.defs.iter().any(|d| d.pool.contains(&ip)) {
+            continue;
+        }
+        let owners = c.owners();
+        if owners.iter().any(|o| o.uid.is_empty()) {
+            continue; // a reservation: an operator may reserve any address
+        }
+        let requested = owners
+            .iter()
+            .filter_map(|o| v.live(o))
+            .any(|svc| requested_addresses(svc).contains(&ip));
+        if requested {
+            continue;
+        }
+        if !c.spec.pool.is_empty() {
+            f.notes.push(format!(
+                "{} ({ip}) was taken from pool {:?}, which no longer holds it: kept where it \
+                 is (a pool edit never moves an address)",
+                claim_name(c),
+                c.spec.pool
+            ));
+            continue;
+        }
+        f.violation(
+            Kind::OutsidePools,
+            format!("{ip} lies outside every pool and no owner asked for it"),
+            std::iter::once(claim_name(c))
+                .chain(owners.iter().map(|o| svc_name(&o.namespace, &o.name)))
+                .collect(),
+        );
+    }
+}
+
+/// Whether the Service is served and its rules are due: our class (or CCM mode), in scope,
+/// not being deleted, our finalizer set.
+fn served(s: &Snapshot, v: &View<'_>, svc: &Service) -> bool {
+    s.selection.serves(svc)
+        && svc.metadata.deletion_timestamp.is_none()
+        && !v.selection_finalizers(svc).is_empty()
+}
+
+/// Per served Service: the rules it should have (`None`: the planner refuses it, a problem
+/// the controller reports on the Service, and its rules are left as they are).
+type Desired<'a> = HashMap<(&'a str, &'a str), Option<Vec<Rule>>>;
+
+fn desired_rules<'a>(s: &Snapshot, v: &View<'a>, f: &mut Findings) -> Desired<'a> {
+    let mut out = HashMap::new();
+    for (&key, svc) in &v.services {
+        if !served(s, v, svc) {
+            continue;
+        }
+        let (ns, name) = key;
+        let uid = svc.metadata.uid.as_deref().unwrap_or("");
+        let mut vips: Vec<IpAddr> = Vec::new();
+        let mut secondaries: Vec<IpAddr> = Vec::new();
+        for c in &v.claims {
+            for o in c.owners() {
+                if o.is(ns, name)
+                    && o.uid == uid
+                    && let Some(ip) = c.ip()
+                {
+                    if o.role.is_some() {
+                        secondaries.push(ip);
+                    } else {
+                        vips.push(ip);
+                    }
+                }
+            }
+        }
+        vips.sort();
+        secondaries.sort();
+        let endpoints = || {
+            let slices = s.endpoint_slices.iter().filter(|sl| {
+                sl.metadata.namespace.as_deref() == Some(ns)
+                    && sl
+                        .metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get(SERVICE_NAME_LABEL))
+                        .is_some_and(|n| n == name)
+            });
+            endpoint_views(slices, |pns, pname| {
+                s.pod_networks
+                    .get(&(pns.to_string(), pname.to_string()))
+                    .cloned()
+                    .unwrap_or_default()
+            })
+        };
+        let planned = plan_from(
+            svc,
+            &s.settings,
+            &s.cluster,
+            &s.nodes,
+            endpoints,
+            |ip| s.pools.advertises(ip),
+            &vips,
+            &secondaries,
+        );
+        match planned {
+            Ok(plan) => {
+                out.insert(key, Some(plan.map(|p| p.rules).unwrap_or_default()));
+            }
+            Err(problem) => {
+                f.notes.push(format!(
+                    "{} not checked against loxilb: {} ({problem})",
+                    svc_name(ns, name),
+                    problem.reason()
+                ));
+                out.insert(key, None);
+            }
+        }
+    }
+    out
+}
+
+/// The `loxilb.io/Programmed` condition's reason when it is False.
+fn unprogrammed_reason(svc: &Service) -> Option<&str> {
+    svc.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == COND_PROGRAMMED && c.status == "False")
+        .map(|c| c.reason.as_str())
+}
+
+/// Which observable fields of two rules for one key differ, for the report.
+fn differences(have: &Rule, want: &Rule) -> String {
+    let (h, w) = (have.observable(), want.observable());
+    let mut out = Vec::new();
+    let mut field = |name: &str, differs: bool, detail: String| {
+        if differs {
+            out.push(format!("{name} {detail}"));
+        }
+    };
+    let eps = |r: &Rule| {
+        r.endpoints
+            .iter()
+            .map(|e| format!("{}:{}", e.ip, e.target_port))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    field(
+        "endpoints",
+        h.endpoints != w.endpoints,
+        format!("[{}] want [{}]", eps(&h), eps(&w)),
+    );
+    field(
+        "name",
+        h.name != w.name,
+        format!("{:?} want {:?}", h.name, w.name),
+    );
+    field(
+        "mode",
+        h.mode != w.mode,
+        format!("{:?} want {:?}", h.mode, w.mode),
+    );
+    field(
+        "selection",
+        h.selection != w.selection,
+        format!("{:?} want {:?}", h.selection, w.selection),
+    );
+    field(
+        "monitor",
+        h.monitor != w.monitor,
+        format!("{} want {}", h.monitor, w.monitor),
+    );
+    field(
+        "probe",
+        h.probe != w.probe,
+        format!("{:?} want {:?}", h.probe, w.probe),
+    );
+    field("bgp", h.bgp != w.bgp, format!("{} want {}", h.bgp, w.bgp));
+    field(
+        "allowedSources",
+        h.allowed_sources != w.allowed_sources,
+        format!("{:?} want {:?}", h.allowed_sources, w.allowed_sources),
+    );
+    field(
+        "secondaryIPs",
+        h.secondary_ips != w.secondary_ips,
+        format!("{:?} want {:?}", h.secondary_ips, w.secondary_ips),
+    );
+    if out.is_empty() {
+        out.push("other fields (idle timeout, managed, proxy protocol)".into());
+    }
+    out.join("; ")
+}
+
+/// No served Service without its rules on every listed loxilb: each rule the planner wants is
+/// there with the right endpoints and flags, and the Service holds no other rule of its own.
+/// Missing rules are excused when the Service itself reports why (a full loxilb, source
+/// ranges past loxilb's limit, a foreign rule on its key).
+fn check_rules(s: &Snapshot, v: &View<'_>, desired: &Desired<'_>, f: &mut Findings) {
+    for inst in &s.instances {
+        let Ok(rules) = &inst.rules else { continue };
+        // The Service's own rules on this instance, by the owner its name carries.
+        let mut own: HashMap<(String, String), Vec<&Rule>> = HashMap::new();
+        for r in rules {
+            if let Some(n) = RuleName::parse(&r.name).filter(|n| n.cluster == s.cluster.as_str()) {
+                own.entry((n.namespace, n.service)).or_default().push(r);
+            }
+        }
+        for (&(ns, name), want) in desired {
+            let Some(want) = want else { continue };
+            let svc = v.services[&(ns, name)];
+            let reported = unprogrammed_reason(svc).filter(|r| REPORTED_REASONS.contains(r));
+            let owned = |r: &Rule| RuleName::is_owned_by(&r.name, &s.cluster);
+            for action in diff_rules(want, rules, owned) {
+                let (detail, objects) = match action {
+                    Action::Create(w) => {
+                        if let Some(reason) = reported {
+                            f.notes.push(format!(
+                                "{} lacks rule {} on {}: reported by the Service ({reason})",
+                                svc_name(ns, name),
+                                w.key,
+                                inst.url
+                            ));
+                            continue;
+                        }
+                        (
+                            format!("{ns}/{name} has no rule for {} on {}", w.key, inst.url),
+                            vec![svc_name(ns, name), format!("loxilb {}", inst.url)],
+                        )
+                    }
+                    Action::Update(w) | Action::Recreate(w) => {
+                        let Some(have) = rules.iter().find(|r| r.key == w.key) else {
+                            continue;
+                        };
+                        (
+                            format!(
+                                "{ns}/{name}'s rule for {} on {} is wrong: {}",
+                                w.key,
+                                inst.url,
+                                differences(have, &w)
+                            ),
+                            vec![svc_name(ns, name), rule_name(have, &inst.url)],
+                        )
+                    }
+                    Action::Conflict {
+                        wanted,
+                        foreign_name,
+                    } => {
+                        if reported.is_some() {
+                            continue;
+                        }
+                        (
+                            format!(
+                                "{ns}/{name} wants {} on {}, held by a foreign rule {foreign_name:?} and not reported",
+                                wanted.key, inst.url
+                            ),
+                            vec![svc_name(ns, name), format!("loxilb {}", inst.url)],
+                        )
+                    }
+                    Action::Delete(_) => continue,
+                };
+                f.violation(Kind::Rules, detail, objects);
+            }
+            let wanted: BTreeSet<RuleKey> = want.iter().map(|r| r.key).collect();
+            for r in own
+                .get(&(ns.to_string(), name.to_string()))
+                .into_iter()
+                .flatten()
+            {
+                if !wanted.contains(&r.key) {
+                    f.violation(
+                        Kind::Rules,
+                        format!(
+                            "{ns}/{name} holds a rule it should not have: {} on {}",
+                            r.key, inst.url
+                        ),
+                        vec![svc_name(ns, name), rule_name(r, &inst.url)],
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// No rule named as this cluster's whose Service is gone (or no longer ours and cleaned up).
+fn check_orphans(s: &Snapshot, v: &View<'_>, f: &mut Findings) {
+    for inst in &s.instances {
+        let Ok(rules) = &inst.rules else { continue };
+        for r in rules {
+            let Some(n) = RuleName::parse(&r.name).filter(|n| n.cluster == s.cluster.as_str())
+            else {
+                continue;
+            };
+            if !v.in_scope(&n.namespace) {
+                continue;
+            }
+            let why = match v.services.get(&(n.namespace.as_str(), n.service.as_str())) {
+                None => "its Service is gone",
+                Some(svc) if !s.selection.serves(svc) && v.selection_finalizers(svc).is_empty() => {
+                    "its Service is no longer served and was cleaned up"
+                }
+                Some(_) => continue,
+            };
+            f.violation(
+                Kind::OwnedOrphan,
+                format!("rule for {} on {}: {why}", r.key, inst.url),
+                vec![rule_name(r, &inst.url), svc_name(&n.namespace, &n.service)],
+            );
+        }
+    }
+}
+
+/// With BGP: each address is advertised once per live rule created with `bgp` (its VIP and
+/// its secondary addresses), as loxilb counts them (docs/loxilb-api.md#bgp). Checked only
+/// where the loxilb exposes the counts (the simulator); real loxilb does not, which is noted.
+fn check_advertisements(s: &Snapshot, f: &mut Findings) {
+    if !s.settings.advertise {
+        return;
+    }
+    for inst in &s.instances {
+        let Ok(rules) = &inst.rules else { continue };
+        let Some(have) = &inst.advertisements else {
+            f.notes.push(format!(
+                "loxilb {}: BGP advertisement counts not checked: this loxilb does not expose \
+                 them (only the simulator's admin API does)",
+                inst.url
+            ));
+            continue;
+        };
+        let mut want: BTreeMap<IpAddr, u32> = BTreeMap::new();
+        for r in rules.iter().filter(|r| r.bgp) {
+            *want.entry(r.key.ip).or_default() += 1;
+            if r.key.protocol == loxi_domain::Protocol::Sctp {
+                for ip in &r.secondary_ips {
+                    *want.entry(*ip).or_default() += 1;
+                }
+            }
+        }
+        let have: BTreeMap<IpAddr, u32> = have
+            .iter()
+            .filter_map(|(k, n)| Some((k.parse().ok()?, *n)))
+            .collect();
+        let addresses: BTreeSet<&IpAddr> = want.keys().chain(have.keys()).collect();
+        for ip in addresses {
+            let (w, h) = (
+                want.get(ip).copied().unwrap_or(0),
+                have.get(ip).copied().unwrap_or(0),
+            );
+            if w != h {
+                f.violation(
+                    Kind::BgpAdvertisements,
+                    format!(
+                        "{ip} is advertised {h} time(s) on {}, its rules with bgp say {w}",
+                        inst.url
+                    ),
+                    vec![format!("loxilb {}", inst.url), format!("address {ip}")],
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ipam::claims::AddressClaimSpec;
+    use k8s_openapi::api::core::v1::{
+        LoadBalancerIngress, LoadBalancerStatus, ServicePort, ServiceSpec, ServiceStatus,
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
+    use loxi_domain::ipam::{PortProto, Sharing};
+    use loxi_domain::pools::PoolDef;
+    use loxi_domain::{Pool, Protocol};
+
+    const NS: &str = "team";
+
+    fn service(name: &str, uid: &str, port: i32, ip: Option<&str>) -> Service {
+        Service {
+            metadata: ObjectMeta {
+                namespace: Some(NS.into()),
+                name: Some(name.into()),
+                uid: Some(uid.into()),
+                finalizers: Some(vec![crate::k8s::view::CLASS_FINALIZER.into()]),
+                ..Default::default()
+            },
+            spec: Some(ServiceSpec {
+                type_: Some("LoadBalancer".into()),
+                load_balancer_class: Some("loxilb.io/loxilb".into()),
+                ports: Some(vec![ServicePort {
+                    port,
+                    protocol: Some("TCP".into()),
+                    node_port: Some(30000 + port),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            status: ip.map(|ip| ServiceStatus {
+                load_balancer: Some(LoadBalancerStatus {
+                    ingress: Some(vec![LoadBalancerIngress {
+                        ip: Some(ip.into()),
+                        ..Default::default()
+                    }]),
+                }),
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn owner(name: &str, uid: &str, port: u16) -> ClaimedBy {
+        ClaimedBy::new(
+            NS,
+            name,
+            uid,
+            &Sharing::Ports {
+                key: None,
+                ports: [PortProto::new(port, Protocol::Tcp)].into(),
+            },
+        )
+    }
+
+    fn claim(ip: &str, owners: Vec<ClaimedBy>) -> AddressClaim {
+        let mut owners = owners.into_iter();
+        let mut c = AddressClaim::new(
+            &crate::ipam::claims::claim_name(&ip.parse().unwrap()),
+            AddressClaimSpec {
+                address: ip.into(),
+                pool: "default".into(),
+                service: owners.next().unwrap(),
+                shared_with: owners.collect(),
+                retain_until: None,
+            },
+        );
+        c.metadata.uid = Some(format!("claim-{ip}"));
+        c
+    }
+
+    fn node() -> NodeView {
+        NodeView {
+            name: "n1".into(),
+            internal_ip: Some("10.0.0.1".parse().unwrap()),
+            ready: true,
+            ..Default::default()
+        }
+    }
+
+    fn snapshot(services: Vec<Service>, claims: Vec<AddressClaim>) -> Snapshot {
+        let pool = Pool::new("default", vec!["192.0.2.0/24".parse().unwrap()]);
+        let mut s = Snapshot {
+            cluster: ClusterId::new("test").unwrap(),
+            selection: Selection {
+                class: "loxilb.io/loxilb".into(),
+                ccm_mode: false,
+            },
+            settings: Settings {
+                namespace: Some(NS.into()),
+                ..Settings::default()
+            },
+            services,
+            nodes: vec![node()],
+            endpoint_slices: Vec::new(),
+            pod_networks: HashMap::new(),
+            claims,
+            pools: PoolSet {
+                defs: vec![PoolDef::from_flags(pool, 0)],
+                ..PoolSet::default()
+            },
+            instances: Vec::new(),
+        };
+        // A loxilb holding exactly the planned rules: a converged cluster.
+        let rules = planned(&s);
+        s.instances.push(InstanceSnapshot {
+            url: "http://loxilb".into(),
+            rules: Ok(rules),
+            advertisements: None,
+        });
+        s
+    }
+
+    /// Every rule the planner wants for the snapshot's served Services.
+    fn planned(s: &Snapshot) -> Vec<Rule> {
+        let view = View::new(s);
+        let mut f = Findings::default();
+        let mut rules: Vec<Rule> = desired_rules(s, &view, &mut f)
+            .into_values()
+            .flatten()
+            .flatten()
+            .collect();
+        rules.sort_by_key(|r| r.key);
+        rules
+    }
+
+    fn converged() -> Snapshot {
+        snapshot(
+            vec![
+                service("web", "u1", 80, Some("192.0.2.1")),
+                service("dns", "u2", 53, Some("192.0.2.1")),
+                service("api", "u3", 443, Some("192.0.2.2")),
+            ],
+            vec![
+                claim(
+                    "192.0.2.1",
+                    vec![owner("web", "u1", 80), owner("dns", "u2", 53)],
+                ),
+                claim("192.0.2.2", vec![owner("api", "u3", 443)]),
+            ],
+        )
+    }
+
+    fn kinds(f: &Findings) -> Vec<Kind> {
+        f.violations.iter().map(|v| v.kind).collect()
+    }
+
+    #[test]
+    fn a_converged_cluster_is_clean() {
+        let s = converged();
+        assert_eq!(planned(&s).len(), 3, "one rule per Service and port");
+        let f = audit(&s);
+        assert!(f.clean(), "{f}");
+        assert_eq!((f.services, f.claims, f.rules), (3, 2, 3));
+    }
+
+    #[test]
+    fn owners_that_may_not_share() {
+        let mut s = converged();
+        // Same port twice on one address.
+        s.claims[0].spec.shared_with[0] = owner("dns", "u2", 80);
+        let f = audit(&s);
+        let v = f.of_kind(Kind::SharedAddress);
+        assert_eq!(v.len(), 1, "{f}");
+        assert!(v[0].detail.contains("team/web and team/dns"), "{}", v[0]);
+        assert!(v[0].objects.contains(&"Service team/dns".to_string()));
+
+        // Different sharing keys.
+        let mut s = converged();
+        s.claims[0].spec.service.sharing_key = Some("a".into());
+        assert_eq!(kinds(&audit(&s)), vec![Kind::SharedAddress]);
+
+        // A reservation (no uid) is exclusive.
+        let mut s = converged();
+        s.claims[1].spec.shared_with.push(ClaimedBy {
+            uid: String::new(),
+            ..owner("later", "", 8080)
+        });
+        assert_eq!(kinds(&audit(&s)), vec![Kind::SharedAddress]);
+    }
+
+    #[test]
+    fn missing_wrong_and_stale_rules() {
+        // Missing.
+        let mut s = converged();
+        if let Ok(rules) = &mut s.instances[0].rules {
+            rules.retain(|r| r.key.port != 443);
+        }
+        let f = audit(&s);
+        assert_eq!(kinds(&f), vec![Kind::Rules]);
+        assert!(
+            f.violations[0]
+                .detail
+                .contains("team/api has no rule for 192.0.2.2:443/tcp"),
+            "{f}"
+        );
+
+        // Missing but reported by the Service (a full loxilb): a note.
+        let mut s2 = s.clone();
+        s2.services[2].status.as_mut().unwrap().conditions = Some(vec![Condition {
+            type_: COND_PROGRAMMED.into(),
+            status: "False".into(),
+            reason: "CapacityExceeded".into(),
+            message: String::new(),
+            last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+            observed_generation: None,
+        }]);
+        let f = audit(&s2);
+        assert!(f.clean(), "{f}");
+        assert!(f.notes.iter().any(|n| n.contains("CapacityExceeded")));
+
+        // Wrong endpoints.
+        let mut s = converged();
+        if let Ok(rules) = &mut s.instances[0].rules {
+            rules[0].endpoints[0].ip = "10.9.9.9".parse().unwrap();
+        }
+        let f = audit(&s);
+        assert_eq!(kinds(&f), vec![Kind::Rules]);
+        assert!(
+            f.violations[0].detail.contains("is wrong: endpoints"),
+            "{f}"
+        );
+
+        // Wrong flag (bgp).
+        let mut s = converged();
+        if let Ok(rules) = &mut s.instances[0].rules {
+            rules[1].bgp = true;
+        }
+        let f = audit(&s);
+        assert!(
+            f.violations[0].detail.contains("bgp true want false"),
+            "{f}"
+        );
+
+        // A stale rule of a served Service (an old port).
+        let mut s = converged();
+        if let Ok(rules) = &mut s.instances[0].rules {
+            let mut old = rules[0].clone();
+            old.key.port = 8080;
+            old.name = RuleName::new(&s.cluster, NS, "api", 8080, Protocol::Tcp).to_string();
+            old.key.ip = "192.0.2.2".parse().unwrap();
+            rules.push(old);
+        }
+        let f = audit(&s);
+        assert_eq!(kinds(&f), vec![Kind::Rules]);
+        assert!(f.violations[0].detail.contains("should not have"), "{f}");
+
+        // An instance that cannot be listed is noted, not judged.
+        let mut s = converged();
+        s.instances[0].rules = Err("connection refused".into());
+        let f = audit(&s);
+        assert!(f.clean());
+        assert!(f.notes.iter().any(|n| n.contains("connection refused")));
+    }
+
+    #[test]
+    fn owned_orphans() {
+        let mut s = converged();
+        s.services
+            .retain(|svc| svc.metadata.name.as_deref() != Some("api"));
+        s.claims.retain(|c| c.spec.address != "192.0.2.2");
+        let f = audit(&s);
+        assert_eq!(kinds(&f), vec![Kind::OwnedOrphan], "{f}");
+        assert!(f.violations[0].detail.contains("its Service is gone"));
+        // Foreign names and other clusters' rules are never ours.
+        if let Ok(rules) = &mut s.instances[0].rules {
+            for r in rules.iter_mut().filter(|r| r.key.port == 443) {
+                r.name = r.name.replace("ccm-test_", "ccm-other_");
+            }
+        }
+        assert!(audit(&s).clean());
+    }
+
+    #[test]
+    fn claims_without_owner() {
+        let mut s = converged();
+        s.services
+            .retain(|svc| svc.metadata.name.as_deref() != Some("api"));
+        if let Ok(rules) = &mut s.instances[0].rules {
+            rules.retain(|r| r.key.port != 443);
+        }
+        let f = audit(&s);
+        assert_eq!(kinds(&f), vec![Kind::OwnerlessClaim], "{f}");
+        assert!(f.violations[0].detail.contains("has no owner"));
+        // A reservation is not ownerless.
+        s.claims[1].spec.service.uid = String::new();
+        assert!(audit(&s).clean());
+        // A re-created Service (new uid) does not own the old entry.
+        let mut s = converged();
+        s.services[0].metadata.uid = Some("u1-new".into());
+        let f = audit(&s);
+        assert!(
+            f.of_kind(Kind::OwnerlessClaim)[0]
+                .detail
+                .contains("still lists team/web")
+        );
+    }
+
+    #[test]
+    fn status_address_without_claim() {
+        let mut s = converged();
+        s.services[2].status = service("api", "u3", 443, Some("192.0.2.9")).status;
+        let f = audit(&s);
+        let v = f.of_kind(Kind::UnbackedStatus);
+        assert_eq!(v.len(), 1, "{f}");
+        assert!(v[0].detail.contains("192.0.2.9") && v[0].detail.contains("no claim"));
+        // Without our finalizer, the status is someone else's business.
+        s.services[2].metadata.finalizers = None;
+        assert!(audit(&s).of_kind(Kind::UnbackedStatus).is_empty());
+    }
+
+    #[test]
+    fn addresses_outside_every_pool() {
+        let mut s = converged();
+        s.services[2].status = service("api", "u3", 443, Some("198.51.100.7")).status;
+        s.claims[1] = claim("198.51.100.7", vec![owner("api", "u3", 443)]);
+        s.claims[1].spec.pool = String::new();
+        s.instances[0].rules = Ok(planned(&s));
+        let f = audit(&s);
+        assert_eq!(kinds(&f), vec![Kind::OutsidePools], "{f}");
+        // Asked for by name: fine.
+        let mut asked = s.clone();
+        asked.services[2].metadata.annotations =
+            Some([(ANN_STATIC_IP.to_string(), "198.51.100.7".to_string())].into());
+        assert!(audit(&asked).clean());
+        // Taken from a pool that was shrunk since: kept by design, noted.
+        s.claims[1].spec.pool = "default".into();
+        let f = audit(&s);
+        assert!(f.clean(), "{f}");
+        assert!(f.notes.iter().any(|n| n.contains("no longer holds it")));
+    }
+
+    #[test]
+    fn bgp_advertisement_counts() {
+        let mut s = converged();
+        s.settings.advertise = true;
+        s.instances[0].rules = Ok(planned(&s));
+        let f = audit(&s);
+        assert!(
+            f.clean() && f.notes.iter().any(|n| n.contains("does not expose")),
+            "{f}"
+        );
+        s.instances[0].advertisements =
+            Some([("192.0.2.1".to_string(), 2), ("192.0.2.2".to_string(), 1)].into());
+        assert!(audit(&s).clean());
+        s.instances[0].advertisements =
+            Some([("192.0.2.1".to_string(), 2), ("192.0.2.3".to_string(), 1)].into());
+        let f = audit(&s);
+        assert_eq!(
+            kinds(&f),
+            vec![Kind::BgpAdvertisements, Kind::BgpAdvertisements],
+            "{f}"
+        );
+    }
+}

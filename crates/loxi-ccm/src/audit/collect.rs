@@ -1,0 +1,175 @@
+//! The audit's I/O: one read-only [`Snapshot`] of the cluster (Services, Nodes,
+//! EndpointSlices, AddressClaims, AddressPools) and of every loxilb (its rule listing, and
+//! the BGP advertisement counts where the loxilb exposes them). Nothing is written: the
+//! loxilb clients carry a write gate that refuses every write.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, ListParams};
+use loxi_domain::ClusterId;
+use loxi_domain::pools::{merge_pools, validate_pool};
+use loxilb_client::LoxilbClient;
+use loxilb_client::convert::from_entry;
+
+use super::checks::{InstanceSnapshot, Snapshot};
+use crate::config::Config;
+use crate::ipam::address_pools::{AddressPool, to_spec};
+use crate::ipam::claims::AddressClaim;
+use crate::k8s::view::{NETWORK_STATUS_ANNOTATION, Selection, multus_networks, node_view};
+use crate::service::Settings;
+
+/// Upper bound for one loxilb listing.
+const LOXILB_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The cluster identity, as `run` reads it: configured, or from the kube-system namespace UID.
+async fn cluster_id(client: &kube::Client, cfg: &Config) -> anyhow::Result<ClusterId> {
+    if let Some(id) = &cfg.cluster_id {
+        return Ok(id.clone());
+    }
+    let ns: Namespace = Api::all(client.clone())
+        .get("kube-system")
+        .await
+        .context("reading namespace kube-system for the cluster id (or pass --cluster-id)")?;
+    Ok(ClusterId::from_uid(
+        ns.metadata.uid.as_deref().unwrap_or_default(),
+    ))
+}
+
+fn scoped<K>(client: &kube::Client, cfg: &Config) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    K::DynamicType: Default,
+{
+    match &cfg.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// Reads everything the checks need. Fails when the API server cannot be read (a loxilb that
+/// cannot be listed is recorded as such instead: the audit notes it).
+pub async fn snapshot(client: &kube::Client, cfg: &Config) -> anyhow::Result<Snapshot> {
+    let cluster = cluster_id(client, cfg).await?;
+    let lp = ListParams::default();
+    let services = scoped::<Service>(client, cfg)
+        .list(&lp)
+        .await
+        .context("listing Services")?
+        .items;
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&lp)
+        .await
+        .context("listing Nodes")?
+        .items;
+    let endpoint_slices = scoped::<EndpointSlice>(client, cfg)
+        .list(&lp)
+        .await
+        .context("listing EndpointSlices")?
+        .items;
+    let mut pod_networks = HashMap::new();
+    if cfg.multus {
+        let pods: Api<Pod> = scoped(client, cfg);
+        for p in pods.list_metadata(&lp).await.context("listing Pods")?.items {
+            if let Some(a) = p
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(NETWORK_STATUS_ANNOTATION))
+            {
+                pod_networks.insert(
+                    (
+                        p.metadata.namespace.clone().unwrap_or_default(),
+                        p.metadata.name.clone().unwrap_or_default(),
+                    ),
+                    multus_networks(a),
+                );
+            }
+        }
+    }
+    let claims = Api::<AddressClaim>::all(client.clone())
+        .list(&lp)
+        .await
+        .context("listing AddressClaims")?
+        .items;
+    // As the controller: a pool being deleted is gone already; without the CRD, flag pools.
+    let resources = match Api::<AddressPool>::all(client.clone()).list(&lp).await {
+        Ok(list) => list
+            .items
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .map(|p| {
+                (
+                    p.metadata.name.clone().unwrap_or_default(),
+                    validate_pool(&to_spec(p)),
+                )
+            })
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    let pools = merge_pools(&cfg.pools, &cfg.secondary_pools, resources);
+
+    let mut instances = Vec::new();
+    for c in &cfg.loxilb {
+        instances.push(instance(c.clone(), cfg.bgp.is_some()).await);
+    }
+    Ok(Snapshot {
+        cluster,
+        selection: Selection {
+            class: cfg.class.clone(),
+            ccm_mode: cfg.ccm_mode,
+        },
+        settings: Settings {
+            defaults: cfg.defaults,
+            enforce_source_ranges: cfg.enforce_source_ranges,
+            namespace: cfg.namespace.clone(),
+            advertise: cfg.bgp.is_some(),
+        },
+        services,
+        nodes: nodes.iter().map(node_view).collect(),
+        endpoint_slices,
+        pod_networks,
+        claims,
+        pools,
+        instances,
+    })
+}
+
+/// One loxilb: its rules (read back into the domain model) and, with BGP, its advertisement
+/// counts where it exposes them.
+async fn instance(cfg: loxilb_client::ClientConfig, bgp: bool) -> InstanceSnapshot {
+    let url = cfg.url.clone();
+    let client = match LoxilbClient::new(cfg) {
+        // Read-only: any write would be refused before it is sent.
+        Ok(c) => c.with_write_gate(Arc::new(|| false)),
+        Err(e) => {
+            return InstanceSnapshot {
+                url,
+                rules: Err(e.to_string()),
+                advertisements: None,
+            };
+        }
+    };
+    let url = client.url().to_string();
+    let rules =
+        match tokio::time::timeout(LOXILB_TIMEOUT, client.list_rules_map(|e| from_entry(&e))).await
+        {
+            Ok(Ok(listing)) => Ok(listing.items),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("no answer within {}s", LOXILB_TIMEOUT.as_secs())),
+        };
+    let advertisements = if bgp && rules.is_ok() {
+        client.simulator_advertisements().await.ok().flatten()
+    } else {
+        None
+    };
+    InstanceSnapshot {
+        url,
+        rules,
+        advertisements,
+    }
+}
