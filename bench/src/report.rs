@@ -314,7 +314,11 @@ const ROWS: &[(&str, &str, &str)] = &[
         "teardown.objects_gone_s",
     ),
     ("6 teardown", "loxi-ccm CPU (s)", "teardown.ccm_cpu_s"),
-    ("6 teardown", "apiserver+etcd CPU (s)", "teardown.server_cpu_s"),
+    (
+        "6 teardown",
+        "apiserver+etcd CPU (s)",
+        "teardown.server_cpu_s",
+    ),
     (
         "7 resources",
         "peak RSS, VmHWM (MiB)",
@@ -382,7 +386,11 @@ const ROWS: &[(&str, &str, &str)] = &[
         "ratio.replay_after_noticed",
     ),
     ("ratio", "teardown", "ratio.teardown"),
-    ("ratio", "teardown, all rules gone", "ratio.teardown_rules_gone"),
+    (
+        "ratio",
+        "teardown, all rules gone",
+        "ratio.teardown_rules_gone",
+    ),
 ];
 
 /// The generated markdown section.

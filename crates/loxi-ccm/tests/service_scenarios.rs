@@ -840,14 +840,18 @@ async fn deleted_service_loses_its_rule_at_once_and_the_cleanup_waits_for_that()
         ],
         "{calls:#?}"
     );
-    assert_eq!(calls[0].rules_on_sim, 0, "the rule is gone before the claim");
+    assert_eq!(
+        calls[0].rules_on_sim, 0,
+        "the rule is gone before the claim"
+    );
     assert_eq!(calls[1].summary, "finalizers=[]");
     assert!(s.sim.rules().is_empty());
     assert_eq!(s.events(), ["POST Normal RulesDeleted"]);
     // A late watch event of the same deletion starts nothing; the deletion's own event
     // drops what was kept about it.
     assert!(s.ctx.teardown.deleting(&s.ctx, &deleting).is_none());
-    s.ctx.teardown.gone(deleting.metadata.uid.as_deref().unwrap());
+    s.ctx
+        .teardown
+        .gone(deleting.metadata.uid.as_deref().unwrap());
     assert!(s.ctx.teardown.is_empty());
 }
-
