@@ -1038,6 +1038,7 @@ async fn run_n(env: &Env, n: usize, flips: usize, run: &mut Value) -> Result<()>
             "replay": ratio(&run["replay"]["total_s"], &run["baseline"]["replay_s"]),
             "replay_after_noticed": ratio(&run["replay"]["after_noticed_s"], &run["baseline"]["replay_after_noticed_s"]),
             "teardown": ratio(&run["teardown"]["total_s"], &run["baseline"]["teardown_s"]),
+            "teardown_rules_gone": ratio(&run["teardown"]["rules_gone_s"], &run["baseline"]["teardown_rules_gone_s"]),
         });
         run["ratio"] = ratios;
         progress(&format!("ratios loxi-ccm / baseline: {}", run["ratio"]));
@@ -1105,6 +1106,7 @@ async fn run_baseline(env: &Env, n: usize) -> Result<Value> {
         "replay_after_noticed_s": secs(replay.all),
         "replayed_rules": replayed,
         "teardown_s": secs(r.max(o)),
+        "teardown_rules_gone_s": secs(r),
         "failures": failures,
     }))
 }

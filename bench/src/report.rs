@@ -109,6 +109,20 @@ pub fn targets(results: &Value) -> Value {
             "",
         ),
         target(
+            "Teardown: all rules gone, N=250",
+            "≤ 1.0 s",
+            at_n(250, &|r| num(&r["teardown"]["rules_gone_s"])),
+            |x| x <= 1.0,
+            " s",
+        ),
+        target(
+            "Teardown: all rules gone, N=1000",
+            "≤ 4.5 s",
+            at_n(1000, &|r| num(&r["teardown"]["rules_gone_s"])),
+            |x| x <= 4.5,
+            " s",
+        ),
+        target(
             "1,000 Services converge (burst)",
             "< 15 s",
             at_n(1000, &|r| num(&r["burst"]["converged_s"])),
@@ -127,6 +141,13 @@ pub fn targets(results: &Value) -> Value {
             "< 1 s",
             per_n(&|r| num(&r["churn"]["all_rules"]["p99_ms"])),
             |x| x < 1000.0,
+            " ms",
+        ),
+        target(
+            "Endpoint change p99 (all rules) with 1,000 Services",
+            "< 250 ms",
+            at_n(1000, &|r| num(&r["churn"]["all_rules"]["p99_ms"])),
+            |x| x < 250.0,
             " ms",
         ),
         target(
@@ -292,6 +313,12 @@ const ROWS: &[(&str, &str, &str)] = &[
         "all objects gone (s)",
         "teardown.objects_gone_s",
     ),
+    ("6 teardown", "loxi-ccm CPU (s)", "teardown.ccm_cpu_s"),
+    (
+        "6 teardown",
+        "apiserver+etcd CPU (s)",
+        "teardown.server_cpu_s",
+    ),
     (
         "7 resources",
         "peak RSS, VmHWM (MiB)",
@@ -346,6 +373,11 @@ const ROWS: &[(&str, &str, &str)] = &[
         "baseline.replay_after_noticed_s",
     ),
     ("8 baseline", "teardown (s)", "baseline.teardown_s"),
+    (
+        "8 baseline",
+        "teardown, all rules gone (s)",
+        "baseline.teardown_rules_gone_s",
+    ),
     ("ratio", "burst", "ratio.burst"),
     ("ratio", "replay (incl. detection)", "ratio.replay"),
     (
@@ -354,6 +386,11 @@ const ROWS: &[(&str, &str, &str)] = &[
         "ratio.replay_after_noticed",
     ),
     ("ratio", "teardown", "ratio.teardown"),
+    (
+        "ratio",
+        "teardown, all rules gone",
+        "ratio.teardown_rules_gone",
+    ),
 ];
 
 /// The generated markdown section.

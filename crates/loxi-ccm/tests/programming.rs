@@ -430,7 +430,10 @@ async fn deletion_waits_for_every_reachable_instance_only() {
     })
     .await;
 
-    // A reachable instance that fails the delete holds the finalizer.
+    // A reachable instance that fails the delete holds the finalizer. (The second instance
+    // is away from the start: a reachable one would lose the rule at once, before the
+    // cleanup, service::teardown.)
+    sim2.go_down().await;
     w.sim.set_fault(Some(Fault {
         status: 500,
         rate: 1.0,
@@ -448,7 +451,6 @@ async fn deletion_waits_for_every_reachable_instance_only() {
 
     // An unreachable instance does not: once the reachable one is clean, the Service goes,
     // and the instance that was away loses the rule when it is back.
-    sim2.go_down().await;
     w.sim.set_fault(None);
     wait_for("Service gone", WAIT, || async {
         w.get("web").await.is_none().then_some(())

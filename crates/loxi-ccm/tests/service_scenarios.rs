@@ -45,6 +45,7 @@ use loxi_ccm::service::inputs::Inputs;
 use loxi_ccm::service::plan::rules_for;
 use loxi_ccm::service::reconcile::{Backoff, ReconcileError, reconcile};
 use loxi_ccm::service::report::Report;
+use loxi_ccm::service::teardown::RulesFirst;
 use loxi_ccm::service::{self, Context};
 use loxi_domain::{ClusterId, Pool};
 use loxilb_client::{ClientConfig, LoxilbClient};
@@ -410,6 +411,7 @@ impl Scenario {
             room_requeue: service::context::room_requeue(requeue_tx.clone()),
             requeue: requeue_tx,
             departures: Departures::new(false, inject_tx, Arc::new(Notify::new())),
+            teardown: RulesFirst::new(16),
         });
         Scenario {
             ctx,
@@ -782,4 +784,74 @@ async fn deleted_service_loses_its_rule_then_its_claim_then_its_finalizer() {
     let now: Service = s.api.get(SERVICE_PATH).unwrap();
     assert!(now.metadata.finalizers.unwrap_or_default().is_empty());
     assert_eq!(s.events(), ["POST Normal RulesDeleted"]);
+}
+
+/// A deleted Service's rule leaves loxilb as soon as the watch shows the deletion, before any
+/// API call (`service::teardown`). A cleanup that starts while that removal is under way
+/// waits for it instead of sending its own DELETE, then deletes the claim and takes the
+/// finalizer off, in that order; one Event says the rule was deleted.
+#[tokio::test]
+async fn deleted_service_loses_its_rule_at_once_and_the_cleanup_waits_for_that() {
+    let (mut s, svc) = served().await;
+    s.api.forget_calls();
+    let mut deleting = svc.clone();
+    deleting.metadata.resource_version = Some("9".into());
+    deleting.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+    s.seed_service(&deleting);
+    // Slow writes, so that the cleanup below starts while the early removal is under way.
+    s.sim.set_write_latency(Duration::from_millis(300));
+    let writes_before = s.sim.writes();
+
+    let early = s
+        .ctx
+        .teardown
+        .deleting(&s.ctx, &deleting)
+        .expect("a deleting Service of ours is removed early");
+    assert!(
+        s.ctx.teardown.deleting(&s.ctx, &deleting).is_none(),
+        "one early removal per Service"
+    );
+    // The reconcile of the deletion comes while the DELETE is still on its way.
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    while s.sim.writes() == writes_before {
+        assert!(tokio::time::Instant::now() < deadline, "no DELETE sent");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(s.api_calls().is_empty(), "{:#?}", s.api_calls());
+    s.reconcile(&deleting).await.expect("the cleanup succeeds");
+    tokio::time::timeout(TIMEOUT, early)
+        .await
+        .expect("the early removal ended")
+        .expect("the early removal did not panic");
+    s.flush_events().await;
+
+    assert_eq!(
+        s.sim.writes() - writes_before,
+        1,
+        "one DELETE: the cleanup waited for the early removal"
+    );
+    let claim_path = format!("{CLAIMS_PATH}/{}", claim_name(&VIP.parse().unwrap()));
+    let calls = s.api_calls();
+    assert_eq!(
+        lines(&calls),
+        [
+            format!("DELETE {claim_path}"),
+            format!("PATCH {SERVICE_PATH}")
+        ],
+        "{calls:#?}"
+    );
+    assert_eq!(
+        calls[0].rules_on_sim, 0,
+        "the rule is gone before the claim"
+    );
+    assert_eq!(calls[1].summary, "finalizers=[]");
+    assert!(s.sim.rules().is_empty());
+    assert_eq!(s.events(), ["POST Normal RulesDeleted"]);
+    // A late watch event of the same deletion starts nothing; the deletion's own event
+    // drops what was kept about it.
+    assert!(s.ctx.teardown.deleting(&s.ctx, &deleting).is_none());
+    s.ctx
+        .teardown
+        .gone(deleting.metadata.uid.as_deref().unwrap());
+    assert!(s.ctx.teardown.is_empty());
 }

@@ -122,6 +122,9 @@ pub struct LoxilbClient {
     /// (start-up, drift check, after a restart): one more connection setup is nothing.
     listing_http: reqwest::Client,
     base: Arc<Url>,
+    /// `POST /config/loadbalancer`, parsed once: it is the call a Node change makes for
+    /// every rule.
+    rule_url: Arc<Url>,
     display: Arc<str>,
     cfg: Arc<ClientConfig>,
     /// Asked right before every write is sent (see [`LoxilbClient::with_write_gate`]).
@@ -162,6 +165,9 @@ impl LoxilbClient {
                 cfg.url
             )));
         }
+        let rule_url = base
+            .join("config/loadbalancer")
+            .map_err(|e| ClientError::Config(format!("loxilb URL {:?}: {e}", cfg.url)))?;
         let http = http_client(&cfg, true)?;
         let listing_http = http_client(&cfg, false)?;
         Ok(LoxilbClient {
@@ -169,6 +175,7 @@ impl LoxilbClient {
             listing_http,
             display: trimmed.into(),
             base: Arc::new(base),
+            rule_url: Arc::new(rule_url),
             cfg: Arc::new(cfg),
             write_gate: None,
         })
@@ -270,7 +277,7 @@ impl LoxilbClient {
     /// `POST /config/loadbalancer` with the complete rule.
     pub async fn apply_rule(&self, entry: &LoadbalanceEntry) -> Result<WriteOutcome, ClientError> {
         match self
-            .send(Method::POST, "config/loadbalancer", Some(entry))
+            .send_url(Method::POST, (*self.rule_url).clone(), Some(entry))
             .await?
         {
             Answer::Ok(bytes) => success_body(&bytes).map(|()| WriteOutcome::Applied),

@@ -1183,37 +1183,94 @@ impl Instance {
         }
     }
 
-    /// The calls of one Service's pass, in order: deletes (they make room), in-place updates
-    /// and re-creations, then the new rules, all or none (a limit refusing one rolls the
-    /// others back). Stops at the first transport failure, returned beside what was done.
+    /// The calls of one Service's pass, in order: deletes (they make room; side by side),
+    /// in-place updates (side by side) and re-creations, then the new rules, all or none (a
+    /// limit refusing one rolls the others back). Stops after the first group with a
+    /// transport failure, returned beside what was done.
     async fn call(&self, work: Work, metrics: &Metrics) -> (Vec<CallResult>, Option<ClientError>) {
         let mut out = Vec::new();
-        for rule in work.deletes {
-            match self.delete(&rule.key, rule.bgp, metrics).await {
+        // The deletes side by side (at most `parallel_calls` at once): they are independent
+        // (a Service's ports, a drift check's orphans), and a deleted Service's rules should
+        // all be gone at once.
+        let parallel = self.parallel_calls.load(Ordering::Relaxed).max(1);
+        // (The calls are gathered first: a stream over a borrowing closure would not be
+        // `Send` for every lifetime, as the spawned reconcile needs.)
+        let calls: Vec<_> = work
+            .deletes
+            .iter()
+            .map(|rule| self.delete(&rule.key, rule.bgp, metrics))
+            .collect();
+        let deleted: Vec<Result<(), ClientError>> = futures::stream::iter(calls)
+            .buffered(parallel)
+            .collect()
+            .await;
+        let mut transport = None;
+        for (rule, result) in work.deletes.iter().zip(deleted) {
+            match result {
                 Ok(()) => out.push(CallResult::Deleted(rule.key)),
-                Err(e) if is_transport(&e) => return (out, Some(e)),
+                Err(e) if is_transport(&e) => {
+                    transport.get_or_insert(e);
+                }
                 Err(e) => out.push(CallResult::Failed(rule.key, e)),
             }
         }
-        for (action, stored_bgp) in work.changes {
-            let (rule, update) = match action {
-                Action::Update(rule) => (rule, true),
-                Action::Recreate(rule) => {
-                    // loxilb reuses the index just freed (LIFO), so this needs no new room.
-                    match self.delete(&rule.key, stored_bgp, metrics).await {
-                        Ok(()) => out.push(CallResult::Deleted(rule.key)),
-                        Err(e) if is_transport(&e) => return (out, Some(e)),
-                        Err(e) => {
-                            out.push(CallResult::Failed(rule.key, e));
-                            continue;
-                        }
-                    }
-                    (rule, false)
+        if transport.is_some() {
+            return (out, transport);
+        }
+        // In-place updates side by side too (a Node change updates every rule of a
+        // Service); re-creations one by one below, each DELETE right before its POST.
+        let (updates, recreates): (Vec<_>, Vec<_>) = work
+            .changes
+            .into_iter()
+            .partition(|(a, _)| matches!(a, Action::Update(_)));
+        let updates: Vec<Rule> = updates
+            .into_iter()
+            .filter_map(|(a, _)| match a {
+                Action::Update(rule) => Some(rule),
+                _ => None,
+            })
+            .collect();
+        let calls: Vec<_> = updates
+            .iter()
+            .map(|rule| self.post(rule, true, metrics))
+            .collect();
+        let posted: Vec<Result<(), ClientError>> = futures::stream::iter(calls)
+            .buffered(parallel)
+            .collect()
+            .await;
+        for (rule, result) in updates.into_iter().zip(posted) {
+            match result {
+                Ok(()) => out.push(CallResult::Posted { rule, update: true }),
+                Err(e) if is_transport(&e) => {
+                    transport.get_or_insert(e);
                 }
-                _ => continue,
+                Err(e) => match limit_of(&e) {
+                    Some(limit) => out.push(CallResult::Refused { rule, limit }),
+                    None => out.push(CallResult::Failed(rule.key, e)),
+                },
+            }
+        }
+        if transport.is_some() {
+            return (out, transport);
+        }
+        for (action, stored_bgp) in recreates {
+            let Action::Recreate(rule) = action else {
+                continue;
             };
-            match self.post(&rule, update, metrics).await {
-                Ok(()) => out.push(CallResult::Posted { rule, update }),
+            // loxilb reuses the index just freed (LIFO), so this needs no new room.
+            match self.delete(&rule.key, stored_bgp, metrics).await {
+                Ok(()) => out.push(CallResult::Deleted(rule.key)),
+                Err(e) if is_transport(&e) => return (out, Some(e)),
+                Err(e) => {
+                    out.push(CallResult::Failed(rule.key, e));
+                    continue;
+                }
+            }
+            match self.post(&rule, false, metrics).await {
+                Ok(()) => out.push(CallResult::Posted {
+                    rule,
+                    update: false,
+                }),
                 Err(e) if is_transport(&e) => return (out, Some(e)),
                 Err(e) => match limit_of(&e) {
                     Some(limit) => out.push(CallResult::Refused { rule, limit }),

@@ -42,6 +42,7 @@ use crate::service::departures::{self, Departures, Injected};
 use crate::service::inputs::Inputs;
 use crate::service::reconcile::{Backoff, error_policy, reconcile};
 use crate::service::report::Report;
+use crate::service::teardown::RulesFirst;
 use crate::service::{self, Context};
 
 /// What the runtime's own loops and the admin server read, beside the Service reconcile's
@@ -186,6 +187,7 @@ pub async fn run(
     // departures); the others would cost memory and CPU for nothing.
     let filtered = departures::type_selector_supported(&services).await;
     let (inject_tx, inject_rx) = mpsc::unbounded_channel::<Injected>();
+    let (deletions_tx, deletions_rx) = mpsc::unbounded_channel::<Deletion>();
     let relisted = Arc::new(tokio::sync::Notify::new());
     let service_events = {
         let selection = selection.clone();
@@ -216,10 +218,26 @@ pub async fn run(
             futures::future::ready(admitted.then(|| Ok(departures::into_event(event))))
         });
         let relisted = relisted.clone();
+        let deletion_tx = deletions_tx;
         reflector(service_writer, futures::stream::select(watched, injected))
             .inspect_ok(move |event| {
                 if filtered && matches!(event, watcher::Event::InitDone) {
                     relisted.notify_one();
+                }
+                // Deletions go to the early rule removal (crate::service::teardown), which
+                // must not wait for this Service's turn in the reconcile queue.
+                match event {
+                    watcher::Event::Apply(svc) | watcher::Event::InitApply(svc)
+                        if svc.metadata.deletion_timestamp.is_some() =>
+                    {
+                        let _ = deletion_tx.send(Deletion::Deleting(ObjectRef::from_obj(svc)));
+                    }
+                    watcher::Event::Delete(svc) => {
+                        if let Some(uid) = &svc.metadata.uid {
+                            let _ = deletion_tx.send(Deletion::Gone(uid.clone()));
+                        }
+                    }
+                    _ => {}
                 }
             })
             .applied_objects()
@@ -370,6 +388,7 @@ pub async fn run(
         room_requeue: service::context::room_requeue(requeue_tx.clone()),
         requeue: requeue_tx,
         departures: Departures::new(filtered, inject_tx.clone(), relisted.clone()),
+        teardown: RulesFirst::new(usize::from(cfg.concurrency)),
     });
     let bgp = cfg.bgp.clone().map(|settings| {
         Arc::new(Bgp::new(
@@ -422,6 +441,7 @@ pub async fn run(
         ));
     }
     tasks.spawn(node_watch::watch_nodes(ctx.clone(), node_events));
+    tasks.spawn(deletions(ctx.clone(), deletions_rx));
     tasks.spawn(watches::claims(ctx.clone(), claim_events));
     if let Some(events) = pool_events {
         tasks.spawn(watches::pools(ctx.clone(), events));
@@ -506,6 +526,28 @@ pub async fn run(
         anyhow::bail!("lost leadership: exiting so that a restart comes back as a standby");
     }
     Ok(())
+}
+
+/// What the Service watch tells the early rule removal.
+enum Deletion {
+    /// The Service (in the store) shows a deletionTimestamp.
+    Deleting(ObjectRef<Service>),
+    /// The Service with this uid is gone.
+    Gone(String),
+}
+
+/// Hands the Service watch's deletions to `crate::service::teardown`.
+async fn deletions(ctx: Arc<Context>, mut rx: mpsc::UnboundedReceiver<Deletion>) {
+    while let Some(deletion) = rx.recv().await {
+        match deletion {
+            Deletion::Deleting(svc_ref) => {
+                if let Some(svc) = ctx.inputs.services.get(&svc_ref) {
+                    ctx.teardown.deleting(&ctx, &svc);
+                }
+            }
+            Deletion::Gone(uid) => ctx.teardown.gone(&uid),
+        }
+    }
 }
 
 fn tokio_stream_from<T: Send + 'static>(

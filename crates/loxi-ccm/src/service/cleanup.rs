@@ -60,7 +60,11 @@ pub async fn cleanup(svc: &Service, ctx: &Context) -> Result<(), ReconcileError>
     );
     for step in plan {
         match step {
-            Step::RemoveRules => remove_rules(svc, ctx).await?,
+            Step::RemoveRules => {
+                // An early removal under way (`teardown`) finishes first; none starts now.
+                ctx.teardown.close(svc).await;
+                remove_rules(svc, ctx).await?
+            }
             Step::ReleaseAddresses => {
                 // One that does not parse counts as absent (reported while it was served).
                 let retention = retention(svc.metadata.annotations.as_ref()).unwrap_or_else(|e| {

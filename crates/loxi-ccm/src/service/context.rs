@@ -14,6 +14,7 @@ use super::departures::Departures;
 use super::inputs::Inputs;
 use super::reconcile::Backoff;
 use super::report::Report;
+use super::teardown::RulesFirst;
 use crate::ipam::Ipam;
 use crate::k8s::view::Selection;
 use crate::leader::Gate;
@@ -52,6 +53,8 @@ pub struct Context {
     pub room_requeue: Requeue,
     /// Services that left type LoadBalancer while carrying our finalizer.
     pub departures: Departures,
+    /// Deleted Services' rules removed ahead of their cleanup (`teardown`).
+    pub teardown: RulesFirst,
 }
 
 impl Context {
