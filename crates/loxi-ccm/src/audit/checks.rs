@@ -20,7 +20,7 @@ use loxi_domain::{Action, ClusterId, NodeView, Rule, RuleKey, RuleName, diff_rul
 use crate::ipam::claims::{AddressClaim, ClaimedBy};
 use crate::k8s::view::{SERVICE_NAME_LABEL, Selection, endpoint_views, published_addresses};
 use crate::service::Settings;
-use crate::service::plan::plan_from;
+use crate::service::plan::{PlanWorld, plan_from};
 use crate::service::status::COND_PROGRAMMED;
 
 /// The `loxilb.io/Programmed` reasons under which a Service is reported, by the controller
@@ -545,16 +545,13 @@ fn desired_rules<'a>(s: &Snapshot, v: &View<'a>, f: &mut Findings) -> Desired<'a
                     .unwrap_or_default()
             })
         };
-        let planned = plan_from(
-            svc,
-            &s.settings,
-            &s.cluster,
-            &s.nodes,
-            endpoints,
-            |ip| s.pools.advertises(ip),
-            &vips,
-            &secondaries,
-        );
+        let world = PlanWorld {
+            settings: &s.settings,
+            cluster: &s.cluster,
+            nodes: &s.nodes,
+            advertises: &|ip| s.pools.advertises(ip),
+        };
+        let planned = plan_from(svc, &world, endpoints, &vips, &secondaries);
         match planned {
             Ok(plan) => {
                 out.insert(key, Some(plan.map(|p| p.rules).unwrap_or_default()));

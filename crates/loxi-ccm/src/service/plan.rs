@@ -55,31 +55,47 @@ pub fn rules_for(
 ) -> Result<Option<Plan>, Problem> {
     let nodes = ctx.inputs.node_views();
     let pools = ctx.ipam.pool_set();
+    let world = PlanWorld {
+        settings: &ctx.settings,
+        cluster: &ctx.cluster,
+        nodes: &nodes,
+        advertises: &|ip| pools.advertises(ip),
+    };
     plan_from(
         svc,
-        &ctx.settings,
-        &ctx.cluster,
-        &nodes,
+        &world,
         || ctx.inputs.endpoints_of(svc),
-        |ip| pools.advertises(ip),
         addresses,
         secondaries,
     )
 }
 
-/// [`rules_for`] over plain inputs: the Nodes' views, the Service's endpoints (asked for
-/// only when the plan reads them) and whether an address's pool lets BGP announce it. Pure; `loxi-ccm audit` (`crate::audit`) computes the
+/// What every Service's plan is made against: the reconcile's settings, the cluster identity,
+/// the Nodes' views, and whether an address's pool lets BGP announce it.
+#[derive(Clone, Copy)]
+pub struct PlanWorld<'a> {
+    pub settings: &'a Settings,
+    pub cluster: &'a ClusterId,
+    pub nodes: &'a [NodeView],
+    pub advertises: &'a dyn Fn(&IpAddr) -> bool,
+}
+
+/// [`rules_for`] over plain inputs: the [`PlanWorld`] and the Service's endpoints (asked for
+/// only when the plan reads them). Pure; `loxi-ccm audit` (`crate::audit`) computes the
 /// rules a Service should have with it, exactly as the controller does.
 pub fn plan_from(
     svc: &Service,
-    settings: &Settings,
-    cluster: &ClusterId,
-    nodes: &[NodeView],
+    world: &PlanWorld<'_>,
     endpoints_of: impl FnOnce() -> Vec<EndpointView>,
-    advertises: impl Fn(&IpAddr) -> bool,
     addresses: &[IpAddr],
     secondaries: &[IpAddr],
 ) -> Result<Option<Plan>, Problem> {
+    let PlanWorld {
+        settings,
+        cluster,
+        nodes,
+        advertises,
+    } = *world;
     let intent = parse_intent(svc.annotations(), settings.defaults)?;
     IngressMode::from_annotations(svc.annotations())?;
     let ha_instance = ha_instance(svc, &settings.ha_instances)?;

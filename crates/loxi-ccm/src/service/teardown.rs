@@ -171,7 +171,7 @@ fn wants_early_removal(ctx: &Context, svc: &Service) -> bool {
 async fn remove_now(ctx: &Context, svc: &Service) {
     let owner = rule_owner(svc);
     let mut removed = 0;
-    for inst in ctx.fleet.instances.iter() {
+    for inst in ctx.fleet.instances().iter() {
         if !inst.is_healthy() {
             continue;
         }
