@@ -8,10 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ListParams};
-use loxi_domain::ClusterId;
 use loxi_domain::pools::{merge_pools, validate_pool};
 use loxilb_client::LoxilbClient;
 use loxilb_client::convert::from_entry;
@@ -25,20 +24,6 @@ use crate::service::Settings;
 
 /// Upper bound for one loxilb listing.
 const LOXILB_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// The cluster identity, as `run` reads it: configured, or from the kube-system namespace UID.
-async fn cluster_id(client: &kube::Client, cfg: &Config) -> anyhow::Result<ClusterId> {
-    if let Some(id) = &cfg.cluster_id {
-        return Ok(id.clone());
-    }
-    let ns: Namespace = Api::all(client.clone())
-        .get("kube-system")
-        .await
-        .context("reading namespace kube-system for the cluster id (or pass --cluster-id)")?;
-    Ok(ClusterId::from_uid(
-        ns.metadata.uid.as_deref().unwrap_or_default(),
-    ))
-}
 
 fn scoped<K>(client: &kube::Client, cfg: &Config) -> Api<K>
 where
@@ -54,7 +39,7 @@ where
 /// Reads everything the checks need. Fails when the API server cannot be read (a loxilb that
 /// cannot be listed is recorded as such instead: the audit notes it).
 pub async fn snapshot(client: &kube::Client, cfg: &Config) -> anyhow::Result<Snapshot> {
-    let cluster = cluster_id(client, cfg).await?;
+    let cluster = crate::k8s::api::cluster_id(client, cfg.cluster_id.as_ref()).await?;
     let lp = ListParams::default();
     let services = scoped::<Service>(client, cfg)
         .list(&lp)

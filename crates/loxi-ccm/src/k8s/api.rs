@@ -131,6 +131,24 @@ fn current_cluster(kc: &kube::config::Kubeconfig) -> Option<&kube::config::Clust
 // ---------------------------------------------------------------------------------------------
 // Errors as people read them.
 
+/// The cluster identity used in rule names: `configured` (`--cluster-id`), else derived from
+/// the kube-system namespace's UID, which lives as long as the cluster.
+pub async fn cluster_id(
+    client: &kube::Client,
+    configured: Option<&loxi_domain::ClusterId>,
+) -> anyhow::Result<loxi_domain::ClusterId> {
+    if let Some(id) = configured {
+        return Ok(id.clone());
+    }
+    let ns: k8s_openapi::api::core::v1::Namespace = kube::Api::all(client.clone())
+        .get("kube-system")
+        .await
+        .context("reading namespace kube-system for the cluster id (or pass --cluster-id)")?;
+    Ok(loxi_domain::ClusterId::from_uid(
+        ns.metadata.uid.as_deref().unwrap_or_default(),
+    ))
+}
+
 /// A failed Kubernetes call as messages show it: an answer of the API server as its HTTP
 /// code, reason and message (`403 Forbidden: services is forbidden: User "x" cannot list
 /// ...`), anything else (a connection failure, a timeout) as its chain of causes, each said

@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use anyhow::Context as _;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -22,7 +21,6 @@ use kube::runtime::controller::Controller;
 use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, ObjectRef, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
-use loxi_domain::ClusterId;
 use loxilb_client::LoxilbClient;
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
@@ -64,20 +62,6 @@ pub struct Shared {
     pub members: discovery::Members,
 }
 
-/// Reads the cluster identity: configured, or from the kube-system namespace UID.
-async fn cluster_id(client: &kube::Client, cfg: &Config) -> anyhow::Result<ClusterId> {
-    if let Some(id) = &cfg.cluster_id {
-        return Ok(id.clone());
-    }
-    let ns: Namespace = Api::all(client.clone())
-        .get("kube-system")
-        .await
-        .context("reading namespace kube-system for the cluster id (or pass --cluster-id)")?;
-    Ok(ClusterId::from_uid(
-        ns.metadata.uid.as_deref().unwrap_or_default(),
-    ))
-}
-
 /// A shutdown signal that many tasks can wait on.
 #[derive(Clone)]
 struct Stop(watch::Receiver<bool>);
@@ -97,7 +81,7 @@ pub async fn run(
     admin_addr: Option<std::net::SocketAddr>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) -> anyhow::Result<()> {
-    let cluster = cluster_id(&client, &cfg).await?;
+    let cluster = crate::k8s::api::cluster_id(&client, cfg.cluster_id.as_ref()).await?;
     info!(cluster = %cluster, "cluster identity");
 
     // Leader election; without it this replica always leads.
