@@ -128,6 +128,7 @@ pub async fn snapshot(client: &kube::Client, cfg: &Config) -> anyhow::Result<Sna
             enforce_source_ranges: cfg.enforce_source_ranges,
             namespace: cfg.namespace.clone(),
             advertise: cfg.bgp.is_some(),
+            ha_instances: cfg.ha_instances.clone(),
         },
         services,
         nodes: nodes.iter().map(node_view).collect(),
