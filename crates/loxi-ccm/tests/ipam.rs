@@ -1065,6 +1065,47 @@ async fn ports_edited_onto_a_sharer_with_no_address_free_never_take_the_sharers_
     w.finish().await;
 }
 
+/// The soak's second bug (docs/RELIABILITY.md): a sharer taken off its address's claim
+/// behind its back (here by hand; in the soak, around an API server restart) while it keeps
+/// showing the address. The claim event that drops it gives it a pass, which claims the
+/// address again; before, nothing re-queued it and it showed an address no claim backed.
+#[tokio::test]
+async fn a_sharer_taken_off_its_claim_claims_its_address_again() {
+    let w = World::new("sharedrop").await;
+    w.add_node("node-a", "10.1.9.3").await;
+    w.create(&World::lb_service("a", Some(CLASS), &[(80, "TCP")]))
+        .await;
+    let x = w.wait_for_ip("a").await;
+    w.create(&World::lb_service("b", Some(CLASS), &[(443, "TCP")]))
+        .await;
+    assert_eq!(w.wait_for_ip("b").await, x);
+    wait_for("both on the claim", WAIT, || async {
+        (claim_owners(&w, &x).await? == names(&["a", "b"])).then_some(())
+    })
+    .await;
+    // Take b off the claim (a full update, as the controller's own leave does).
+    let api: Api<AddressClaim> = Api::all(w.client.clone());
+    let name = x.replace(':', "-");
+    let mut c = api.get(&name).await.unwrap();
+    c.spec.shared_with.retain(|o| o.name != "b");
+    c.spec.service = if c.spec.service.name == "b" {
+        c.spec.shared_with.remove(0)
+    } else {
+        c.spec.service
+    };
+    api.replace(&name, &PostParams::default(), &c)
+        .await
+        .unwrap();
+    wait_for(
+        "b back on the claim of the address it shows",
+        WAIT,
+        || async { (claim_owners(&w, &x).await? == names(&["a", "b"])).then_some(()) },
+    )
+    .await;
+    assert_eq!(w.wait_for_ip("b").await, x);
+    w.finish().await;
+}
+
 #[tokio::test]
 async fn unique_mode_never_shares() {
     let w = World::with(

@@ -265,6 +265,30 @@ impl Ipam {
                     }
                 }
             }
+            watcher::Event::InitDone => {
+                // A re-list after the watch broke (an API server restart, an expired
+                // resourceVersion) is complete. Passes that ran while it was under way read
+                // the old store: a claim that looked like it recorded a Service as it is now
+                // may not (the soak's claim-ports violation: a Service's ports changed back
+                // while the claim's last update was not in the store yet, so its pass wrote
+                // nothing). Every owner gets a pass on the store as it is now; a pass with
+                // nothing to do writes nothing.
+                let owners: HashSet<ObjectRef<Service>> = self
+                    .claims
+                    .state()
+                    .iter()
+                    .flat_map(|c| {
+                        c.owners()
+                            .into_iter()
+                            .filter(|o| !o.uid.is_empty())
+                            .map(|o| ObjectRef::new(&o.name).within(&o.namespace))
+                            .collect::<Vec<_>>()
+                    })
+                    .collect();
+                for svc in owners {
+                    let _ = self.requeue.send(svc);
+                }
+            }
             watcher::Event::Delete(c) => {
                 // Only the owners the deleted claim listed let go: a fresh pick of the same
                 // address by another Service stays.
