@@ -70,6 +70,8 @@ pub fn rules_for(
 /// [`rules_for`] over plain inputs: the Nodes' views, the Service's endpoints (asked for
 /// only when the plan reads them) and whether an address's pool lets BGP announce it. Pure; `loxi-ccm audit` (`crate::audit`) computes the
 /// rules a Service should have with it, exactly as the controller does.
+// Eight plain inputs, each a different kind of fact: a struct would only rename them.
+#[allow(clippy::too_many_arguments)]
 pub fn plan_from(
     svc: &Service,
     settings: &Settings,
