@@ -219,7 +219,7 @@ impl AddressClaim {
     /// Whether the claim lists `me` exactly as given (same uid, ports, sharing key, role)
     /// and is not merely retained.
     pub fn records_as_is(&self, me: &ClaimedBy) -> bool {
-        self.spec.retain_until.is_none() && self.owners().iter().any(|o| *o == me)
+        self.spec.retain_until.is_none() && self.owners().contains(&me)
     }
 
     /// The same claim with `owners` (the first becomes `service`); `None` when empty.
