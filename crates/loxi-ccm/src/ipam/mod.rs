@@ -271,9 +271,12 @@ impl Ipam {
                 // the old store: a claim that looked like it recorded a Service as it is now
                 // may not (the soak's claim-ports violation: a Service's ports changed back
                 // while the claim's last update was not in the store yet, so its pass wrote
-                // nothing). Every owner gets a pass on the store as it is now; a pass with
-                // nothing to do writes nothing.
-                let owners: HashSet<ObjectRef<Service>> = self
+                // nothing). And a claim deleted or updated meanwhile sends no event of its
+                // own: its owners were never re-queued (the soak's unbacked-status
+                // violations). Every owner of a claim, and every Service the index holds an
+                // address for, gets a pass on the store as it is now; a pass with nothing to
+                // do writes nothing.
+                let mut owners: HashSet<ObjectRef<Service>> = self
                     .claims
                     .state()
                     .iter()
@@ -285,6 +288,12 @@ impl Ipam {
                             .collect::<Vec<_>>()
                     })
                     .collect();
+                owners.extend(
+                    self.state()
+                        .index
+                        .entries()
+                        .filter_map(|(_, key, _)| service_of_key(key)),
+                );
                 for svc in owners {
                     let _ = self.requeue.send(svc);
                 }
