@@ -17,6 +17,7 @@ use loxi_ccm::ipam::address_pools::{
     LabelSelectorRequirement,
 };
 use loxi_ccm::ipam::claims::{AddressClaim, AddressClaimSpec, ClaimedBy};
+use loxilb_client::{ClientConfig, LoxilbClient};
 use serde_json::json;
 
 const LONG: Duration = Duration::from_secs(120);
@@ -984,6 +985,124 @@ async fn ports_edited_onto_a_sharer_move_the_service() {
     })
     .await;
     assert_eq!(w.wait_for_ip("a").await, x);
+    w.finish().await;
+}
+
+/// The soak's first bug (docs/RELIABILITY.md): a Service's ports edited onto a sharer's
+/// while no other address is free. It keeps its address on its old record (the claim lists
+/// its old ports) and says why; the drift check must not program its new ports there from
+/// that record, which put its rule on the sharer's address and port, and the next check the
+/// sharer's again (a flap every drift interval).
+#[tokio::test]
+async fn ports_edited_onto_a_sharer_with_no_address_free_never_take_the_sharers_rule() {
+    let opts = Options {
+        // Two usable addresses (network and broadcast addresses are skipped).
+        cidr: "192.0.2.8/30".into(),
+        drift: "2s",
+        ..Options::default()
+    };
+    let w = World::with("sharefull", opts).await;
+    w.add_node("node-a", "10.1.9.2").await;
+    w.create(&World::lb_service("a", Some(CLASS), &[(80, "TCP")]))
+        .await;
+    let x = w.wait_for_ip("a").await;
+    w.create(&World::lb_service("b", Some(CLASS), &[(443, "TCP")]))
+        .await;
+    assert_eq!(w.wait_for_ip("b").await, x);
+    w.create(&World::lb_service("c", Some(CLASS), &[(80, "TCP")]))
+        .await;
+    let y = w.wait_for_ip("c").await;
+    assert_ne!(y, x);
+    let rule_at = |ip: &str, port: u16| {
+        w.sim
+            .rules()
+            .into_iter()
+            .find(|r| r.external_ip == ip && r.port == port)
+            .map(|r| r.name)
+    };
+    let a_rule = wait_for("a's rule on x", WAIT, || async { rule_at(&x, 80) }).await;
+    wait_for("b's and c's rules", WAIT, || async {
+        (rule_at(&x, 443).is_some() && rule_at(&y, 80).is_some()).then_some(())
+    })
+    .await;
+    // b now also wants 80: a holds it on x, c on y, no address is free.
+    w.services
+        .patch(
+            "b",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"ports": [
+                {"name": "tcp-443", "port": 443, "protocol": "TCP"},
+                {"name": "tcp-80", "port": 80, "protocol": "TCP"}
+            ]}})),
+        )
+        .await
+        .unwrap();
+    wait_for("b reports that it has no new address", WAIT, || async {
+        let b = w.get("b").await?;
+        World::condition(&b, "loxilb.io/AddressAllocated")
+            .is_some_and(|c| c.0 == "False")
+            .then_some(())
+    })
+    .await;
+    // Three drift checks, each seen repairing c's rule deleted by hand: none of them may
+    // have put b's rule on a's address and port.
+    let loxilb = LoxilbClient::new(ClientConfig::new(&w.sim.url())).unwrap();
+    for round in 0..3 {
+        loxilb.delete_rule(&y, 80, "tcp", false).await.unwrap();
+        wait_for("a drift check puts c's rule back", WAIT, || async {
+            rule_at(&y, 80).map(|_| ())
+        })
+        .await;
+        assert_eq!(
+            rule_at(&x, 80).as_ref(),
+            Some(&a_rule),
+            "after drift check {round}, {x}:80 is not a's rule any more"
+        );
+    }
+    // b keeps what it had, and says why.
+    assert_eq!(w.wait_for_ip("b").await, x);
+    assert!(rule_at(&x, 443).is_some());
+    w.finish().await;
+}
+
+/// The soak's second bug (docs/RELIABILITY.md): a sharer taken off its address's claim
+/// behind its back (here by hand; in the soak, around an API server restart) while it keeps
+/// showing the address. The claim event that drops it gives it a pass, which claims the
+/// address again; before, nothing re-queued it and it showed an address no claim backed.
+#[tokio::test]
+async fn a_sharer_taken_off_its_claim_claims_its_address_again() {
+    let w = World::new("sharedrop").await;
+    w.add_node("node-a", "10.1.9.3").await;
+    w.create(&World::lb_service("a", Some(CLASS), &[(80, "TCP")]))
+        .await;
+    let x = w.wait_for_ip("a").await;
+    w.create(&World::lb_service("b", Some(CLASS), &[(443, "TCP")]))
+        .await;
+    assert_eq!(w.wait_for_ip("b").await, x);
+    wait_for("both on the claim", WAIT, || async {
+        (claim_owners(&w, &x).await? == names(&["a", "b"])).then_some(())
+    })
+    .await;
+    // Take b off the claim (a full update, as the controller's own leave does).
+    let api: Api<AddressClaim> = Api::all(w.client.clone());
+    let name = x.replace(':', "-");
+    let mut c = api.get(&name).await.unwrap();
+    c.spec.shared_with.retain(|o| o.name != "b");
+    c.spec.service = if c.spec.service.name == "b" {
+        c.spec.shared_with.remove(0)
+    } else {
+        c.spec.service
+    };
+    api.replace(&name, &PostParams::default(), &c)
+        .await
+        .unwrap();
+    wait_for(
+        "b back on the claim of the address it shows",
+        WAIT,
+        || async { (claim_owners(&w, &x).await? == names(&["a", "b"])).then_some(()) },
+    )
+    .await;
+    assert_eq!(w.wait_for_ip("b").await, x);
     w.finish().await;
 }
 

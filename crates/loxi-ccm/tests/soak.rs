@@ -64,10 +64,10 @@ const FAULTS: [Injected; 8] = [
     Injected::ApiServerRestarted,
 ];
 
-// Ignored until the open bugs it found are fixed (docs/RELIABILITY.md#soak): 2 of its 3 runs
-// ended with a violation after a kube-apiserver restart during port changes of Services
-// sharing an address. Run it with `cargo test -p loxi-ccm --test soak -- --ignored`.
-#[ignore = "finds open bugs (docs/RELIABILITY.md#soak); run with --ignored"]
+// Ignored until the open bug it found is fixed (docs/RELIABILITY.md#soak): about one run in
+// three still ends with Services showing a shared address whose claim was re-created without
+// them. Run it with `cargo test -p loxi-ccm --test soak -- --ignored`.
+#[ignore = "finds an open bug (docs/RELIABILITY.md#soak); run with --ignored"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn soak_with_random_faults_stays_clean() {
     let secs: u64 = std::env::var("LOXI_SOAK_SECS")

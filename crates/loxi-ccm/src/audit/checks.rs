@@ -21,7 +21,7 @@ use crate::ipam::claims::{AddressClaim, ClaimedBy};
 use crate::k8s::view::{SERVICE_NAME_LABEL, Selection, endpoint_views, published_addresses};
 use crate::service::Settings;
 use crate::service::plan::{PlanWorld, plan_from};
-use crate::service::status::COND_PROGRAMMED;
+use crate::service::status::{COND_ADDRESS, COND_PROGRAMMED};
 
 /// The `loxilb.io/Programmed` reasons under which a Service is reported, by the controller
 /// itself, as lacking rules it wants: a full loxilb (`crate::loxilb::REASON_CAPACITY`), a rule
@@ -81,6 +81,10 @@ pub enum Kind {
     OutsidePools,
     /// A loxilb's BGP advertisement counts differ from its rules.
     BgpAdvertisements,
+    /// A claim records, for a Service that owns it, other ports or another sharing key than
+    /// the Service has now: the sharing decisions (and the drift check) work on a stale
+    /// record, which can put two Services on one address and port.
+    ClaimPorts,
 }
 
 impl Kind {
@@ -93,6 +97,7 @@ impl Kind {
             Kind::UnbackedStatus => "unbacked-status",
             Kind::OutsidePools => "outside-pools",
             Kind::BgpAdvertisements => "bgp-advertisements",
+            Kind::ClaimPorts => "claim-ports",
         }
     }
 }
@@ -211,6 +216,7 @@ pub fn audit(s: &Snapshot) -> Findings {
     }
     check_sharing(&view, &mut f);
     check_claim_owners(&view, &mut f);
+    check_claim_ports(&view, &mut f);
     check_status(&view, &mut f);
     check_pools(s, &view, &mut f);
     let desired = desired_rules(s, &view, &mut f);
@@ -373,6 +379,55 @@ fn check_claim_owners(v: &View<'_>, f: &mut Findings) {
                 .map(|o| format!("{} (uid {})", svc_name(&o.namespace, &o.name), o.uid)),
         );
         f.violation(Kind::OwnerlessClaim, detail, objects);
+    }
+}
+
+/// Every live owner of a claim (a VIP entry with a uid naming an existing Service) is
+/// recorded with the ports and sharing key the Service has now. A Service whose annotations
+/// do not parse is left out: it keeps what it had until its owner fixes them. So is, as a
+/// note, one that reports it has no address decision (`loxilb.io/AddressAllocated` False:
+/// its new ports clash with a sharer's and no other address is free): it keeps showing its
+/// address, on its old record, by design.
+fn check_claim_ports(v: &View<'_>, f: &mut Findings) {
+    for c in &v.claims {
+        for o in c.owners() {
+            if o.uid.is_empty() || o.role.is_some() || !v.in_scope(&o.namespace) {
+                continue;
+            }
+            let Some(svc) = v.live(o) else { continue };
+            let Ok(sharing) = crate::ipam::service_sharing(svc) else {
+                continue;
+            };
+            let now = ClaimedBy::new(&o.namespace, &o.name, &o.uid, &sharing);
+            if now.ports == o.ports && now.sharing_key == o.sharing_key {
+                continue;
+            }
+            let show = |ports: &Option<Vec<String>>, key: &Option<String>| {
+                format!(
+                    "ports [{}] key {:?}",
+                    ports.as_deref().unwrap_or_default().join(", "),
+                    key.as_deref().unwrap_or("")
+                )
+            };
+            let detail = format!(
+                "claim for {} records {} with {}, but the Service has {}",
+                c.spec.address,
+                o.key(),
+                show(&o.ports, &o.sharing_key),
+                show(&now.ports, &now.sharing_key)
+            );
+            if let Some(reason) = condition_false(svc, COND_ADDRESS) {
+                f.notes.push(format!(
+                    "{detail} (it reports {reason}: no address decision)"
+                ));
+                continue;
+            }
+            f.violation(
+                Kind::ClaimPorts,
+                detail,
+                vec![claim_name(c), svc_name(&o.namespace, &o.name)],
+            );
+        }
     }
 }
 
@@ -571,12 +626,17 @@ fn desired_rules<'a>(s: &Snapshot, v: &View<'a>, f: &mut Findings) -> Desired<'a
 
 /// The `loxilb.io/Programmed` condition's reason when it is False.
 fn unprogrammed_reason(svc: &Service) -> Option<&str> {
+    condition_false(svc, COND_PROGRAMMED)
+}
+
+/// The reason of condition `type_` on the Service when it is False.
+fn condition_false<'a>(svc: &'a Service, type_: &str) -> Option<&'a str> {
     svc.status
         .as_ref()?
         .conditions
         .as_ref()?
         .iter()
-        .find(|c| c.type_ == COND_PROGRAMMED && c.status == "False")
+        .find(|c| c.type_ == type_ && c.status == "False")
         .map(|c| c.reason.as_str())
 }
 
@@ -981,10 +1041,13 @@ mod tests {
         assert!(v[0].detail.contains("team/web and team/dns"), "{}", v[0]);
         assert!(v[0].objects.contains(&"Service team/dns".to_string()));
 
-        // Different sharing keys.
+        // Different sharing keys (recorded for web, which has none: `claim-ports` too).
         let mut s = converged();
         s.claims[0].spec.service.sharing_key = Some("a".into());
-        assert_eq!(kinds(&audit(&s)), vec![Kind::SharedAddress]);
+        assert_eq!(
+            kinds(&audit(&s)),
+            vec![Kind::SharedAddress, Kind::ClaimPorts]
+        );
 
         // A reservation (no uid) is exclusive.
         let mut s = converged();
@@ -1109,6 +1172,56 @@ mod tests {
             f.of_kind(Kind::OwnerlessClaim)[0]
                 .detail
                 .contains("still lists team/web")
+        );
+    }
+
+    #[test]
+    fn claim_ports_that_are_not_the_owners_ports_now() {
+        // The claim still records dns on an old port (5353; the Service serves 53 now): the
+        // record behind the soak's first bug (docs/RELIABILITY.md). The sharing check sees
+        // nothing wrong, since 5353 and web's 80 differ.
+        let mut s = converged();
+        s.claims[0].spec.shared_with[0] = owner("dns", "u2", 5353);
+        let f = audit(&s);
+        assert_eq!(kinds(&f), vec![Kind::ClaimPorts], "{f}");
+        let v = &f.of_kind(Kind::ClaimPorts)[0];
+        assert!(
+            v.detail.contains("team/dns with ports [5353/TCP]")
+                && v.detail.contains("the Service has ports [53/TCP]"),
+            "{v}"
+        );
+        assert!(v.objects.contains(&"Service team/dns".to_string()));
+        // Another sharing key recorded than the Service has.
+        let mut s = converged();
+        s.claims[1].spec.service.sharing_key = Some("k".into());
+        assert_eq!(kinds(&audit(&s)), vec![Kind::ClaimPorts]);
+        // A reservation (no uid) keeps the ports its Service last had: not judged.
+        let mut s = converged();
+        s.claims[1].spec.service.uid = String::new();
+        s.claims[1].spec.service.ports = Some(vec!["1/TCP".into()]);
+        assert!(audit(&s).of_kind(Kind::ClaimPorts).is_empty());
+        // A Service that reports it has no address decision keeps its old record: a note.
+        let mut s = converged();
+        s.claims[1].spec.service = owner("api", "u3", 8443);
+        s.services[2]
+            .status
+            .as_mut()
+            .unwrap()
+            .conditions
+            .get_or_insert_default()
+            .push(Condition {
+                type_: COND_ADDRESS.into(),
+                status: "False".into(),
+                reason: "Exhausted".into(),
+                message: String::new(),
+                last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+                observed_generation: None,
+            });
+        let f = audit(&s);
+        assert!(f.of_kind(Kind::ClaimPorts).is_empty(), "{f}");
+        assert!(
+            f.notes.iter().any(|n| n.contains("it reports Exhausted")),
+            "{f}"
         );
     }
 

@@ -216,6 +216,12 @@ impl AddressClaim {
         self.owners().into_iter().find(|o| o.is(namespace, name))
     }
 
+    /// Whether the claim lists `me` exactly as given (same uid, ports, sharing key, role)
+    /// and is not merely retained.
+    pub fn records_as_is(&self, me: &ClaimedBy) -> bool {
+        self.spec.retain_until.is_none() && self.owners().contains(&me)
+    }
+
     /// The same claim with `owners` (the first becomes `service`); `None` when empty.
     fn with_owners(&self, mut owners: Vec<ClaimedBy>) -> Option<AddressClaim> {
         if owners.is_empty() {
@@ -562,6 +568,22 @@ mod tests {
         let mut retained = web.clone();
         retained.spec.retain_until = Some("2030-01-01T00:00:00Z".into());
         assert!(matches!(decide(&retained, &tls, true), Decision::Taken));
+    }
+
+    #[test]
+    fn a_claim_records_an_owner_as_is_only_with_its_current_ports() {
+        let shared = claim_of(vec![
+            by("web", "u1", Some(&[80]), None),
+            by("tls", "u2", Some(&[443]), None),
+        ]);
+        assert!(shared.records_as_is(&by("tls", "u2", Some(&[443]), None)));
+        // New ports (here a sharer's): the claim says nothing about them.
+        assert!(!shared.records_as_is(&by("tls", "u2", Some(&[80]), None)));
+        assert!(!shared.records_as_is(&by("tls", "u2", Some(&[443]), Some("k"))));
+        assert!(!shared.records_as_is(&by("tls", "u9", Some(&[443]), None)));
+        let mut retained = shared.clone();
+        retained.spec.retain_until = Some("2030-01-01T00:00:00Z".into());
+        assert!(!retained.records_as_is(&by("tls", "u2", Some(&[443]), None)));
     }
 
     #[test]

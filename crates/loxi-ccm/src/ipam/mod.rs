@@ -237,13 +237,65 @@ impl Ipam {
             watcher::Event::Apply(c) | watcher::Event::InitApply(c) => {
                 // Owners recorded elsewhere enter the index (refused when they clash with a
                 // pick of this replica whose claim write is in flight: that write settles
-                // it). Owners the index has and the claim lacks are left alone for the same
-                // reason; an owner leaving is taken out of the index by whoever removed it.
+                // it). Owners the index has and the claim lacks are left in the index for the
+                // same reason, but get a pass of their own: either their claim write is in
+                // flight (the pass finds it done), or they were taken off meanwhile, or an
+                // older version of this claim put them back after their pass let the address
+                // go. Their pass claims the address again or lets it go for good; without it
+                // a Service could keep showing an address whose claim no longer lists it, and
+                // the drift check would never program it again (the soak's bugs,
+                // docs/RELIABILITY.md).
                 if let Some(ip) = c.ip() {
-                    let mut state = self.state();
-                    for owner in c.owners() {
-                        let _ = state.index.assign_shared(ip, &owner.key(), owner.sharing());
+                    let listed: Vec<String> = c.owners().iter().map(|o| o.key()).collect();
+                    let unlisted: Vec<ObjectRef<Service>> = {
+                        let mut state = self.state();
+                        for owner in c.owners() {
+                            let _ = state.index.assign_shared(ip, &owner.key(), owner.sharing());
+                        }
+                        state
+                            .index
+                            .owners_of(&ip)
+                            .into_iter()
+                            .filter(|k| !listed.iter().any(|l| l == k))
+                            .filter_map(service_of_key)
+                            .collect()
+                    };
+                    for svc in unlisted {
+                        let _ = self.requeue.send(svc);
                     }
+                }
+            }
+            watcher::Event::InitDone => {
+                // A re-list after the watch broke (an API server restart, an expired
+                // resourceVersion) is complete. Passes that ran while it was under way read
+                // the old store: a claim that looked like it recorded a Service as it is now
+                // may not (the soak's claim-ports violation: a Service's ports changed back
+                // while the claim's last update was not in the store yet, so its pass wrote
+                // nothing). And a claim deleted or updated meanwhile sends no event of its
+                // own: its owners were never re-queued (the soak's unbacked-status
+                // violations). Every owner of a claim, and every Service the index holds an
+                // address for, gets a pass on the store as it is now; a pass with nothing to
+                // do writes nothing.
+                let mut owners: HashSet<ObjectRef<Service>> = self
+                    .claims
+                    .state()
+                    .iter()
+                    .flat_map(|c| {
+                        c.owners()
+                            .into_iter()
+                            .filter(|o| !o.uid.is_empty())
+                            .map(|o| ObjectRef::new(&o.name).within(&o.namespace))
+                            .collect::<Vec<_>>()
+                    })
+                    .collect();
+                owners.extend(
+                    self.state()
+                        .index
+                        .entries()
+                        .filter_map(|(_, key, _)| service_of_key(key)),
+                );
+                for svc in owners {
+                    let _ = self.requeue.send(svc);
                 }
             }
             watcher::Event::Delete(c) => {
@@ -277,9 +329,14 @@ impl Ipam {
     }
 
     /// The addresses indexed for the Service (VIPs, secondary addresses) when every one of
-    /// them is backed by a claim in the store that lists this very Service; `None` when one
-    /// is not (being claimed, or refused): nothing may be programmed for it from the index
-    /// alone.
+    /// them is backed by a claim in the store that lists this very Service with the ports
+    /// and sharing key it has now; `None` when one is not (being claimed, refused, or its
+    /// ports changed and its own pass has not settled that yet): nothing may be programmed
+    /// for it from the index alone. A claim recording old ports says nothing about the new
+    /// ones: they may be a sharer's, and programming them there put two Services on one
+    /// address and port, the drift check flapping between their rules (the soak's first
+    /// bug, docs/RELIABILITY.md). The Service's own pass re-decides (refreshes its entry, or
+    /// moves it), and the drift check follows.
     pub fn backed_addresses(&self, svc: &Service) -> Option<(Vec<IpAddr>, Vec<IpAddr>)> {
         let (vips, secondaries) = {
             let state = self.state();
@@ -288,10 +345,19 @@ impl Ipam {
                 state.index.addresses_of(&secondary_owner_key(svc)).to_vec(),
             )
         };
-        vips.iter()
-            .chain(&secondaries)
-            .all(|ip| self.claimed_by(svc, ip))
-            .then_some((vips, secondaries))
+        let sharing = service_sharing(svc).ok()?;
+        let (ns, name, uid) = (
+            svc.namespace().unwrap_or_default(),
+            svc.name_any(),
+            svc.uid().unwrap_or_default(),
+        );
+        let vip = ClaimedBy::new(&ns, &name, &uid, &sharing);
+        let secondary = ClaimedBy::secondary(&ns, &name, &uid);
+        let recorded =
+            |ip: &IpAddr, me: &ClaimedBy| self.claim_of(ip).is_some_and(|c| c.records_as_is(me));
+        (vips.iter().all(|ip| recorded(ip, &vip))
+            && secondaries.iter().all(|ip| recorded(ip, &secondary)))
+        .then_some((vips, secondaries))
     }
 
     /// The addresses the Service shows whose claims still list it.
@@ -432,6 +498,13 @@ impl Ipam {
     }
 }
 
+/// The Service an index owner key names (`namespace/name`, or `namespace/name#secondary`).
+fn service_of_key(key: &str) -> Option<ObjectRef<Service>> {
+    let service = key.split('#').next()?;
+    let (namespace, name) = service.split_once('/')?;
+    Some(ObjectRef::new(name).within(namespace))
+}
+
 /// The (port, protocol) pairs a Service serves: what it occupies on a shared address.
 fn service_ports(svc: &Service) -> Vec<loxi_domain::ipam::PortProto> {
     svc.spec
@@ -455,4 +528,24 @@ fn service_ports(svc: &Service) -> Vec<loxi_domain::ipam::PortProto> {
 /// (`loxi_domain::sharing`; recorded in both modes, the mode only decides joining).
 pub fn service_sharing(svc: &Service) -> Result<Sharing, AnnotationError> {
     loxi_domain::sharing::service_sharing(svc.meta().annotations.as_ref(), &service_ports(svc))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owner_keys_name_their_service() {
+        let r = service_of_key("team/web").unwrap();
+        assert_eq!(
+            (r.name.as_str(), r.namespace.as_deref()),
+            ("web", Some("team"))
+        );
+        let r = service_of_key("team/sctp#secondary").unwrap();
+        assert_eq!(
+            (r.name.as_str(), r.namespace.as_deref()),
+            ("sctp", Some("team"))
+        );
+        assert!(service_of_key("no-slash").is_none());
+    }
 }

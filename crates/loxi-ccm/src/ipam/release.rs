@@ -71,12 +71,31 @@ impl Ipam {
     async fn leave(&self, svc: &Service, ip: &IpAddr) -> kube::Result<()> {
         let ns = svc.namespace().unwrap_or_default();
         let name = svc.name_any();
-        if let Some(c) = self.claim_of(ip)
-            && c.owner(&ns, &name).is_some()
-        {
+        if let Some(c) = self.claim_listing(ip, &ns, &name).await? {
             claims::leave(&self.claims_api, &c, &ns, &name).await?;
         }
         Ok(())
+    }
+
+    /// The claim of `ip` when it lists namespace/name: the store's copy when that lists it
+    /// (a stale one is caught by the write's resourceVersion), else the API server's. The
+    /// store lags behind claim writes (this replica's own, or any made while the claim watch
+    /// re-lists after an API server restart): trusting a copy that does not list the Service
+    /// yet left it on the claim, with its old ports, while the index let it go, and the next
+    /// claim event put it back in the index (the soak's first bug, docs/RELIABILITY.md).
+    async fn claim_listing(
+        &self,
+        ip: &IpAddr,
+        ns: &str,
+        name: &str,
+    ) -> kube::Result<Option<claims::AddressClaim>> {
+        if let Some(c) = self.claim_of(ip)
+            && c.owner(ns, name).is_some()
+        {
+            return Ok(Some((*c).clone()));
+        }
+        let fresh = self.claims_api.get_opt(&claims::claim_name(ip)).await?;
+        Ok(fresh.filter(|c| c.owner(ns, name).is_some()))
     }
 
     /// Gives the Service's addresses back (their rules are gone by now): takes it off their
@@ -125,7 +144,7 @@ impl Ipam {
                 self.pool_set().get(&pool).and_then(|d| d.retain)
             })
             .filter(|d| !d.is_zero());
-        let Some(claim) = self.claim_of(ip) else {
+        let Some(claim) = self.claim_listing(ip, &ns, &name).await? else {
             return Ok(false);
         };
         let ours = claim
