@@ -68,6 +68,19 @@ pub struct AdvertisementLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GroupLabels {
+    /// The group of loxilbs (kube-loxilb's zone).
+    pub group: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GroupStateLabels {
+    pub group: String,
+    /// `serving`, `joining` (programmed before it serves) or `down`.
+    pub state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolLabels {
     pub pool: String,
     pub state: String,
@@ -97,6 +110,9 @@ pub struct Metrics {
     bgp_session_drops: Family<BgpSessionLabels, Counter>,
     bgp_advertisement_changes: Family<AdvertisementLabels, Counter>,
     pool_addresses: Family<PoolLabels, Gauge<i64, AtomicI64>>,
+    group_loxilbs: Family<GroupStateLabels, Gauge>,
+    group_capacity: Family<GroupLabels, Gauge>,
+    group_placed_rules: Family<GroupLabels, Gauge>,
     endpoints_dropped: Gauge,
     services_not_programmed: Family<ReasonLabels, Gauge>,
     events_dropped: Counter,
@@ -229,6 +245,27 @@ impl Metrics {
             "Kubernetes Events not published because the event queue was full",
             events_dropped.clone(),
         );
+        let group_loxilbs = Family::<GroupStateLabels, Gauge>::default();
+        registry.register(
+            "group_loxilbs",
+            "loxilbs of each group (kube-loxilb's zone) by state: serving, joining (programmed \
+             before it serves) or down",
+            group_loxilbs.clone(),
+        );
+        let group_capacity = Family::<GroupLabels, Gauge>::default();
+        registry.register(
+            "group_rule_capacity",
+            "Rules each loxilb of the group holds at most (the smallest table among them): \
+             what placement by capacity fills",
+            group_capacity.clone(),
+        );
+        let group_placed_rules = Family::<GroupLabels, Gauge>::default();
+        registry.register(
+            "group_placed_rules",
+            "Rules of the Services placed on the group, as placement counted them at its last \
+             decision",
+            group_placed_rules.clone(),
+        );
         let leader = Gauge::default();
         registry.register(
             "leader",
@@ -253,6 +290,9 @@ impl Metrics {
             bgp_session_drops,
             bgp_advertisement_changes,
             pool_addresses,
+            group_loxilbs,
+            group_capacity,
+            group_placed_rules,
             endpoints_dropped,
             services_not_programmed,
             events_dropped,
@@ -303,6 +343,38 @@ impl Metrics {
         self.loxilb_capacity
             .get_or_create(&InstanceLabels {
                 instance: instance.to_string(),
+            })
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// A group's loxilbs by state, and its capacity.
+    pub fn set_group(
+        &self,
+        group: &str,
+        serving: usize,
+        joining: usize,
+        down: usize,
+        capacity: usize,
+    ) {
+        for (state, n) in [("serving", serving), ("joining", joining), ("down", down)] {
+            self.group_loxilbs
+                .get_or_create(&GroupStateLabels {
+                    group: group.to_string(),
+                    state: state.to_string(),
+                })
+                .set(n as i64);
+        }
+        self.group_capacity
+            .get_or_create(&GroupLabels {
+                group: group.to_string(),
+            })
+            .set(i64::try_from(capacity).unwrap_or(i64::MAX));
+    }
+
+    pub fn set_group_placed_rules(&self, group: &str, n: usize) {
+        self.group_placed_rules
+            .get_or_create(&GroupLabels {
+                group: group.to_string(),
             })
             .set(i64::try_from(n).unwrap_or(i64::MAX));
     }

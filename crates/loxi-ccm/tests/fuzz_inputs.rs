@@ -359,7 +359,7 @@ proptest! {
             }),
             ..Default::default()
         };
-        if let Err(e) = loxi_ccm::ipam::service_sharing(&svc) {
+        if let Err(e) = loxi_ccm::ipam::service_sharing(&svc, "llb") {
             prop_assert_eq!(e.annotation, "loxilb.io/sharing-key");
         }
     }

@@ -379,6 +379,7 @@ impl Scenario {
         let ipam = Arc::new(Ipam::new(
             ipam::Settings {
                 pools: vec![Pool::new(POOL, vec![CIDR.parse().unwrap()])],
+                zone: "llb".into(),
                 ..ipam::Settings::default()
             },
             Pools::new(Api::all(client.clone()), None, namespace_store),
@@ -412,6 +413,7 @@ impl Scenario {
             requeue: requeue_tx,
             departures: Departures::new(false, inject_tx, Arc::new(Notify::new())),
             teardown: RulesFirst::new(16),
+            placement: Default::default(),
         });
         Scenario {
             ctx,
@@ -586,7 +588,7 @@ fn served_service() -> Service {
 
 /// The claim of `ip` listing `svc`, as its reconcile wrote it.
 fn claim_for(svc: &Service, ip: IpAddr) -> AddressClaim {
-    let me = ClaimedBy::new(NS, NAME, UID, &service_sharing(svc).unwrap());
+    let me = ClaimedBy::new(NS, NAME, UID, &service_sharing(svc, "llb").unwrap());
     let mut claim = AddressClaim::new(
         &claim_name(&ip),
         AddressClaimSpec {

@@ -165,6 +165,7 @@ mod tests {
                 .map(|p| PortProto::new(*p, Protocol::Tcp))
                 .collect(),
             key: None,
+            group: None,
         }
     }
 

@@ -263,11 +263,13 @@ pub enum Sharing {
     /// Nobody else: unique mode (`--set-unique-ip`), an operator's reservation, or an owner
     /// whose ports are not known (a claim written before sharing existed).
     Exclusive,
-    /// Shared with owners of the same key (both absent counts as the same) whose
-    /// (port, protocol) sets are disjoint from `ports`.
+    /// Shared with owners of the same key (both absent counts as the same) and the same
+    /// group of loxilbs (an address lives in one group: docs/fleet.md#groups-and-placement;
+    /// absent is the default group) whose (port, protocol) sets are disjoint from `ports`.
     Ports {
         key: Option<String>,
         ports: BTreeSet<PortProto>,
+        group: Option<String>,
     },
 }
 
@@ -275,9 +277,18 @@ impl Sharing {
     /// Whether an owner with `self` and one with `other` may hold the same address.
     pub fn compatible(&self, other: &Sharing) -> bool {
         match (self, other) {
-            (Sharing::Ports { key: a, ports: pa }, Sharing::Ports { key: b, ports: pb }) => {
-                a == b && pa.is_disjoint(pb)
-            }
+            (
+                Sharing::Ports {
+                    key: a,
+                    ports: pa,
+                    group: ga,
+                },
+                Sharing::Ports {
+                    key: b,
+                    ports: pb,
+                    group: gb,
+                },
+            ) => a == b && ga == gb && pa.is_disjoint(pb),
             _ => false,
         }
     }
@@ -285,6 +296,14 @@ impl Sharing {
     pub fn key(&self) -> Option<&str> {
         match self {
             Sharing::Ports { key, .. } => key.as_deref(),
+            Sharing::Exclusive => None,
+        }
+    }
+
+    /// The group of loxilbs of an owner that shares (`None`: the default group).
+    pub fn group(&self) -> Option<&str> {
+        match self {
+            Sharing::Ports { group, .. } => group.as_deref(),
             Sharing::Exclusive => None,
         }
     }
@@ -994,6 +1013,7 @@ mod tests {
                 .iter()
                 .map(|p| PortProto::new(*p, Protocol::Tcp))
                 .collect(),
+            group: None,
         }
     }
 
@@ -1020,7 +1040,17 @@ mod tests {
         let udp = Sharing::Ports {
             key: None,
             ports: [PortProto::new(80, Protocol::Udp)].into(),
+            group: None,
         };
+        let other_group = Sharing::Ports {
+            key: None,
+            ports: [PortProto::new(81, Protocol::Tcp)].into(),
+            group: Some("east".into()),
+        };
+        assert!(
+            !other_group.compatible(&ports(None, &[80])),
+            "an address lives in one group"
+        );
         assert!(udp.compatible(&ports(None, &[80])));
     }
 

@@ -17,6 +17,7 @@ pub mod inventory;
 pub mod ipam;
 pub mod model;
 pub mod naming;
+pub mod placement;
 pub mod plan;
 pub mod pools;
 pub mod roles;

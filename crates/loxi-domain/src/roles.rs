@@ -52,18 +52,31 @@ pub fn instance_names(zone: &str, count: u16) -> Vec<String> {
         .collect()
 }
 
+/// The group (zone) an HA instance belongs to: `east` for `east-inst3`; `None` for a name
+/// not of that form.
+pub fn group_of_instance(instance: &str) -> Option<&str> {
+    let (group, number) = instance.rsplit_once("-inst")?;
+    (!group.is_empty() && !number.is_empty() && number.bytes().all(|b| b.is_ascii_digit()))
+        .then_some(group)
+}
+
 /// The operator's HA role settings (`--set-roles`, docs/fleet.md#ha-roles).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HaSettings {
     /// The VIP sent with every state (`0.0.0.0` when none).
     pub vip: String,
-    /// The HA instances (`llb-inst0`, ...).
-    pub instances: Vec<String>,
+    /// HA instances per group (`--num-zone-instances`): `<group>-inst0`, ...
+    pub instance_count: u16,
     /// loxilbs never given a role (`--exclude-role-list`): URLs or hosts.
     pub excluded: Vec<String>,
 }
 
 impl HaSettings {
+    /// The HA instances of `group`.
+    pub fn instances_of(&self, group: &str) -> Vec<String> {
+        instance_names(group, self.instance_count)
+    }
+
     /// Whether the loxilb at `url` is excluded from roles: listed by its URL or its host.
     pub fn excludes(&self, url: &str) -> bool {
         let url = url.trim().trim_end_matches('/');
@@ -212,6 +225,15 @@ mod tests {
     }
 
     #[test]
+    fn an_instance_names_its_group() {
+        assert_eq!(group_of_instance("llb-inst0"), Some("llb"));
+        assert_eq!(group_of_instance("east-1-inst12"), Some("east-1"));
+        assert_eq!(group_of_instance("east-inst"), None);
+        assert_eq!(group_of_instance("-inst1"), None);
+        assert_eq!(group_of_instance("inst1"), None);
+    }
+
+    #[test]
     fn instance_names_follow_kube_loxilb() {
         assert_eq!(names(1), ["llb-inst0"]);
         assert_eq!(instance_names("az1", 2), ["az1-inst0", "az1-inst1"]);
@@ -269,7 +291,7 @@ mod tests {
     fn excluded_by_url_or_host() {
         let s = HaSettings {
             vip: "0.0.0.0".into(),
-            instances: names(1),
+            instance_count: 1,
             excluded: vec![
                 "10.0.0.2".into(),
                 "http://lb3:11111/".into(),

@@ -30,12 +30,18 @@ use crate::ipam::{PortProto, Sharing};
 pub const ANN_SHARING_KEY: &str = "loxilb.io/sharing-key";
 
 /// What a Service occupies on its address, whatever the mode: its ports (those with a
-/// protocol loxilb cannot balance are left out; the planner refuses the Service anyway) and
-/// its `loxilb.io/sharing-key`.
+/// protocol loxilb cannot balance are left out; the planner refuses the Service anyway), its
+/// `loxilb.io/sharing-key`, and its group of loxilbs (`loxilb.io/zoneselect`, where the
+/// controller records it; `default_group` and no value both count as the default group).
 pub fn service_sharing(
     annotations: Option<&BTreeMap<String, String>>,
     ports: &[PortProto],
+    default_group: &str,
 ) -> Result<Sharing, AnnotationError> {
+    let group = annotations
+        .and_then(|a| a.get(crate::placement::ZONE_SELECT_ANNOTATION))
+        .map(|v| v.trim())
+        .filter(|v| !v.is_empty() && *v != default_group);
     let key = annotations
         .and_then(|a| a.get(ANN_SHARING_KEY))
         .map(|v| v.trim())
@@ -52,6 +58,7 @@ pub fn service_sharing(
     Ok(Sharing::Ports {
         key: key.map(str::to_string),
         ports: ports.iter().copied().collect::<BTreeSet<_>>(),
+        group: group.map(str::to_string),
     })
 }
 
@@ -69,7 +76,7 @@ mod tests {
     #[test]
     fn keys_and_joining() {
         let ports = [PortProto::new(80, Protocol::Tcp)];
-        let plain = service_sharing(None, &ports).unwrap();
+        let plain = service_sharing(None, &ports, "llb").unwrap();
         assert_eq!(plain.key(), None);
         assert!(matches!(&plain, Sharing::Ports { ports, .. } if ports.len() == 1));
         assert!(may_join(false, false, &plain));
@@ -79,14 +86,37 @@ mod tests {
         );
         assert!(!may_join(true, false, &plain), "unique mode never joins");
         let ann = BTreeMap::from([(ANN_SHARING_KEY.to_string(), " team-a ".to_string())]);
-        let keyed = service_sharing(Some(&ann), &ports).unwrap();
+        let keyed = service_sharing(Some(&ann), &ports, "llb").unwrap();
         assert_eq!(keyed.key(), Some("team-a"));
         assert!(may_join(false, true, &keyed));
         assert!(!may_join(true, true, &keyed));
         let bad = BTreeMap::from([(ANN_SHARING_KEY.to_string(), "x".repeat(300))]);
         assert_eq!(
-            service_sharing(Some(&bad), &ports).unwrap_err().annotation,
+            service_sharing(Some(&bad), &ports, "llb")
+                .unwrap_err()
+                .annotation,
             ANN_SHARING_KEY
         );
+    }
+
+    #[test]
+    fn the_group_is_part_of_sharing_and_the_default_group_is_no_group() {
+        let ports = [PortProto::new(80, Protocol::Tcp)];
+        let other = [PortProto::new(81, Protocol::Tcp)];
+        let zone = |z: &str| {
+            BTreeMap::from([(
+                crate::placement::ZONE_SELECT_ANNOTATION.to_string(),
+                z.to_string(),
+            )])
+        };
+        let east = service_sharing(Some(&zone("east")), &ports, "llb").unwrap();
+        assert_eq!(east.group(), Some("east"));
+        let default = service_sharing(Some(&zone(" llb ")), &other, "llb").unwrap();
+        assert_eq!(default.group(), None);
+        let none = service_sharing(None, &other, "llb").unwrap();
+        assert!(default.compatible(&service_sharing(None, &ports, "llb").unwrap()));
+        assert!(!east.compatible(&none), "two groups never share an address");
+        let east81 = service_sharing(Some(&zone("east")), &other, "llb").unwrap();
+        assert!(east.compatible(&east81));
     }
 }

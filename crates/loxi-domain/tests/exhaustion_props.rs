@@ -26,6 +26,7 @@ fn sharing() -> impl Strategy<Value = Sharing> {
                         .into_iter()
                         .map(|p| PortProto::new(p, Protocol::Tcp))
                         .collect::<BTreeSet<_>>(),
+                    group: None,
                 }
             }),
     ]

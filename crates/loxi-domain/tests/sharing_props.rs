@@ -136,7 +136,7 @@ fn op() -> impl Strategy<Value = Op> {
         0..3,
     );
     prop_oneof![
-        5 => (0..2usize, 0..24u8, ports, prop::option::weighted(0.3, 0..2u8))
+        5 => (0..2usize, 0..24u8, ports, prop::option::weighted(0.3, 0..4u8))
             .prop_map(|(replica, svc, ports, key)| Op::Create { replica, svc, ports, key }),
         3 => (0..2usize, 0..24u8).prop_map(|(replica, svc)| Op::Delete { replica, svc }),
         1 => (0..2usize).prop_map(|replica| Op::Restart { replica }),
@@ -155,9 +155,12 @@ fn pools(grown: bool) -> Vec<Pool> {
     vec![Pool::new("p", vec![block.parse().unwrap()])]
 }
 
+/// Keys 2 and above also put the Service in another group of loxilbs (g0 or g1), so that
+/// groups and keys mix.
 fn sharing(ports: &BTreeSet<(u16, bool)>, key: Option<u8>) -> Sharing {
     Sharing::Ports {
         key: key.map(|k| format!("key{k}")),
+        group: key.filter(|k| *k >= 2).map(|k| format!("g{}", k % 2)),
         ports: ports
             .iter()
             .map(|(p, udp)| PortProto::new(*p, if *udp { Protocol::Udp } else { Protocol::Tcp }))
@@ -233,12 +236,13 @@ proptest! {
                 let mut seen: BTreeSet<PortProto> = BTreeSet::new();
                 for (i, (o, s)) in list.iter().enumerate() {
                     match s {
-                        Sharing::Ports { key, ports } => {
+                        Sharing::Ports { key, ports, group } => {
                             for p in ports {
                                 prop_assert!(seen.insert(*p), "{p} twice on {ip}: {list:?}");
                             }
                             let (_, first) = &list[0];
                             prop_assert_eq!(first.key(), key.as_deref(), "keys differ on {}", ip);
+                            prop_assert_eq!(first.group(), group.as_deref(), "groups differ on {}", ip);
                         }
                         Sharing::Exclusive => prop_assert!(list.len() == 1 && i == 0, "{o} not alone"),
                     }

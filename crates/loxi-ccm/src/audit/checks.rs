@@ -37,6 +37,10 @@ const REPORTED_REASONS: [&str; 3] = [
 #[derive(Debug, Clone)]
 pub struct InstanceSnapshot {
     pub url: String,
+    /// Its group of loxilbs: it should hold the rules of that group's Services only.
+    pub group: String,
+    /// Its HA states (instance -> `MASTER`, `BACKUP`, ...) when they could be read.
+    pub ha_states: Option<BTreeMap<String, String>>,
     /// Every rule it lists, read back into the domain model; `Err`: it could not be listed
     /// (down, refusing): its rules are not checked, and the report says so.
     pub rules: Result<Vec<Rule>, String>,
@@ -61,6 +65,8 @@ pub struct Snapshot {
     pub claims: Vec<AddressClaim>,
     pub pools: PoolSet,
     pub instances: Vec<InstanceSnapshot>,
+    /// `--set-roles`: roles are arbitrated, so each HA instance has one master.
+    pub roles: Option<loxi_domain::roles::HaSettings>,
 }
 
 /// The kinds of violation, each with a stable name (the report's first word after
@@ -85,6 +91,9 @@ pub enum Kind {
     /// the Service has now: the sharing decisions (and the drift check) work on a stale
     /// record, which can put two Services on one address and port.
     ClaimPorts,
+    /// With `--set-roles`, an HA instance of a group with a reachable loxilb has no master
+    /// or more than one among the group's loxilbs.
+    HaMasters,
 }
 
 impl Kind {
@@ -98,6 +107,7 @@ impl Kind {
             Kind::OutsidePools => "outside-pools",
             Kind::BgpAdvertisements => "bgp-advertisements",
             Kind::ClaimPorts => "claim-ports",
+            Kind::HaMasters => "ha-masters",
         }
     }
 }
@@ -223,7 +233,47 @@ pub fn audit(s: &Snapshot) -> Findings {
     check_rules(s, &view, &desired, &mut f);
     check_orphans(s, &view, &mut f);
     check_advertisements(s, &mut f);
+    check_masters(s, &mut f);
     f
+}
+
+/// With `--set-roles`: for every group with a loxilb whose HA states could be read, each of
+/// its HA instances has exactly one `MASTER` among the group's loxilbs
+/// (docs/fleet.md#ha-roles). Excluded loxilbs hold no role and are not counted.
+fn check_masters(s: &Snapshot, f: &mut Findings) {
+    let Some(roles) = &s.roles else { return };
+    let mut groups: BTreeMap<&str, Vec<&InstanceSnapshot>> = BTreeMap::new();
+    for inst in &s.instances {
+        if inst.ha_states.is_some() && !roles.excludes(&inst.url) {
+            groups.entry(inst.group.as_str()).or_default().push(inst);
+        }
+    }
+    for (group, members) in groups {
+        for ha in roles.instances_of(group) {
+            let masters: Vec<&str> = members
+                .iter()
+                .filter(|i| {
+                    i.ha_states
+                        .as_ref()
+                        .and_then(|st| st.get(&ha))
+                        .is_some_and(|st| st == "MASTER")
+                })
+                .map(|i| i.url.as_str())
+                .collect();
+            if masters.len() != 1 {
+                f.violation(
+                    Kind::HaMasters,
+                    format!(
+                        "HA instance {ha} of group {group} has {} master(s) among {} reachable loxilb(s): [{}]",
+                        masters.len(),
+                        members.len(),
+                        masters.join(", ")
+                    ),
+                    members.iter().map(|i| format!("loxilb {}", i.url)).collect(),
+                );
+            }
+        }
+    }
 }
 
 /// The snapshot indexed, restricted to `--namespace` when one is set.
@@ -232,6 +282,8 @@ struct View<'a> {
     claims: Vec<&'a AddressClaim>,
     by_address: BTreeMap<IpAddr, Vec<&'a AddressClaim>>,
     namespace: Option<&'a str>,
+    /// The default group of loxilbs (`--zone`).
+    zone: &'a str,
 }
 
 impl<'a> View<'a> {
@@ -268,6 +320,7 @@ impl<'a> View<'a> {
             claims,
             by_address,
             namespace,
+            zone: &s.settings.zone,
         }
     }
 
@@ -298,10 +351,12 @@ fn check_sharing(v: &View<'_>, f: &mut Findings) {
                     Some("a secondary address is never shared".to_string())
                 } else if !a.sharing().compatible(&b.sharing()) {
                     Some(format!(
-                        "sharing not allowed: keys {:?} and {:?}, ports {:?} and {:?} (an \
-                         owner without ports or uid holds the address alone)",
+                        "sharing not allowed: keys {:?} and {:?}, groups {:?} and {:?}, ports \
+                         {:?} and {:?} (an owner without ports or uid holds the address alone)",
                         a.sharing_key.as_deref().unwrap_or(""),
                         b.sharing_key.as_deref().unwrap_or(""),
+                        a.group.as_deref().unwrap_or(""),
+                        b.group.as_deref().unwrap_or(""),
                         a.ports.as_deref().unwrap_or_default(),
                         b.ports.as_deref().unwrap_or_default(),
                     ))
@@ -395,26 +450,27 @@ fn check_claim_ports(v: &View<'_>, f: &mut Findings) {
                 continue;
             }
             let Some(svc) = v.live(o) else { continue };
-            let Ok(sharing) = crate::ipam::service_sharing(svc) else {
+            let Ok(sharing) = crate::ipam::service_sharing(svc, v.zone) else {
                 continue;
             };
             let now = ClaimedBy::new(&o.namespace, &o.name, &o.uid, &sharing);
-            if now.ports == o.ports && now.sharing_key == o.sharing_key {
+            if now.ports == o.ports && now.sharing_key == o.sharing_key && now.group == o.group {
                 continue;
             }
-            let show = |ports: &Option<Vec<String>>, key: &Option<String>| {
+            let show = |o: &ClaimedBy| {
                 format!(
-                    "ports [{}] key {:?}",
-                    ports.as_deref().unwrap_or_default().join(", "),
-                    key.as_deref().unwrap_or("")
+                    "ports [{}] key {:?} group {:?}",
+                    o.ports.as_deref().unwrap_or_default().join(", "),
+                    o.sharing_key.as_deref().unwrap_or(""),
+                    o.group.as_deref().unwrap_or("")
                 )
             };
             let detail = format!(
                 "claim for {} records {} with {}, but the Service has {}",
                 c.spec.address,
                 o.key(),
-                show(&o.ports, &o.sharing_key),
-                show(&now.ports, &now.sharing_key)
+                show(o),
+                show(&now)
             );
             if let Some(reason) = condition_false(svc, COND_ADDRESS) {
                 f.notes.push(format!(
@@ -720,6 +776,18 @@ fn check_rules(s: &Snapshot, v: &View<'_>, desired: &Desired<'_>, f: &mut Findin
         for (&(ns, name), want) in desired {
             let Some(want) = want else { continue };
             let svc = v.services[&(ns, name)];
+            // Only its group's loxilbs hold its rules; elsewhere it should have none. A
+            // Service not placed yet is judged on the default group only.
+            let recorded = crate::service::context::recorded_group(svc);
+            if recorded.is_none() && inst.group != s.settings.zone {
+                continue;
+            }
+            let none = Vec::new();
+            let want = if s.settings.group_of(svc) == inst.group {
+                want
+            } else {
+                &none
+            };
             let reported = unprogrammed_reason(svc).filter(|r| REPORTED_REASONS.contains(r));
             let owned = |r: &Rule| RuleName::is_owned_by(&r.name, &s.cluster);
             for action in diff_rules(want, rules, owned) {
@@ -925,6 +993,7 @@ mod tests {
             &Sharing::Ports {
                 key: None,
                 ports: [PortProto::new(port, Protocol::Tcp)].into(),
+                group: None,
             },
         )
     }
@@ -976,11 +1045,14 @@ mod tests {
                 ..PoolSet::default()
             },
             instances: Vec::new(),
+            roles: None,
         };
         // A loxilb holding exactly the planned rules: a converged cluster.
         let rules = planned(&s);
         s.instances.push(InstanceSnapshot {
             url: "http://loxilb".into(),
+            group: "llb".into(),
+            ha_states: None,
             rules: Ok(rules),
             advertisements: None,
         });

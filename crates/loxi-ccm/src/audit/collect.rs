@@ -100,7 +100,9 @@ pub async fn snapshot(client: &kube::Client, cfg: &Config) -> anyhow::Result<Sna
 
     let mut instances = Vec::new();
     for c in &cfg.loxilb {
-        instances.push(instance(c.clone(), cfg.bgp.is_some()).await);
+        let mut snapshot = instance(c.client.clone(), cfg.bgp.is_some()).await;
+        snapshot.group = c.group.clone();
+        instances.push(snapshot);
     }
     Ok(Snapshot {
         cluster,
@@ -113,7 +115,8 @@ pub async fn snapshot(client: &kube::Client, cfg: &Config) -> anyhow::Result<Sna
             enforce_source_ranges: cfg.enforce_source_ranges,
             namespace: cfg.namespace.clone(),
             advertise: cfg.bgp.is_some(),
-            ha_instances: cfg.ha_instances.clone(),
+            zone: cfg.zone.clone(),
+            zone_instances: cfg.zone_instances,
         },
         services,
         nodes: nodes.iter().map(node_view).collect(),
@@ -122,6 +125,7 @@ pub async fn snapshot(client: &kube::Client, cfg: &Config) -> anyhow::Result<Sna
         claims,
         pools,
         instances,
+        roles: cfg.roles.clone(),
     })
 }
 
@@ -135,6 +139,8 @@ async fn instance(cfg: loxilb_client::ClientConfig, bgp: bool) -> InstanceSnapsh
         Err(e) => {
             return InstanceSnapshot {
                 url,
+                group: String::new(),
+                ha_states: None,
                 rules: Err(e.to_string()),
                 advertisements: None,
             };
@@ -153,8 +159,14 @@ async fn instance(cfg: loxilb_client::ClientConfig, bgp: bool) -> InstanceSnapsh
     } else {
         None
     };
+    let ha_states = match tokio::time::timeout(LOXILB_TIMEOUT, client.cluster_states()).await {
+        Ok(Ok(states)) => Some(states.into_iter().map(|s| (s.instance, s.state)).collect()),
+        _ => None,
+    };
     InstanceSnapshot {
         url,
+        group: String::new(),
+        ha_states,
         rules,
         advertisements,
     }

@@ -235,9 +235,27 @@ fn describe_fleet(cfg: &Config) -> String {
                 .map_or("any namespace".to_string(), |ns| format!("namespace {ns}")),
             d.port
         ),
-        None => format!("{} loxilb(s) from --loxilb-url", cfg.loxilb.len()),
+        None => {
+            let mut groups: std::collections::BTreeMap<&str, usize> = Default::default();
+            for c in &cfg.loxilb {
+                *groups.entry(c.group.as_str()).or_default() += 1;
+            }
+            let each: Vec<String> = groups
+                .iter()
+                .map(|(g, n)| format!("group {g}: {n}"))
+                .collect();
+            format!(
+                "{} loxilb(s) from --loxilb-url ({})",
+                cfg.loxilb.len(),
+                each.join(", ")
+            )
+        }
     };
-    let instances = cfg.ha_instances.join(", ");
+    let instances = format!(
+        "{} per group ({})",
+        cfg.zone_instances,
+        loxi_domain::roles::instance_names(&cfg.zone, cfg.zone_instances).join(", ")
+    );
     let roles = match &cfg.roles {
         Some(r) => {
             let (ns, name) = &cfg.roles_record;
@@ -775,18 +793,40 @@ async fn inventory_check(api: Option<&kube::Client>, cfg: &Config) -> Option<Che
 
 async fn loxilb_checks(cfg: &Config) -> Report {
     let checks = cfg.loxilb.iter().cloned().map(|c| async move {
-        let mut lines = vec![one_loxilb(c.clone()).await];
+        let (line, rules) = one_loxilb(c.client.clone()).await;
+        let mut lines = vec![line];
         if let Some(bgp) = &cfg.bgp {
-            lines.push(one_loxilb_bgp(c, bgp).await);
+            lines.push(one_loxilb_bgp(c.client, bgp).await);
         }
-        lines
+        (c.group, rules, lines)
     });
-    let lines = futures::future::join_all(checks)
-        .await
-        .into_iter()
-        .flatten()
-        .collect();
+    let results = futures::future::join_all(checks).await;
+    let mut lines: Vec<CheckLine> = Vec::new();
+    let mut groups: std::collections::BTreeMap<&str, Vec<Option<usize>>> = Default::default();
+    for (group, rules, group_lines) in &results {
+        groups.entry(group.as_str()).or_default().push(*rules);
+        lines.extend(group_lines.iter().cloned());
+    }
+    for (group, rules) in groups {
+        lines.push(group_line(group, &rules, cfg.loxilb_max_rules));
+    }
     Report { lines }
+}
+
+/// A group's line (docs/fleet.md#groups-and-placement): how many of its loxilbs answer, and
+/// the fullest one's rules against the configured table size. A group none of whose
+/// loxilbs answers fails.
+fn group_line(group: &str, rules: &[Option<usize>], capacity: usize) -> CheckLine {
+    let reachable = rules.iter().filter(|r| r.is_some()).count();
+    let fullest = rules.iter().flatten().max().copied().unwrap_or(0);
+    CheckLine {
+        ok: reachable > 0,
+        name: format!("group {group}"),
+        detail: format!(
+            "{reachable}/{} loxilb(s) reachable; fullest holds {fullest} of {capacity} rules",
+            rules.len()
+        ),
+    }
 }
 
 /// The BGP line of one loxilb: each neighbour it holds with its session state, and the
@@ -845,7 +885,8 @@ async fn one_loxilb_bgp(mut c: ClientConfig, bgp: &loxi_domain::bgp::BgpSettings
     line(true, detail)
 }
 
-async fn one_loxilb(mut c: ClientConfig) -> CheckLine {
+/// One loxilb's line, and the rules it holds when it could be listed.
+async fn one_loxilb(mut c: ClientConfig) -> (CheckLine, Option<usize>) {
     let name = format!("loxilb {}", c.url);
     // One attempt: the report should say what happens now, quickly.
     c.retry.attempts = 1;
@@ -856,28 +897,34 @@ async fn one_loxilb(mut c: ClientConfig) -> CheckLine {
     };
     let client = match LoxilbClient::new(c) {
         Ok(client) => client,
-        Err(e) => return line(false, e.to_string()),
+        Err(e) => return (line(false, e.to_string()), None),
     };
     let version = match client.version().await {
         Ok(v) => v,
-        Err(e) => return line(false, e.to_string()),
+        Err(e) => return (line(false, e.to_string()), None),
     };
     match client.list_rules().await {
-        Ok(rules) => line(
-            true,
-            format!(
-                "reachable, version {} ({}), {} rule(s)",
-                version.version,
-                version.build_info,
-                rules.len()
+        Ok(rules) => (
+            line(
+                true,
+                format!(
+                    "reachable, version {} ({}), {} rule(s)",
+                    version.version,
+                    version.build_info,
+                    rules.len()
+                ),
             ),
+            Some(rules.len()),
         ),
-        Err(e) => line(
-            false,
-            format!(
-                "reachable (version {}), but listing rules failed: {e}",
-                version.version
+        Err(e) => (
+            line(
+                false,
+                format!(
+                    "reachable (version {}), but listing rules failed: {e}",
+                    version.version
+                ),
             ),
+            None,
         ),
     }
 }

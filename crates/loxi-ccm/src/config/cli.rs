@@ -93,8 +93,11 @@ pub struct RunArgs {
     pub kubeconfig: Option<PathBuf>,
 
     /// loxilb API endpoint(s), e.g. http://10.0.0.5:11111. Repeat the flag or separate with
-    /// commas; every instance gets every rule. Unset: the loxilbs running in the cluster are
-    /// followed instead (--loxilb-service, docs/fleet.md#discovery). (kube-loxilb: --loxiURL)
+    /// commas. Every loxilb of a group gets the rules of the Services placed on that group;
+    /// GROUP=URL (east=http://10.0.0.5:11111) puts a loxilb in group GROUP, a plain URL in
+    /// the --zone group (docs/fleet.md#groups-and-placement). Unset: the loxilbs running in
+    /// the cluster are followed instead (--loxilb-service, docs/fleet.md#discovery).
+    /// (kube-loxilb: --loxiURL)
     #[arg(
         long = "loxilb-url",
         alias = "loxiURL",
@@ -102,6 +105,14 @@ pub struct RunArgs {
         value_delimiter = ','
     )]
     pub loxilb_urls: Vec<String>,
+
+    /// Name of the default group of loxilbs (kube-loxilb's zone): the group of every loxilb
+    /// named without one, and the prefix of its HA instances (<zone>-inst0, ...), which rule
+    /// names end with. With several groups, a Service goes to the group its
+    /// loxilb.io/zoneselect names, else to the group with the most room, recorded in that
+    /// annotation and never moved. (kube-loxilb: --zone)
+    #[arg(long = "zone", env = "LOXI_CCM_ZONE", default_value = "llb")]
+    pub zone: String,
 
     /// Without --loxilb-url: the Service whose ready EndpointSlice addresses are the loxilbs
     /// (kube-loxilb's in-cluster loxilb Service), followed by a watch; a loxilb that appears

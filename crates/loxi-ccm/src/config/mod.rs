@@ -69,10 +69,18 @@ impl ConfigError {
     }
 }
 
+/// One loxilb named by `--loxilb-url`: its group and its client settings.
+#[derive(Debug, Clone)]
+pub struct ConfiguredLoxilb {
+    /// `east` for `east=http://...`, else the default group (`--zone`).
+    pub group: String,
+    pub client: ClientConfig,
+}
+
 #[derive(Debug, Clone)]
 pub struct Config {
     /// One per loxilb URL; all share [`Config::loxilb_token`].
-    pub loxilb: Vec<ClientConfig>,
+    pub loxilb: Vec<ConfiguredLoxilb>,
     /// The loxilb token every client sends (redacted in Debug output), replaced in place by
     /// the re-reading of `--loxilb-token-file` or the watch of `--loxilb-token-secret`.
     pub loxilb_token: Token,
@@ -118,8 +126,11 @@ pub struct Config {
     pub discovery: Option<Discovery>,
     /// Timeout, token and CA for loxilbs that join later (discovered, `LoxiURL`).
     pub loxilb_template: ClientConfig,
-    /// The HA instances Services are given (`--num-zone-instances`: `llb-inst0`, ...).
-    pub ha_instances: Vec<String>,
+    /// The default group's name (`--zone`, kube-loxilb's zone; `llb` unless set): the group
+    /// of loxilbs named without one, and the prefix of its HA instances (`llb-inst0`, ...).
+    pub zone: String,
+    /// HA instances per group (`--num-zone-instances`: `<zone>-inst0`, ...).
+    pub zone_instances: u16,
     /// `None`: no HA roles (`--set-roles` unset).
     pub roles: Option<loxi_domain::roles::HaSettings>,
     /// Namespace and name of the ConfigMap recording the HA masters: the leader-election
@@ -245,11 +256,20 @@ const LEGACY_KEYS: &[(&str, &[&str])] = &[
     ("load_balancer_class", &["loxilbLoadBalancerClass"]),
 ];
 
+/// `east=http://a:11111` -> (`east`, `http://a:11111`); a plain URL belongs to `default`.
+fn split_group<'a>(entry: &'a str, default: &'a str) -> (&'a str, &'a str) {
+    match entry.split_once('=') {
+        Some((group, url)) if !group.contains("://") && !group.contains('/') => {
+            (group.trim(), url.trim())
+        }
+        _ => (default, entry),
+    }
+}
+
 /// kube-loxilb / loxi-ccm (Go) settings that have no equivalent here. Refused with an
 /// explanation rather than ignored: silently dropping e.g. `setRoles` would change behaviour.
 const UNSUPPORTED_KEYS: &[&str] = &[
     "externalSecondaryCIDRs6",
-    "zone",
     "privateCIDR",
     "appendEPs",
     "gatewayAPI",
@@ -915,13 +935,29 @@ impl Config {
             TokenSource::Fixed
         };
 
+        let zone = args.zone.trim();
+        if !loxi_domain::placement::is_group_name(zone) {
+            return Err(bad(
+                "zone",
+                zone,
+                "expected a group name: lower-case letters, digits and '-', at most 50 characters",
+            ));
+        }
         let mut loxilb = Vec::new();
-        for url in args
+        for entry in args
             .loxilb_urls
             .iter()
             .map(|u| u.trim())
             .filter(|u| !u.is_empty())
         {
+            let (group, url) = split_group(entry, zone);
+            if !loxi_domain::placement::is_group_name(group) {
+                return Err(bad(
+                    "loxilb_urls",
+                    entry,
+                    "the group before '=' must be lower-case letters, digits and '-', at most 50 characters",
+                ));
+            }
             if !(url.starts_with("http://") || url.starts_with("https://")) {
                 return Err(bad(
                     "loxilb_urls",
@@ -945,7 +981,10 @@ impl Config {
                 }
                 Err(e) => return Err(bad("loxilb_urls", url, &e.to_string())),
             }
-            loxilb.push(c);
+            loxilb.push(ConfiguredLoxilb {
+                group: group.to_string(),
+                client: c,
+            });
         }
         let discovery = if loxilb.is_empty() {
             let service = args.loxilb_service.trim();
@@ -989,10 +1028,6 @@ impl Config {
 
         let (pools, secondary_pools) = build_pools(args, origins)?;
         let bgp = bgp_settings(args, origins)?;
-        let ha_instances = loxi_domain::roles::instance_names(
-            loxi_domain::roles::DEFAULT_ZONE,
-            args.num_zone_instances,
-        );
         let roles = match args.set_roles.as_deref().map(str::trim) {
             None | Some("") => None,
             Some(vip) => {
@@ -1005,7 +1040,7 @@ impl Config {
                 }
                 Some(loxi_domain::roles::HaSettings {
                     vip: vip.to_string(),
-                    instances: ha_instances.clone(),
+                    instance_count: args.num_zone_instances,
                     excluded: non_empty(&args.exclude_role_list)
                         .map(str::to_string)
                         .collect(),
@@ -1070,7 +1105,8 @@ impl Config {
             bgp,
             discovery,
             loxilb_template,
-            ha_instances,
+            zone: zone.to_string(),
+            zone_instances: args.num_zone_instances,
             roles,
             roles_record: (
                 args.leader_elect_namespace.clone(),
@@ -1424,7 +1460,7 @@ mod tests {
         assert_eq!(l.config_file.as_deref(), Some(file.as_path()));
         let cfg = l.config().unwrap();
         assert_eq!(cfg.defaults.mode, NatMode::OneArm);
-        assert_eq!(cfg.loxilb[0].url, "http://10.0.0.1:11111");
+        assert_eq!(cfg.loxilb[0].client.url, "http://10.0.0.1:11111");
         assert_eq!(cfg.pool.name, DEFAULT_POOL);
 
         // --config beats LOXI_CCM_CONFIG; nothing from the environment's file is read.
@@ -1464,7 +1500,7 @@ mod tests {
         );
         let env = env_of(&[("LOXI_CCM_CONFIG", file.to_str().unwrap())]);
         let cfg = run(&[], &env).unwrap().config().unwrap();
-        let urls: Vec<_> = cfg.loxilb.iter().map(|c| c.url.as_str()).collect();
+        let urls: Vec<_> = cfg.loxilb.iter().map(|c| c.client.url.as_str()).collect();
         assert_eq!(urls, ["http://10.0.0.1:11111", "http://10.0.0.2:11111"]);
         let names: Vec<_> = cfg.pools.iter().map(|p| p.name.as_str()).collect();
         assert_eq!(names, ["default", "a", "b", "default6", "c"]);
@@ -1862,7 +1898,7 @@ mod tests {
         .unwrap()
         .config()
         .unwrap();
-        assert_eq!(cfg.loxilb[0].token.get().as_deref(), Some("s3cret"));
+        assert_eq!(cfg.loxilb[0].client.token.get().as_deref(), Some("s3cret"));
         assert!(
             !format!("{cfg:?}").contains("s3cret"),
             "Debug shows no token"

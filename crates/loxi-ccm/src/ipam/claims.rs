@@ -53,6 +53,10 @@ pub struct ClaimedBy {
     /// The Service's `loxilb.io/sharing-key`: it shares only with owners of the same key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sharing_key: Option<String>,
+    /// The group of loxilbs the Service is placed on (its `loxilb.io/zoneselect`); absent:
+    /// the default group. An address lives in one group: it is shared only within it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
     /// `secondary` for an SCTP multi-homing address (never shared, not shown in the
     /// Service's status); absent for a VIP.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -65,11 +69,12 @@ pub use crate::k8s::view::ROLE_SECONDARY;
 impl ClaimedBy {
     /// An owner entry for a Service occupying what `sharing` says (`Exclusive`: no ports).
     pub fn new(namespace: &str, name: &str, uid: &str, sharing: &Sharing) -> ClaimedBy {
-        let (ports, sharing_key) = match sharing {
-            Sharing::Exclusive => (None, None),
-            Sharing::Ports { key, ports } => (
+        let (ports, sharing_key, group) = match sharing {
+            Sharing::Exclusive => (None, None, None),
+            Sharing::Ports { key, ports, group } => (
                 Some(ports.iter().map(ToString::to_string).collect()),
                 key.clone(),
+                group.clone(),
             ),
         };
         ClaimedBy {
@@ -78,6 +83,7 @@ impl ClaimedBy {
             uid: uid.to_string(),
             ports,
             sharing_key,
+            group,
             role: None,
         }
     }
@@ -121,6 +127,7 @@ impl ClaimedBy {
             Ok(ports) => Sharing::Ports {
                 key: self.sharing_key.clone(),
                 ports,
+                group: self.group.clone(),
             },
             Err(_) => Sharing::Exclusive,
         }
@@ -467,6 +474,7 @@ mod tests {
                     .iter()
                     .map(|p| PortProto::new(*p, Protocol::Tcp))
                     .collect(),
+                group: None,
             },
         };
         ClaimedBy::new("ns", name, uid, &sharing)

@@ -132,7 +132,7 @@ impl Ipam {
     }
 
     async fn ensure_all(&self, svc: &Service) -> Result<Held, EnsureError> {
-        let sharing = service_sharing(svc).map_err(AddressProblem::from)?;
+        let sharing = service_sharing(svc, &self.settings.zone).map_err(AddressProblem::from)?;
         let pools = self.pool_set();
         let namespace_labels = self
             .pools

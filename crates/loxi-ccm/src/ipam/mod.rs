@@ -51,6 +51,9 @@ pub struct Settings {
     pub unique_ip: bool,
     /// `--namespace`: only Services (and claim owners) in this namespace are ours.
     pub namespace: Option<String>,
+    /// The default group of loxilbs (`--zone`): Services placed on it share addresses with
+    /// Services that name no group.
+    pub zone: String,
 }
 
 /// Why a Service has no address now: reported on the Service, nothing to retry until
@@ -180,7 +183,7 @@ impl Ipam {
         }
         for svc in ours {
             let key = owner_key(svc);
-            let sharing = match service_sharing(svc) {
+            let sharing = match service_sharing(svc, &self.settings.zone) {
                 Ok(s) if !self.settings.unique_ip => s,
                 _ => Sharing::Exclusive,
             };
@@ -345,7 +348,7 @@ impl Ipam {
                 state.index.addresses_of(&secondary_owner_key(svc)).to_vec(),
             )
         };
-        let sharing = service_sharing(svc).ok()?;
+        let sharing = service_sharing(svc, &self.settings.zone).ok()?;
         let (ns, name, uid) = (
             svc.namespace().unwrap_or_default(),
             svc.name_any(),
@@ -506,7 +509,7 @@ fn service_of_key(key: &str) -> Option<ObjectRef<Service>> {
 }
 
 /// The (port, protocol) pairs a Service serves: what it occupies on a shared address.
-fn service_ports(svc: &Service) -> Vec<loxi_domain::ipam::PortProto> {
+pub fn service_ports(svc: &Service) -> Vec<loxi_domain::ipam::PortProto> {
     svc.spec
         .as_ref()
         .and_then(|s| s.ports.as_ref())
@@ -524,10 +527,15 @@ fn service_ports(svc: &Service) -> Vec<loxi_domain::ipam::PortProto> {
         .unwrap_or_default()
 }
 
-/// What the Service occupies on its addresses: its ports and `loxilb.io/sharing-key`
-/// (`loxi_domain::sharing`; recorded in both modes, the mode only decides joining).
-pub fn service_sharing(svc: &Service) -> Result<Sharing, AnnotationError> {
-    loxi_domain::sharing::service_sharing(svc.meta().annotations.as_ref(), &service_ports(svc))
+/// What the Service occupies on its addresses: its ports, `loxilb.io/sharing-key` and group
+/// of loxilbs (`default_group`: `--zone`) (`loxi_domain::sharing`; recorded in both modes,
+/// the mode only decides joining).
+pub fn service_sharing(svc: &Service, default_group: &str) -> Result<Sharing, AnnotationError> {
+    loxi_domain::sharing::service_sharing(
+        svc.meta().annotations.as_ref(),
+        &service_ports(svc),
+        default_group,
+    )
 }
 
 #[cfg(test)]

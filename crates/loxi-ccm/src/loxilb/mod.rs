@@ -539,6 +539,9 @@ fn decide_all(
 
 pub struct Instance {
     pub client: LoxilbClient,
+    /// The group of loxilbs it belongs to (kube-loxilb's zone): it holds the rules of the
+    /// Services placed on that group only (docs/fleet.md#groups-and-placement).
+    group: String,
     /// The restart marker's cluster-instance entry (module docs).
     marker: loxilb_client::CiState,
     healthy: AtomicBool,
@@ -716,6 +719,7 @@ impl Instance {
     pub fn new(client: LoxilbClient, cluster: &ClusterId) -> Instance {
         Instance {
             client,
+            group: loxi_domain::roles::DEFAULT_ZONE.to_string(),
             marker: loxilb_client::CiState {
                 instance: format!("loxi-ccm.{cluster}"),
                 state: "NOT_DEFINED".into(),
@@ -736,6 +740,17 @@ impl Instance {
 
     pub fn url(&self) -> &str {
         self.client.url()
+    }
+
+    /// The instance as a member of `group`.
+    pub fn in_group(mut self, group: &str) -> Instance {
+        self.group = group.to_string();
+        self
+    }
+
+    /// The group it belongs to.
+    pub fn group(&self) -> &str {
+        &self.group
     }
 
     /// How long ago a Service's own pass last wrote here (`None`: never).
@@ -1607,6 +1622,40 @@ struct FleetInner {
     parallel_calls: AtomicUsize,
 }
 
+/// One loxilb of the fleet as its sources name it: its group and its API URL.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Member {
+    pub group: String,
+    pub url: String,
+}
+
+impl Member {
+    pub fn new(group: &str, url: &str) -> Member {
+        Member {
+            group: group.to_string(),
+            url: url.to_string(),
+        }
+    }
+}
+
+/// One group of the fleet now: its name and its instances.
+#[derive(Clone)]
+pub struct Group {
+    pub name: String,
+    pub instances: Vec<Arc<Instance>>,
+}
+
+impl Group {
+    /// Rules each of its loxilbs holds at most: the smallest table among them.
+    pub fn capacity(&self) -> usize {
+        self.instances
+            .iter()
+            .map(|i| i.capacity())
+            .min()
+            .unwrap_or(0)
+    }
+}
+
 /// What [`Fleet::set_members`] changed: URLs that joined, and the instances that left.
 #[derive(Default)]
 pub struct MembersChanged {
@@ -1615,14 +1664,19 @@ pub struct MembersChanged {
 }
 
 impl Fleet {
+    /// One group (the default one) of instances.
     pub fn new(clients: Vec<LoxilbClient>, cluster: &ClusterId) -> Fleet {
-        Fleet::with_capacity(clients, DEFAULT_CAPACITY, cluster)
+        let grouped = clients
+            .into_iter()
+            .map(|c| (loxi_domain::roles::DEFAULT_ZONE.to_string(), c))
+            .collect();
+        Fleet::with_capacity(grouped, DEFAULT_CAPACITY, cluster)
     }
 
-    /// Instances whose rule tables hold `capacity` rules (loxilb's is 2048 unless built
-    /// otherwise).
+    /// Instances (each with its group) whose rule tables hold `capacity` rules (loxilb's is
+    /// 2048 unless built otherwise).
     pub fn with_capacity(
-        clients: Vec<LoxilbClient>,
+        clients: Vec<(String, LoxilbClient)>,
         capacity: usize,
         cluster: &ClusterId,
     ) -> Fleet {
@@ -1631,7 +1685,7 @@ impl Fleet {
                 members: std::sync::RwLock::new(Arc::new(
                     clients
                         .into_iter()
-                        .map(|c| Arc::new(Instance::new(c, cluster)))
+                        .map(|(group, c)| Arc::new(Instance::new(c, cluster).in_group(&group)))
                         .collect(),
                 )),
                 cluster: cluster.clone(),
@@ -1652,13 +1706,29 @@ impl Fleet {
             .clone()
     }
 
-    /// Makes the members the loxilbs at `urls` (discovery): an instance already known is
-    /// kept with everything it holds; a new one joins *not serving* (Services' passes skip
-    /// it) until its first replay has programmed it completely; one no longer listed is
-    /// dropped. `client` makes the client of a new URL (`None`: skipped, it said why).
+    /// The groups now, by name, each with its instances (a snapshot).
+    pub fn groups(&self) -> Vec<Group> {
+        let mut groups: BTreeMap<String, Vec<Arc<Instance>>> = BTreeMap::new();
+        for inst in self.instances().iter() {
+            groups
+                .entry(inst.group().to_string())
+                .or_default()
+                .push(inst.clone());
+        }
+        groups
+            .into_iter()
+            .map(|(name, instances)| Group { name, instances })
+            .collect()
+    }
+
+    /// Makes the members the loxilbs `members` names (discovery, `LoxiURL`): an instance
+    /// already known (same URL, same group) is kept with everything it holds; a new one
+    /// joins *not serving* (Services' passes skip it) until its first replay has programmed
+    /// it completely; one no longer listed is dropped. A URL listed twice counts once (its
+    /// first group). `client` makes the client of a new URL (`None`: skipped, it said why).
     pub fn set_members(
         &self,
-        urls: &[String],
+        wanted: &[Member],
         client: impl Fn(&str) -> Option<LoxilbClient>,
     ) -> MembersChanged {
         let mut members = self
@@ -1667,17 +1737,20 @@ impl Fleet {
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut changed = MembersChanged::default();
-        let mut next: Vec<Arc<Instance>> = Vec::with_capacity(urls.len());
-        for url in urls {
+        let mut next: Vec<Arc<Instance>> = Vec::with_capacity(wanted.len());
+        for Member { group, url } in wanted {
             if next.iter().any(|i| i.url() == url) {
                 continue;
             }
-            if let Some(known) = members.iter().find(|i| i.url() == url) {
+            if let Some(known) = members
+                .iter()
+                .find(|i| i.url() == url && i.group() == group)
+            {
                 next.push(known.clone());
                 continue;
             }
             let Some(c) = client(url) else { continue };
-            let inst = Instance::new(c, &self.inner.cluster);
+            let inst = Instance::new(c, &self.inner.cluster).in_group(group);
             inst.serving.store(false, Ordering::SeqCst);
             inst.set_capacity(self.inner.capacity.load(Ordering::Relaxed));
             inst.parallel_calls.store(
@@ -1688,7 +1761,7 @@ impl Fleet {
             next.push(Arc::new(inst));
         }
         for old in members.iter() {
-            if !next.iter().any(|i| i.url() == old.url()) {
+            if !next.iter().any(|i| Arc::ptr_eq(i, old)) {
                 changed.left.push(old.clone());
             }
         }

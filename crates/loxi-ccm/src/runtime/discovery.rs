@@ -21,6 +21,7 @@ use tracing::{info, warn};
 
 use super::Shared;
 use crate::config::Discovery;
+use crate::loxilb::Member;
 
 /// The label the EndpointSlice controller puts on a Service's slices.
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -75,31 +76,41 @@ pub enum Source {
 }
 
 /// The fleet's members by source: the configured URLs (fixed), the discovered loxilbs and
-/// the `LoxiURL` resources' URLs. Each source replaces its own part; the fleet is the union.
+/// the `LoxiURL` resources' URLs, each with its group. Each source replaces its own part; the
+/// fleet is the union.
 pub struct Members {
-    configured: Vec<String>,
-    by_source: std::sync::Mutex<std::collections::BTreeMap<Source, Vec<String>>>,
+    configured: Vec<Member>,
+    by_source: std::sync::Mutex<std::collections::BTreeMap<Source, Vec<Member>>>,
+    /// The default group (`--zone`): discovered loxilbs belong to it.
+    zone: String,
     /// Timeout, token and CA of a joining loxilb's client (the URL is set per loxilb).
     template: ClientConfig,
 }
 
 impl Members {
-    pub fn new(configured: Vec<String>, template: ClientConfig) -> Members {
+    pub fn new(configured: Vec<Member>, zone: String, template: ClientConfig) -> Members {
         Members {
             configured,
             by_source: std::sync::Mutex::default(),
+            zone,
             template,
         }
     }
 
-    /// `source` now names `urls`: the fleet's members follow (`Fleet::set_members`).
+    /// `source` now names the loxilbs at `urls`, of the default group.
     pub fn set(&self, shared: &Arc<Shared>, source: Source, urls: Vec<String>) {
-        let all: Vec<String> = {
+        let members = urls.iter().map(|u| Member::new(&self.zone, u)).collect();
+        self.set_grouped(shared, source, members);
+    }
+
+    /// `source` now names `members`: the fleet's members follow (`Fleet::set_members`).
+    pub fn set_grouped(&self, shared: &Arc<Shared>, source: Source, members: Vec<Member>) {
+        let all: Vec<Member> = {
             let mut by_source = self
                 .by_source
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            by_source.insert(source, urls);
+            by_source.insert(source, members);
             self.configured
                 .iter()
                 .chain(by_source.values().flatten())

@@ -13,6 +13,7 @@ use tracing::{info, warn};
 use super::{Shared, Stop};
 use crate::ipam::claims::ClaimedBy;
 use crate::loxilb::{Fleet, Instance, ServiceRules};
+use crate::service::context::recorded_group;
 use crate::service::plan::{Desired, desired};
 
 /// Waits for the stores, then (on the leader) rebuilds the address index from the claims and
@@ -95,6 +96,7 @@ pub async fn health_loop(shared: Arc<Shared>) {
         tick.tick().await;
         let instances = ctx.fleet.instances();
         let probes = Fleet::probe_all(&instances, &ctx.cluster, &ctx.report.metrics).await;
+        publish_groups(&ctx.fleet, &ctx.report.metrics);
         // HA roles first: a failover is not held up by replays, and a loxilb that restarted
         // gets its role before its BGP and rules (docs/loxilb-api.md#replay-order).
         for (inst, probe) in instances.iter().zip(&probes) {
@@ -147,6 +149,23 @@ pub async fn health_loop(shared: Arc<Shared>) {
         if joined || probes.iter().any(|p| p.changes_status()) {
             ctx.requeue_all_served();
         }
+    }
+}
+
+/// Each group's loxilbs by state and its capacity, as metrics.
+fn publish_groups(fleet: &Fleet, metrics: &crate::metrics::Metrics) {
+    for group in fleet.groups() {
+        let (mut serving, mut joining, mut down) = (0, 0, 0);
+        for inst in &group.instances {
+            if !inst.is_healthy() {
+                down += 1;
+            } else if inst.is_serving() {
+                serving += 1;
+            } else {
+                joining += 1;
+            }
+        }
+        metrics.set_group(&group.name, serving, joining, down, group.capacity());
     }
 }
 
@@ -218,9 +237,10 @@ async fn wait_quiet(inst: &Instance, limit: Duration) {
     }
 }
 
-/// The rules of every served Service, from the stores, one Service at a time; Services with
-/// a problem keep the rules they have.
-fn desired_everywhere(shared: &Shared) -> impl Iterator<Item = ServiceRules> + '_ {
+/// The rules of every served Service placed on `group`, from the stores, one Service at a
+/// time; Services with a problem keep the rules they have. A Service of another group has
+/// no rule here (an owned rule of it found here is removed: it was moved by hand).
+fn desired_in<'a>(shared: &'a Shared, group: &'a str) -> impl Iterator<Item = ServiceRules> + 'a {
     let ctx = &shared.service;
     ctx.inputs
         .services
@@ -229,6 +249,19 @@ fn desired_everywhere(shared: &Shared) -> impl Iterator<Item = ServiceRules> + '
         .filter_map(move |svc| {
             if !ctx.selection.serves(&svc) || svc.metadata.deletion_timestamp.is_some() {
                 return None;
+            }
+            let keep = || {
+                ServiceRules::Keep(
+                    svc.metadata.namespace.clone().unwrap_or_default(),
+                    svc.metadata.name.clone().unwrap_or_default(),
+                )
+            };
+            match recorded_group(&svc) {
+                Some(recorded) if recorded != group => return None,
+                // Not placed yet, outside the default group: whatever it has here stays
+                // until its reconcile records where it is.
+                None if group != ctx.settings.zone => return Some(keep()),
+                _ => {}
             }
             match desired(&svc, ctx) {
                 Desired::Rules(plan) => Some(ServiceRules::Want(plan.rules)),
@@ -241,15 +274,15 @@ fn desired_everywhere(shared: &Shared) -> impl Iterator<Item = ServiceRules> + '
         })
 }
 
-/// Converges one instance to the rules of every served Service, from the stores; true when
-/// it now holds every rule it should (nothing failed, nothing held back).
+/// Converges one instance to the rules of every served Service of its group, from the
+/// stores; true when it now holds every rule it should (nothing failed, nothing held back).
 async fn converge_instance(shared: &Shared, inst: &Instance) -> bool {
     let ctx = &shared.service;
     match inst
         .converge_all(
             &ctx.cluster,
             ctx.settings.namespace.as_deref(),
-            || desired_everywhere(shared),
+            || desired_in(shared, inst.group()),
             &ctx.report.metrics,
         )
         .await

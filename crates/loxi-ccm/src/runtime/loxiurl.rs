@@ -18,6 +18,7 @@ use tracing::{info, warn};
 
 use super::Shared;
 use super::discovery::Source;
+use crate::loxilb::Member;
 
 /// kube-loxilb's `LoxiURL` spec. Its CRD keeps unknown fields, so nothing else is read.
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -35,9 +36,26 @@ pub struct LoxiURLSpec {
     /// `default` (or absent): URLs; `cidrpool`: an address pool named after the resource.
     #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
-    /// kube-loxilb's zone of the URLs (not used: docs/fleet.md).
+    /// kube-loxilb's zone of the URLs: the group of loxilbs they join (absent: the default
+    /// group, `--zone`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zone: Option<String>,
+}
+
+/// The group the resource's loxilbs join: its `zone`, else `default`.
+pub fn group_of(spec: &LoxiURLSpec, default: &str) -> Result<String, String> {
+    match spec
+        .zone
+        .as_deref()
+        .map(str::trim)
+        .filter(|z| !z.is_empty())
+    {
+        None => Ok(default.to_string()),
+        Some(zone) if loxi_domain::placement::is_group_name(zone) => Ok(zone.to_string()),
+        Some(zone) => Err(format!(
+            "zone {zone:?} is not a group name: lower-case letters, digits and '-', at most 50 characters"
+        )),
+    }
 }
 
 /// What one resource gives: URLs, or why it gives nothing.
@@ -100,11 +118,13 @@ pub async fn follow(shared: Arc<Shared>) {
                 continue;
             }
         }
-        let mut urls = Vec::new();
+        let mut members = Vec::new();
         let mut now_refused = std::collections::BTreeMap::new();
         for res in store.state() {
-            match urls_of(&res.spec) {
-                Ok(u) => urls.extend(u),
+            let found =
+                urls_of(&res.spec).and_then(|u| Ok((group_of(&res.spec, &ctx.settings.zone)?, u)));
+            match found {
+                Ok((group, u)) => members.extend(u.iter().map(|url| Member::new(&group, url))),
                 Err(why) => {
                     let name = res.name_any();
                     if refused.get(&name) != Some(&why) {
@@ -125,7 +145,9 @@ pub async fn follow(shared: Arc<Shared>) {
             }
         }
         refused = now_refused;
-        shared.members.set(&shared, Source::Resources, urls);
+        shared
+            .members
+            .set_grouped(&shared, Source::Resources, members);
     }
 }
 
@@ -165,6 +187,20 @@ mod tests {
             urls_of(&spec("x", Some("zone")))
                 .unwrap_err()
                 .contains("unknown type")
+        );
+    }
+
+    #[test]
+    fn the_zone_is_the_group() {
+        let mut s = spec("http://a:11111", None);
+        assert_eq!(group_of(&s, "llb").unwrap(), "llb");
+        s.zone = Some(" east ".into());
+        assert_eq!(group_of(&s, "llb").unwrap(), "east");
+        s.zone = Some("East_1".into());
+        assert!(
+            group_of(&s, "llb")
+                .unwrap_err()
+                .contains("not a group name")
         );
     }
 }

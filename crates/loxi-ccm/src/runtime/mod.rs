@@ -33,7 +33,7 @@ use crate::ipam::{self, Ipam};
 use crate::k8s::events::EventRecorder;
 use crate::k8s::view::Selection;
 use crate::leader::{Gate, LeaderElector, WriteLease};
-use crate::loxilb::Fleet;
+use crate::loxilb::{Fleet, Member};
 use crate::metrics::Metrics;
 use crate::node_init::NodeInitArgs;
 use crate::service::departures::{self, Departures, Injected};
@@ -102,8 +102,10 @@ pub async fn run(
     let mut clients = Vec::new();
     for c in &cfg.loxilb {
         let lease = write_lease.clone();
-        clients
-            .push(LoxilbClient::new(c.clone())?.with_write_gate(Arc::new(move || lease.holds())));
+        clients.push((
+            c.group.clone(),
+            LoxilbClient::new(c.client.clone())?.with_write_gate(Arc::new(move || lease.holds())),
+        ));
     }
     let fleet = Fleet::with_capacity(clients, cfg.loxilb_max_rules, &cluster);
     fleet.set_parallel_calls(usize::from(cfg.concurrency));
@@ -122,9 +124,13 @@ pub async fn run(
     let lost_leadership = Arc::new(AtomicBool::new(false));
 
     if cfg.loxilb_insecure_skip_tls_verify {
-        for c in cfg.loxilb.iter().filter(|c| c.url.starts_with("https://")) {
+        for c in cfg
+            .loxilb
+            .iter()
+            .filter(|c| c.client.url.starts_with("https://"))
+        {
             warn!(
-                url = %c.url,
+                url = %c.client.url,
                 "--loxilb-insecure-skip-tls-verify: loxilb's certificate is NOT checked; anybody \
                  in the path can impersonate loxilb and read the token. Use --loxilb-ca-file"
             );
@@ -342,6 +348,7 @@ pub async fn run(
             secondary_pools: cfg.secondary_pools.clone(),
             unique_ip: cfg.unique_ip,
             namespace: cfg.namespace.clone(),
+            zone: cfg.zone.clone(),
         },
         Pools::new(pools_api, pool_store, namespace_store),
         claim_store,
@@ -359,7 +366,8 @@ pub async fn run(
             enforce_source_ranges: cfg.enforce_source_ranges,
             namespace: cfg.namespace.clone(),
             advertise: cfg.bgp.is_some(),
-            ha_instances: cfg.ha_instances.clone(),
+            zone: cfg.zone.clone(),
+            zone_instances: cfg.zone_instances,
         },
         selection,
         kube: client,
@@ -373,6 +381,7 @@ pub async fn run(
         requeue: requeue_tx,
         departures: Departures::new(filtered, inject_tx.clone(), relisted.clone()),
         teardown: RulesFirst::new(usize::from(cfg.concurrency)),
+        placement: Default::default(),
     });
     let bgp = cfg.bgp.clone().map(|settings| {
         Arc::new(Bgp::new(
@@ -394,8 +403,9 @@ pub async fn run(
             ctx.fleet
                 .instances()
                 .iter()
-                .map(|i| i.url().to_string())
+                .map(|i| Member::new(i.group(), i.url()))
                 .collect(),
+            cfg.zone.clone(),
             cfg.loxilb_template.clone(),
         ),
         roles: cfg.roles.clone().map(|settings| {

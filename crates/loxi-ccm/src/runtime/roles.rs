@@ -127,15 +127,32 @@ impl Roles {
             warn!(record = %self.name, error = %e, "cannot read the HA role record: no roles are decided until it can be read");
             return;
         }
-        let candidates: Vec<Candidate> = instances
-            .iter()
-            .map(|inst| Candidate {
+        // Per group: its HA instances (`<group>-inst0`, ...) among its own loxilbs.
+        let mut groups: BTreeMap<&str, Vec<Candidate>> = BTreeMap::new();
+        for inst in instances {
+            groups.entry(inst.group()).or_default().push(Candidate {
                 id: inst.url().to_string(),
                 reachable: inst.is_healthy(),
                 excluded: self.settings.excludes(inst.url()),
-            })
-            .collect();
-        let decided = decide_masters(&self.settings.instances, &candidates, &book.masters);
+            });
+        }
+        let mut decided = Masters::new();
+        for (group, candidates) in &groups {
+            decided.extend(decide_masters(
+                &self.settings.instances_of(group),
+                candidates,
+                &book.masters,
+            ));
+        }
+        // A group with no loxilb now keeps its record (its loxilbs may come back).
+        for (instance, master) in &book.masters {
+            let group = loxi_domain::roles::group_of_instance(instance).unwrap_or_default();
+            if !groups.contains_key(group) {
+                decided
+                    .entry(instance.clone())
+                    .or_insert_with(|| master.clone());
+            }
+        }
         for (instance, master) in &decided {
             match book.masters.get(instance) {
                 Some(old) if old != master => {
@@ -156,10 +173,13 @@ impl Roles {
                 }
                 let wanted: BTreeMap<String, _> = self
                     .settings
-                    .instances
-                    .iter()
-                    .filter(|i| decided.contains_key(*i))
-                    .map(|i| (i.clone(), role_of(decided, i, inst.url())))
+                    .instances_of(inst.group())
+                    .into_iter()
+                    .filter(|i| decided.contains_key(i))
+                    .map(|i| {
+                        let role = role_of(decided, &i, inst.url());
+                        (i, role)
+                    })
                     .collect();
                 if let Err(e) = inst
                     .ensure_roles(&wanted, &self.settings.vip, metrics)

@@ -1,5 +1,5 @@
-//! Step 4 of a Service reconcile: its planned rules onto every reachable loxilb instance,
-//! only the difference sent (`crate::loxilb`). What each instance met is collected for the
+//! Step 4 of a Service reconcile: its planned rules onto every reachable loxilb instance of
+//! its group, only the difference sent (`crate::loxilb`). What each instance met is collected for the
 //! report; what it means is decided in `conditions`.
 
 use k8s_openapi::api::core::v1::Service;
@@ -9,15 +9,20 @@ use loxilb_client::ClientError;
 use super::conditions::{self, InstanceResult, Programmed};
 use super::context::{Context, rule_owner};
 
-/// Applies `rules` to every reachable instance. Rules of one Service that loxilb refuses
+/// Applies `rules` to every reachable instance of `group`. Rules of one Service that loxilb refuses
 /// never hold back other rules or other Services. A loxilb limit (capacity, source ranges)
 /// is no error to retry: nothing is sent again until room frees on that instance, which
 /// re-queues the Service.
-pub async fn apply_everywhere(svc: &Service, ctx: &Context, rules: &[Rule]) -> Programmed {
+pub async fn apply_everywhere(
+    svc: &Service,
+    ctx: &Context,
+    group: &str,
+    rules: &[Rule],
+) -> Programmed {
     let owner = rule_owner(svc);
     let instances = ctx.fleet.instances();
     let mut results = Vec::with_capacity(instances.len());
-    for inst in instances.iter() {
+    for inst in instances.iter().filter(|i| i.group() == group) {
         if !inst.is_serving() {
             // Joining (discovery): its first replay programs everything, this rule set too.
             continue;

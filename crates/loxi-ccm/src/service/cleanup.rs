@@ -15,6 +15,7 @@ use serde_json::json;
 use tracing::warn;
 
 use super::context::{Context, rule_owner};
+use super::placement::Placed;
 use super::reconcile::ReconcileError;
 use super::status;
 
@@ -84,6 +85,8 @@ pub async fn cleanup(svc: &Service, ctx: &Context) -> Result<(), ReconcileError>
             }
         }
     }
+    // Its rules are gone: a Service waiting for room in its group may fit now.
+    ctx.placement.service_left(ctx);
     Ok(())
 }
 
@@ -131,32 +134,47 @@ async fn remove_rules(svc: &Service, ctx: &Context) -> Result<(), ReconcileError
     Ok(())
 }
 
-/// Adds our finalizer when missing, and records the Service's HA instance when it has none
-/// yet and there are several (`plan::instance_to_pin`), in one patch; returns the Service as
-/// written then (its resourceVersion is the one the status write must match).
+/// Adds our finalizer when missing, and records the Service's group of loxilbs when it was
+/// just placed (`placement`) and its HA instance when it has none yet and there are several
+/// (`plan::instance_to_pin`), in one patch; returns the Service as written then (its
+/// resourceVersion is the one the status write must match).
 pub async fn ensure_finalizer(
     svc: &Service,
     ctx: &Context,
+    placed: &Placed,
 ) -> Result<Option<Service>, ReconcileError> {
     let wanted = ctx.selection.finalizer_for(svc);
     let has_finalizer = svc.finalizers().iter().any(|f| f == wanted);
-    let pin = super::plan::instance_to_pin(svc, ctx, has_finalizer);
-    if has_finalizer && pin.is_none() {
+    let pin = super::plan::instance_to_pin(svc, ctx, has_finalizer, &placed.group);
+    if has_finalizer && pin.is_none() && !placed.record {
         return Ok(None);
     }
-    let Some(instance) = pin else {
+    if pin.is_none() && !placed.record {
         let mut list: Vec<String> = svc.finalizers().to_vec();
         list.push(wanted.to_string());
         return patch_finalizers(ctx, svc, json!(list)).await.map(Some);
-    };
+    }
     let mut list: Vec<String> = svc.finalizers().to_vec();
     if !has_finalizer {
         list.push(wanted.to_string());
     }
+    let mut annotations = serde_json::Map::new();
+    if let Some(instance) = pin {
+        annotations.insert(
+            loxi_domain::roles::ZONE_INSTANCE_ANNOTATION.to_string(),
+            json!(instance),
+        );
+    }
+    if placed.record {
+        annotations.insert(
+            loxi_domain::placement::ZONE_SELECT_ANNOTATION.to_string(),
+            json!(placed.group),
+        );
+    }
     let patch = json!({
         "metadata": {
             "finalizers": list,
-            "annotations": { loxi_domain::roles::ZONE_INSTANCE_ANNOTATION: instance },
+            "annotations": annotations,
             "resourceVersion": svc.resource_version(),
         }
     });

@@ -12,6 +12,7 @@ use tokio::sync::mpsc;
 
 use super::departures::Departures;
 use super::inputs::Inputs;
+use super::placement::Placement;
 use super::reconcile::Backoff;
 use super::report::Report;
 use super::teardown::RulesFirst;
@@ -21,7 +22,7 @@ use crate::leader::Gate;
 use crate::loxilb::{Fleet, Requeue, RuleOwner};
 
 /// The operator's settings the Service reconcile follows.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Settings {
     /// Annotation defaults from flags (`--setLBMode`, `--monitor`, ...).
     pub defaults: Defaults,
@@ -32,8 +33,46 @@ pub struct Settings {
     pub namespace: Option<String>,
     /// BGP is on (`--bgp-local-as`): rules advertise their addresses.
     pub advertise: bool,
-    /// The HA instances a Service can be given (`--num-zone-instances`).
-    pub ha_instances: Vec<String>,
+    /// The default group of loxilbs (`--zone`): the group of a Service that names none
+    /// while there is only that group.
+    pub zone: String,
+    /// HA instances per group (`--num-zone-instances`): `<group>-inst0`, ...
+    pub zone_instances: u16,
+}
+
+impl Default for Settings {
+    /// The flags' defaults: one group, `llb`, with one HA instance.
+    fn default() -> Settings {
+        Settings {
+            defaults: Defaults::default(),
+            enforce_source_ranges: false,
+            namespace: None,
+            advertise: false,
+            zone: loxi_domain::roles::DEFAULT_ZONE.to_string(),
+            zone_instances: 1,
+        }
+    }
+}
+
+impl Settings {
+    /// The HA instances a Service of `group` can be given.
+    pub fn instances_of(&self, group: &str) -> Vec<String> {
+        loxi_domain::roles::instance_names(group, self.zone_instances)
+    }
+
+    /// The group of loxilbs `svc` is recorded on (`loxilb.io/zoneselect`), else the default
+    /// group (a Service placed before there were several groups, or while there is one).
+    pub fn group_of<'a>(&'a self, svc: &'a Service) -> &'a str {
+        recorded_group(svc).unwrap_or(&self.zone)
+    }
+}
+
+/// The Service's `loxilb.io/zoneselect`, unless empty (empty counts as absent).
+pub fn recorded_group(svc: &Service) -> Option<&str> {
+    svc.annotations()
+        .get(loxi_domain::placement::ZONE_SELECT_ANNOTATION)
+        .map(|v| v.trim())
+        .filter(|v| !v.is_empty())
 }
 
 pub struct Context {
@@ -55,6 +94,8 @@ pub struct Context {
     pub departures: Departures,
     /// Deleted Services' rules removed ahead of their cleanup (`teardown`).
     pub teardown: RulesFirst,
+    /// Which group of loxilbs each Service goes to (`placement`).
+    pub placement: Placement,
 }
 
 impl Context {

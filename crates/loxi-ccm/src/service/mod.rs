@@ -8,6 +8,7 @@ pub mod conditions;
 pub mod context;
 pub mod departures;
 pub mod inputs;
+pub mod placement;
 pub mod plan;
 pub mod reconcile;
 pub mod report;

@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 use loxi_domain::ingress::IngressMode;
 use loxi_domain::naming::{DEFAULT_INSTANCE, RuleName};
+use loxi_domain::placement::PlacementError;
 use loxi_domain::plan::Plan;
 use loxi_domain::roles::{UnknownInstance, ZONE_INSTANCE_ANNOTATION, parse_instance};
 use loxi_domain::{
@@ -31,6 +32,8 @@ pub enum Problem {
     Plan(#[from] PlanError),
     #[error(transparent)]
     Instance(#[from] UnknownInstance),
+    #[error(transparent)]
+    Placement(#[from] PlacementError),
 }
 
 impl Problem {
@@ -41,6 +44,7 @@ impl Problem {
             Problem::Address(e) => e.reason(),
             Problem::Plan(e) => e.reason(),
             Problem::Instance(_) => "InvalidAnnotation",
+            Problem::Placement(e) => e.reason(),
         }
     }
 }
@@ -98,7 +102,7 @@ pub fn plan_from(
     } = *world;
     let intent = parse_intent(svc.annotations(), settings.defaults)?;
     IngressMode::from_annotations(svc.annotations())?;
-    let ha_instance = ha_instance(svc, &settings.ha_instances)?;
+    let ha_instance = ha_instance(svc, settings)?;
     if addresses.is_empty() {
         return Ok(None);
     }
@@ -135,13 +139,14 @@ pub fn plan_from(
     Ok(Some(plan))
 }
 
-/// The HA instance of a Service (docs/fleet.md#ha-instances): the one its
-/// `loxilb.io/zoneinstance` names, else the first (the only one unless
+/// The HA instance of a Service (docs/fleet.md#ha-instances), among those of its group: the
+/// one its `loxilb.io/zoneinstance` names, else the first (the only one unless
 /// `--num-zone-instances` is above 1, where the reconcile gives each Service one before
 /// planning: [`instance_to_pin`]).
-pub fn ha_instance(svc: &Service, instances: &[String]) -> Result<String, UnknownInstance> {
+pub fn ha_instance(svc: &Service, settings: &Settings) -> Result<String, UnknownInstance> {
+    let instances = settings.instances_of(settings.group_of(svc));
     match pinned_instance(svc) {
-        Some(value) => parse_instance(value, instances),
+        Some(value) => parse_instance(value, &instances),
         None => Ok(instances
             .first()
             .cloned()
@@ -157,11 +162,17 @@ fn pinned_instance(svc: &Service) -> Option<&str> {
         .filter(|v| !v.is_empty())
 }
 
-/// The HA instance to record on a Service that has none yet, when there are several:
-/// a Service already ours (programmed before there were several) keeps the first, the one its
-/// rules name; a new one gets the least used (`loxi_domain::roles::pick_instance`).
-pub fn instance_to_pin(svc: &Service, ctx: &Context, already_ours: bool) -> Option<String> {
-    let instances = &ctx.settings.ha_instances;
+/// The HA instance to record on a Service of `group` that has none yet, when there are
+/// several: a Service already ours (programmed before there were several) keeps the first,
+/// the one its rules name; a new one gets the least used of its group
+/// (`loxi_domain::roles::pick_instance`).
+pub fn instance_to_pin(
+    svc: &Service,
+    ctx: &Context,
+    already_ours: bool,
+    group: &str,
+) -> Option<String> {
+    let instances = ctx.settings.instances_of(group);
     if instances.len() <= 1 || pinned_instance(svc).is_some() {
         return None;
     }
@@ -170,11 +181,14 @@ pub fn instance_to_pin(svc: &Service, ctx: &Context, already_ours: bool) -> Opti
     }
     let mut counts = std::collections::BTreeMap::new();
     for other in ctx.inputs.services.state() {
-        if let Some(Ok(inst)) = pinned_instance(&other).map(|v| parse_instance(v, instances)) {
+        if ctx.settings.group_of(&other) != group {
+            continue;
+        }
+        if let Some(Ok(inst)) = pinned_instance(&other).map(|v| parse_instance(v, &instances)) {
             *counts.entry(inst).or_insert(0) += 1;
         }
     }
-    Some(loxi_domain::roles::pick_instance(instances, &counts))
+    Some(loxi_domain::roles::pick_instance(&instances, &counts))
 }
 
 /// What a whole-instance pass (drift check, replay) should hold for one served Service.

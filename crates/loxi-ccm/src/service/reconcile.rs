@@ -50,6 +50,7 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, R
     let Some(svc) = ctx.inputs.service(&svc) else {
         tracing::debug!(service = %owner_key(&svc), "gone from the store: nothing to do");
         ctx.fleet.forget_waiter(&rule_owner(&svc)).await;
+        ctx.placement.service_left(&ctx);
         // Nor is it counted any more (endpoints dropped, not programmed).
         ctx.report.forget(&svc);
         return Ok(Action::await_change());
@@ -90,10 +91,23 @@ async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<PassEnd, Reco
         return Ok(PassEnd::Done);
     }
     // 1. Inputs: the Service as the store holds it (read above); the Nodes and endpoints
-    //    are read from their stores by the planner in step 3. Before anything is claimed,
-    //    the finalizer that guarantees the cleanup; the status write matches the Service as
-    //    that patch returned it.
-    let patched = ensure_finalizer(svc, ctx).await?;
+    //    are read from their stores by the planner in step 3. Its group of loxilbs
+    //    (`placement`): a Service no group has room for waits before anything is claimed.
+    //    Before anything is claimed, the finalizer that guarantees the cleanup, with the
+    //    group and HA instance recorded; the status write matches the Service as that patch
+    //    returned it.
+    let already_ours = svc
+        .finalizers()
+        .iter()
+        .any(|f| f == ctx.selection.finalizer_for(svc));
+    let placed = match ctx.placement.place(svc, ctx, already_ours).await {
+        Ok(placed) => placed,
+        Err(e) => {
+            report::address_problem(svc, ctx, &Problem::Placement(e)).await?;
+            return Ok(PassEnd::Problem);
+        }
+    };
+    let patched = ensure_finalizer(svc, ctx, &placed).await?;
     let svc = patched.as_ref().unwrap_or(svc);
 
     // 2. Addresses, each backed by its claim. A Service with a bad annotation still keeps
@@ -119,7 +133,7 @@ async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<PassEnd, Reco
     };
 
     // 4. Apply: only the difference, on every reachable loxilb.
-    let programmed = apply_everywhere(svc, ctx, &plan.rules).await;
+    let programmed = apply_everywhere(svc, ctx, &placed.group, &plan.rules).await;
     if !ctx.gate.holds_lease() {
         // What the calls met (writes stopped) is not the Service's state to report.
         return Err(ReconcileError::NotLeader);

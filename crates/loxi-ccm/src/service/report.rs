@@ -288,9 +288,14 @@ pub async fn address_problem(
             .record_not_programmed(&owner_key(svc), Some(problem.reason()));
     }
     let conditions = if kept.is_empty() {
+        // A Service waiting for a group of loxilbs is not programmed for that very reason.
+        let programmed = match problem {
+            Problem::Placement(_) => problem.to_string(),
+            _ => "no address".to_string(),
+        };
         vec![
             Cond::new(COND_ADDRESS, false, problem.reason(), problem.to_string()),
-            Cond::new(COND_PROGRAMMED, false, problem.reason(), "no address"),
+            Cond::new(COND_PROGRAMMED, false, problem.reason(), programmed),
         ]
     } else {
         let shown: Vec<String> = kept.iter().map(IpAddr::to_string).collect();

@@ -1,0 +1,249 @@
+//! Which group of loxilbs a Service goes to (docs/fleet.md#groups-and-placement): the group
+//! its `loxilb.io/zoneselect` names, else, with several groups, the one with the most room
+//! (`loxi_domain::placement`), recorded in that annotation with the finalizer so that it never
+//! moves. A Service no group has room for waits, with a condition saying so, and is re-queued
+//! when a Service leaves.
+//!
+//! Room is counted in rules of the Services placed on each group (the Services in the store,
+//! by the group recorded on them, plus those placed by this process whose annotation the
+//! store does not show yet): decisions are serialized, so Services created together never
+//! overfill a group. Rules of other owners on a loxilb are not counted here; the loxilb
+//! subsystem's own capacity check still holds a Service back if they fill a table
+//! (`crate::loxilb`, `CapacityExceeded`).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use k8s_openapi::api::core::v1::Service;
+use kube::ResourceExt;
+use kube::runtime::reflector::ObjectRef;
+use loxi_domain::placement::{GroupRoom, PlacementError, parse_group, place};
+
+use super::context::{Context, recorded_group};
+
+/// The placement decisions of this process and the Services waiting for room.
+#[derive(Default)]
+pub struct Placement {
+    /// Services placed by this process, by uid, until the store shows their annotation.
+    /// Behind an async lock held for a whole decision, so decisions are serialized.
+    recent: tokio::sync::Mutex<HashMap<ObjectRef<Service>, (String, String)>>,
+    /// Services that found no group with room.
+    waiting: std::sync::Mutex<HashSet<ObjectRef<Service>>>,
+}
+
+/// Where a Service goes, as the reconcile needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placed {
+    pub group: String,
+    /// The group is new for this Service and is to be recorded on it.
+    pub record: bool,
+}
+
+impl Placement {
+    /// The group of `svc` (module docs). `already_ours`: it carries our finalizer, so it was
+    /// served before; without a recorded group its rules are on the default group, where it
+    /// stays.
+    pub async fn place(
+        &self,
+        svc: &Service,
+        ctx: &Context,
+        already_ours: bool,
+    ) -> Result<Placed, PlacementError> {
+        let settings = &ctx.settings;
+        let groups = ctx.fleet.groups();
+        let names: Vec<GroupRoom> = groups
+            .iter()
+            .map(|g| GroupRoom {
+                name: g.name.clone(),
+                capacity: g.capacity(),
+                used: 0,
+            })
+            .collect();
+        if let Some(value) = recorded_group(svc) {
+            let group = parse_group(value, &names)?;
+            self.done_waiting(svc);
+            return Ok(Placed {
+                group,
+                record: false,
+            });
+        }
+        let only_default = names.is_empty() || (names.len() == 1 && names[0].name == settings.zone);
+        if only_default {
+            // One group, the default one (or none yet): nothing to choose or record.
+            return Ok(Placed {
+                group: settings.zone.clone(),
+                record: false,
+            });
+        }
+        if already_ours {
+            // Served before it had a group: where its rules are, the default group (or the
+            // only group there is).
+            let group = if names.len() == 1 {
+                names[0].name.clone()
+            } else {
+                settings.zone.clone()
+            };
+            return Ok(Placed {
+                group,
+                record: true,
+            });
+        }
+        let key = ObjectRef::from_obj(svc);
+        let uid = svc.uid().unwrap_or_default();
+        let mut recent = self.recent.lock().await;
+        if let Some((placed_uid, group)) = recent.get(&key)
+            && *placed_uid == uid
+            && names.iter().any(|g| g.name == *group)
+        {
+            // Placed by an earlier pass whose patch failed or is not in the store yet.
+            return Ok(Placed {
+                group: group.clone(),
+                record: true,
+            });
+        }
+        let used = self.used_by_group(ctx, &mut recent);
+        let rooms: Vec<GroupRoom> = names
+            .into_iter()
+            .map(|g| GroupRoom {
+                used: used.get(&g.name).copied().unwrap_or(0),
+                ..g
+            })
+            .collect();
+        for room in &rooms {
+            ctx.report
+                .metrics
+                .set_group_placed_rules(&room.name, room.used);
+        }
+        match place(&rooms, rules_needed(svc)) {
+            Ok(group) => {
+                recent.insert(key, (uid, group.clone()));
+                self.done_waiting(svc);
+                Ok(Placed {
+                    group,
+                    record: true,
+                })
+            }
+            Err(e) => {
+                self.lock_waiting().insert(key);
+                Err(e)
+            }
+        }
+    }
+
+    /// Rules of the Services placed on each group: those the store shows with a group (or
+    /// served before groups existed: the default group), and those this process placed
+    /// whose annotation the store does not show yet. Entries the store caught up with, or
+    /// whose Service is gone, are dropped.
+    fn used_by_group(
+        &self,
+        ctx: &Context,
+        recent: &mut HashMap<ObjectRef<Service>, (String, String)>,
+    ) -> BTreeMap<String, usize> {
+        let mut used: BTreeMap<String, usize> = BTreeMap::new();
+        let mut seen = HashSet::new();
+        for other in ctx.inputs.services.state() {
+            if !ctx.selection.serves(&other) || other.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let key = ObjectRef::from_obj(&*other);
+            let group = match recorded_group(&other) {
+                Some(g) => Some(g.to_string()),
+                None => match recent.get(&key) {
+                    Some((uid, g)) if other.metadata.uid.as_deref() == Some(uid.as_str()) => {
+                        seen.insert(key);
+                        Some(g.clone())
+                    }
+                    _ if !ctx.selection.our_finalizers(&other).is_empty() => {
+                        Some(ctx.settings.zone.clone())
+                    }
+                    _ => None,
+                },
+            };
+            if let Some(g) = group {
+                *used.entry(g).or_default() += rules_needed(&other);
+            }
+        }
+        recent.retain(|k, _| seen.contains(k));
+        used
+    }
+
+    /// A Service left (deleted, or no longer ours): the Services waiting for room are
+    /// re-queued, since room may have freed.
+    pub fn service_left(&self, ctx: &Context) {
+        let waiting = std::mem::take(&mut *self.lock_waiting());
+        for key in waiting {
+            let _ = ctx.requeue.send(key);
+        }
+    }
+
+    fn done_waiting(&self, svc: &Service) {
+        self.lock_waiting().remove(&ObjectRef::from_obj(svc));
+    }
+
+    fn lock_waiting(&self) -> std::sync::MutexGuard<'_, HashSet<ObjectRef<Service>>> {
+        self.waiting
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// The rules a Service needs on its group's loxilbs: one per port (TCP, UDP, SCTP) and
+/// address family it asks for. Counted from the spec, before it has an address.
+pub fn rules_needed(svc: &Service) -> usize {
+    let ports = crate::ipam::service_ports(svc).len().max(1);
+    let spec = svc.spec.as_ref();
+    let dual = spec
+        .and_then(|s| s.ip_family_policy.as_deref())
+        .is_some_and(|p| p == "RequireDualStack" || p == "PreferDualStack")
+        && spec
+            .and_then(|s| s.ip_families.as_ref())
+            .is_some_and(|f| f.len() > 1);
+    ports * if dual { 2 } else { 1 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{ServicePort, ServiceSpec};
+
+    fn svc(ports: &[(i32, &str)], policy: Option<&str>, families: &[&str]) -> Service {
+        Service {
+            spec: Some(ServiceSpec {
+                ports: Some(
+                    ports
+                        .iter()
+                        .map(|(p, proto)| ServicePort {
+                            port: *p,
+                            protocol: Some(proto.to_string()),
+                            ..Default::default()
+                        })
+                        .collect(),
+                ),
+                ip_family_policy: policy.map(str::to_string),
+                ip_families: Some(families.iter().map(|f| f.to_string()).collect()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn one_rule_per_port_and_family() {
+        assert_eq!(
+            rules_needed(&svc(&[(80, "TCP"), (443, "TCP")], None, &["IPv4"])),
+            2
+        );
+        assert_eq!(
+            rules_needed(&svc(
+                &[(80, "TCP"), (53, "UDP")],
+                Some("RequireDualStack"),
+                &["IPv4", "IPv6"]
+            )),
+            4
+        );
+        assert_eq!(
+            rules_needed(&svc(&[(80, "TCP")], Some("SingleStack"), &["IPv6"])),
+            1
+        );
+        assert_eq!(rules_needed(&svc(&[], None, &[])), 1);
+    }
+}

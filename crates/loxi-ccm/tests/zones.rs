@@ -1,0 +1,315 @@
+//! Groups of loxilbs (kube-loxilb's zones) and placement by capacity
+//! (docs/fleet.md#groups-and-placement), against the real API server and several
+//! simulators: a Service with `loxilb.io/zoneselect` lands only on that group's loxilbs; a
+//! Service that names none is placed on the group with the most room, recorded on it, and
+//! never moved (not by a restart, a leader change or a new group); two groups full to the
+//! last rule make the next Service wait with a condition, and it is programmed as soon as
+//! one Service is deleted; Services are never split between groups, and two groups never
+//! share an address.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::*;
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{DeleteParams, ListParams};
+use loxilb_sim::{SimConfig, Simulator};
+
+const ZONE: &str = "loxilb.io/zoneselect";
+
+async fn sim() -> Simulator {
+    Simulator::start("127.0.0.1:0".parse().unwrap(), SimConfig::default())
+        .await
+        .unwrap()
+}
+
+/// Addresses (as text) that have at least one rule on `s`.
+fn addresses_on(s: &Simulator) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for r in s.rules() {
+        *out.entry(r.external_ip).or_default() += 1;
+    }
+    out
+}
+
+fn zone_of(svc: &Service) -> Option<String> {
+    svc.metadata.annotations.as_ref()?.get(ZONE).cloned()
+}
+
+fn ingress_ip(svc: &Service) -> Option<String> {
+    svc.status
+        .as_ref()?
+        .load_balancer
+        .as_ref()?
+        .ingress
+        .as_ref()?
+        .first()?
+        .ip
+        .clone()
+}
+
+/// Every Service of the namespace placed on a group (annotation) with an address: name ->
+/// (group, address).
+async fn placements(w: &World) -> BTreeMap<String, (String, String)> {
+    w.services
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter_map(|s| Some((s.metadata.name.clone()?, (zone_of(s)?, ingress_ip(s)?))))
+        .collect()
+}
+
+/// `loxilb.io/zoneselect` puts a Service on that group's loxilbs only; a Service without it
+/// is placed on the group with the most room and the choice is recorded; Services of two
+/// groups never share an address; an unknown group is reported; a restart, a leader change
+/// and a new group move nothing.
+#[tokio::test]
+async fn zoneselect_lands_on_its_group_and_placements_never_move() {
+    let (east1, east2, west) = (sim().await, sim().await, sim().await);
+    let port = testenv::free_port().unwrap();
+    let opts = |port: u16, extra: &[&Simulator]| Options {
+        admin_port: Some(port),
+        extra_args: [&east1, &east2]
+            .iter()
+            .map(|s| format!("--loxilb-url=east={}", s.url()))
+            .chain(
+                extra
+                    .iter()
+                    .map(|s| format!("--loxilb-url=west={}", s.url())),
+            )
+            .collect(),
+        ..Options::default()
+    };
+    // Groups: llb (the default: the world's simulator) and east (two loxilbs).
+    let mut w = World::with("zones", opts(port, &[])).await;
+    w.add_node("node-a", "10.7.0.1").await;
+
+    w.create(&annotated(
+        World::lb_service("in-east", Some(CLASS), &[(80, "TCP")]),
+        &[(ZONE, "east")],
+    ))
+    .await;
+    let east_ip = w.wait_for_ip("in-east").await;
+    wait_for("in-east on both east loxilbs", WAIT, || async {
+        (addresses_on(&east1).get(&east_ip) == Some(&1)
+            && addresses_on(&east2).get(&east_ip) == Some(&1))
+        .then_some(())
+    })
+    .await;
+    assert!(
+        !addresses_on(&w.sim).contains_key(&east_ip),
+        "a Service of east has no rule on the llb loxilb"
+    );
+    let rule = east1
+        .rules()
+        .into_iter()
+        .find(|r| r.external_ip == east_ip)
+        .unwrap();
+    assert!(
+        rule.name.ends_with(":east-inst0"),
+        "its rule names its group's HA instance: {}",
+        rule.name
+    );
+
+    // Placed by capacity: llb has no rule yet, east has one, so llb. Port 81 would share
+    // in-east's address within one group; across groups it must not.
+    w.create(&World::lb_service("placed", Some(CLASS), &[(81, "TCP")]))
+        .await;
+    let placed_ip = w.wait_for_ip("placed").await;
+    let placed = w.get("placed").await.unwrap();
+    assert_eq!(zone_of(&placed).as_deref(), Some("llb"), "recorded");
+    assert_ne!(placed_ip, east_ip, "two groups never share an address");
+    wait_for("placed on the llb loxilb", WAIT, || async {
+        (addresses_on(&w.sim).get(&placed_ip) == Some(&1)).then_some(())
+    })
+    .await;
+    assert!(!addresses_on(&east1).contains_key(&placed_ip));
+    assert!(!addresses_on(&east2).contains_key(&placed_ip));
+
+    // Another Service for east on port 82 shares in-east's address (same group).
+    w.create(&annotated(
+        World::lb_service("east-too", Some(CLASS), &[(82, "TCP")]),
+        &[(ZONE, "east")],
+    ))
+    .await;
+    assert_eq!(
+        w.wait_for_ip("east-too").await,
+        east_ip,
+        "shared within east"
+    );
+
+    // A group that has no loxilb: reported, nothing claimed.
+    w.create(&annotated(
+        World::lb_service("nowhere", Some(CLASS), &[(80, "TCP")]),
+        &[(ZONE, "north")],
+    ))
+    .await;
+    let cond = wait_for("nowhere reported", WAIT, || async {
+        let svc = w.get("nowhere").await?;
+        World::condition(&svc, "loxilb.io/Programmed").filter(|c| c.1 == "UnknownZone")
+    })
+    .await;
+    assert!(cond.2.contains("north"), "{cond:?}");
+    assert!(
+        w.event_reasons("nowhere")
+            .await
+            .contains(&"UnknownZone".to_string())
+    );
+    w.services
+        .delete("nowhere", &DeleteParams::default())
+        .await
+        .unwrap();
+    let settled = w.settle_programmed(&opts(port, &[]), WAIT).await;
+    eprintln!("zones: settled and audited clean in {settled:?}");
+
+    // A restart with a new, empty group: nothing moves (a fresh decision would now pick
+    // west for a Service without a record).
+    let before = placements(&w).await;
+    assert_eq!(before.len(), 3, "{before:?}");
+    w.stop_controller().await;
+    let port2 = testenv::free_port().unwrap();
+    w.start_controller(&opts(port2, &[&west])).await;
+    w.create(&World::lb_service("newcomer", Some(CLASS), &[(80, "TCP")]))
+        .await;
+    let newcomer_ip = w.wait_for_ip("newcomer").await;
+    let newcomer = w.get("newcomer").await.unwrap();
+    assert_eq!(
+        zone_of(&newcomer).as_deref(),
+        Some("west"),
+        "the empty group has the most room"
+    );
+    wait_for("newcomer on west", WAIT, || async {
+        (addresses_on(&west).get(&newcomer_ip) == Some(&1)).then_some(())
+    })
+    .await;
+    let settled = w.settle_programmed(&opts(port2, &[&west]), WAIT).await;
+    eprintln!("zones: after the restart, settled in {settled:?}");
+    let mut after = placements(&w).await;
+    after.remove("newcomer");
+    assert_eq!(after, before, "a restart and a new group move nothing");
+    assert_eq!(addresses_on(&west).len(), 1, "only the newcomer on west");
+
+    // A leader change keeps them too.
+    let port3 = testenv::free_port().unwrap();
+    let standby = w.spawn_controller(&opts(port3, &[&west]));
+    w.stop_controller().await;
+    w.controller = Some(standby);
+    wait_for("the standby leads", Duration::from_secs(60), || async {
+        World::metric(port3, "loxi_ccm_leader")
+            .await
+            .filter(|v| *v == 1.0)
+    })
+    .await;
+    let settled = w
+        .settle_programmed(&opts(port3, &[&west]), Duration::from_secs(60))
+        .await;
+    eprintln!("zones: after the leader change, settled in {settled:?}");
+    let mut after = placements(&w).await;
+    after.remove("newcomer");
+    assert_eq!(after, before, "a leader change moves nothing");
+    let groups = World::metric_sum(port3, "loxi_ccm_group_loxilbs", &["state=\"serving\""])
+        .await
+        .unwrap();
+    assert_eq!(groups, 4.0, "llb 1 + east 2 + west 1 serving");
+    w.finish().await;
+}
+
+/// Two groups whose loxilbs hold at most 100 rules: 100 two-port Services fill them exactly,
+/// none split between groups; the 101st waits with a condition saying why, and is programmed
+/// as soon as one Service is deleted.
+#[tokio::test]
+async fn capacity_placement_fills_two_groups_and_the_next_waits() {
+    let (east1, east2) = (sim().await, sim().await);
+    let opts = Options {
+        extra_args: vec![
+            "--loxilb-max-rules=100".into(),
+            format!("--loxilb-url=east={}", east1.url()),
+            format!("--loxilb-url=east={}", east2.url()),
+            "--concurrency=8".into(),
+        ],
+        ..Options::default()
+    };
+    let w = World::with("zonecap", opts.clone()).await;
+    w.add_node("node-a", "10.7.0.1").await;
+    let two_ports = [(80, "TCP"), (443, "TCP")];
+    for i in 0..100 {
+        w.create(&World::lb_service(
+            &format!("s{i}"),
+            Some(CLASS),
+            &two_ports,
+        ))
+        .await;
+    }
+    let took = w.settle_programmed(&opts, Duration::from_secs(180)).await;
+    eprintln!("zonecap: 100 two-port Services placed, programmed and audited clean in {took:?}");
+
+    let placed = placements(&w).await;
+    assert_eq!(placed.len(), 100);
+    let in_group = |g: &str| placed.values().filter(|(z, _)| z == g).count();
+    assert_eq!(in_group("llb"), 50, "{placed:?}");
+    assert_eq!(in_group("east"), 50);
+    assert_eq!(w.sim.rules().len(), 100);
+    assert_eq!(east1.rules().len(), 100);
+    assert_eq!(east2.rules().len(), 100);
+    for (name, (group, ip)) in &placed {
+        let (here, elsewhere) = if group == "llb" {
+            (vec![&w.sim], vec![&east1, &east2])
+        } else {
+            (vec![&east1, &east2], vec![&w.sim])
+        };
+        for s in here {
+            assert_eq!(
+                addresses_on(s).get(ip),
+                Some(&2),
+                "{name}: both rules on every loxilb of {group}"
+            );
+        }
+        for s in elsewhere {
+            assert!(!addresses_on(s).contains_key(ip), "{name} split");
+        }
+    }
+
+    // The 101st: no group has room for its two rules.
+    w.create(&World::lb_service("s100", Some(CLASS), &two_ports))
+        .await;
+    let cond = wait_for("s100 waits", WAIT, || async {
+        let svc = w.get("s100").await?;
+        World::condition(&svc, "loxilb.io/Programmed").filter(|c| c.1 == "CapacityExceeded")
+    })
+    .await;
+    assert!(
+        cond.2
+            .contains("no group of loxilbs has room for its 2 rule(s)"),
+        "{cond:?}"
+    );
+    let s100 = w.get("s100").await.unwrap();
+    assert_eq!(zone_of(&s100), None, "not placed");
+    assert_eq!(ingress_ip(&s100), None, "no address while it waits");
+    assert_eq!(
+        w.sim.rules().len() + east1.rules().len(),
+        200,
+        "nothing half-programmed"
+    );
+
+    // One Service goes: s100 takes its room.
+    let (gone_group, _) = placed["s7"].clone();
+    w.services
+        .delete("s7", &DeleteParams::default())
+        .await
+        .unwrap();
+    let ip = w.wait_for_ip("s100").await;
+    let s100 = w.get("s100").await.unwrap();
+    assert_eq!(zone_of(&s100), Some(gone_group.clone()));
+    let on = if gone_group == "llb" { &w.sim } else { &east1 };
+    wait_for("s100 programmed", WAIT, || async {
+        (addresses_on(on).get(&ip) == Some(&2)).then_some(())
+    })
+    .await;
+    let took = w.settle_programmed(&opts, Duration::from_secs(60)).await;
+    eprintln!("zonecap: the 101st programmed and the audit clean {took:?} after a deletion");
+    w.finish().await;
+}
