@@ -245,9 +245,11 @@ async fn good_configuration_passes_every_check() {
         "cluster id",
         "permissions",
         &format!("loxilb {}", sim.url()),
-        "fleet: 1 loxilb(s) from --loxilb-url, plus LoxiURL resources if any; HA roles for \
-         llb-inst0, llb-inst1 with VIP 0.0.0.0, recorded in ConfigMap kube-system/loxi-ccm-ha-roles",
+        "fleet: 1 loxilb(s) from --loxilb-url (group llb: 1), plus LoxiURL resources if any; HA \
+         roles for 2 per group (llb-inst0, llb-inst1) with VIP 0.0.0.0, recorded in ConfigMap \
+         kube-system/loxi-ccm-ha-roles",
         &format!("HA roles: llb-inst0 MASTER {}", sim.url()),
+        "group llb: 1/1 loxilb(s) reachable; fullest holds 0 of 2048 rules",
     ] {
         assert!(
             lines.iter().any(|l| l[5..].starts_with(name)),

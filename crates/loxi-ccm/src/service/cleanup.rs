@@ -86,7 +86,7 @@ pub async fn cleanup(svc: &Service, ctx: &Context) -> Result<(), ReconcileError>
         }
     }
     // Its rules are gone: a Service waiting for room in its group may fit now.
-    ctx.placement.service_left(ctx);
+    ctx.placement.service_left(svc, ctx).await;
     Ok(())
 }
 

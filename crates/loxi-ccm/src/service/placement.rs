@@ -4,10 +4,9 @@
 //! moves. A Service no group has room for waits, with a condition saying so, and is re-queued
 //! when a Service leaves.
 //!
-//! Room is counted in rules of the Services placed on each group (the Services in the store,
-//! by the group recorded on them, plus those placed by this process whose annotation the
-//! store does not show yet): decisions are serialized, so Services created together never
-//! overfill a group. Rules of other owners on a loxilb are not counted here; the loxilb
+//! Room is counted in rules of the Services placed on each group (a book filled from the
+//! store's recorded groups at the first decision, then kept as Services are placed and
+//! leave): decisions are serialized, so Services created together never overfill a group. Rules of other owners on a loxilb are not counted here; the loxilb
 //! subsystem's own capacity check still holds a Service back if they fill a table
 //! (`crate::loxilb`, `CapacityExceeded`).
 
@@ -20,14 +19,76 @@ use loxi_domain::placement::{GroupRoom, PlacementError, parse_group, place};
 
 use super::context::{Context, recorded_group};
 
-/// The placement decisions of this process and the Services waiting for room.
+/// The placement book and the Services waiting for room.
 #[derive(Default)]
 pub struct Placement {
-    /// Services placed by this process, by uid, until the store shows their annotation.
     /// Behind an async lock held for a whole decision, so decisions are serialized.
-    recent: tokio::sync::Mutex<HashMap<ObjectRef<Service>, (String, String)>>,
+    book: tokio::sync::Mutex<Book>,
     /// Services that found no group with room.
     waiting: std::sync::Mutex<HashSet<ObjectRef<Service>>>,
+}
+
+/// Every Service placed on a group as this process knows it, and each group's use. Filled
+/// from the store at the first decision, then kept as Services are placed, seen with their
+/// group, or leave, so that a decision costs no pass over every Service.
+#[derive(Default)]
+struct Book {
+    filled: bool,
+    placed: HashMap<ObjectRef<Service>, Entry>,
+    used: BTreeMap<String, usize>,
+}
+
+struct Entry {
+    uid: String,
+    group: String,
+    rules: usize,
+}
+
+impl Book {
+    fn note(&mut self, key: ObjectRef<Service>, uid: String, group: &str, rules: usize) {
+        self.forget(&key);
+        *self.used.entry(group.to_string()).or_default() += rules;
+        self.placed.insert(
+            key,
+            Entry {
+                uid,
+                group: group.to_string(),
+                rules,
+            },
+        );
+    }
+
+    fn forget(&mut self, key: &ObjectRef<Service>) {
+        if let Some(old) = self.placed.remove(key)
+            && let Some(n) = self.used.get_mut(&old.group)
+        {
+            *n = n.saturating_sub(old.rules);
+        }
+    }
+
+    /// The Services of the store placed on a group: with a recorded group, or served before
+    /// groups existed (the default group).
+    fn fill(&mut self, ctx: &Context) {
+        for other in ctx.inputs.services.state() {
+            if !ctx.selection.serves(&other) || other.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let group = match recorded_group(&other) {
+                Some(g) => g.to_string(),
+                None if !ctx.selection.our_finalizers(&other).is_empty() => {
+                    ctx.settings.zone.clone()
+                }
+                None => continue,
+            };
+            self.note(
+                ObjectRef::from_obj(&*other),
+                other.uid().unwrap_or_default(),
+                &group,
+                rules_needed(&other),
+            );
+        }
+        self.filled = true;
+    }
 }
 
 /// Where a Service goes, as the reconcile needs it.
@@ -58,21 +119,33 @@ impl Placement {
                 used: 0,
             })
             .collect();
+        let only_default = names.is_empty() || (names.len() == 1 && names[0].name == settings.zone);
+        let key = ObjectRef::from_obj(svc);
+        let uid = svc.uid().unwrap_or_default();
         if let Some(value) = recorded_group(svc) {
             let group = parse_group(value, &names)?;
             self.done_waiting(svc);
+            if !only_default {
+                let mut book = self.book.lock().await;
+                if book.filled {
+                    book.note(key, uid, &group, rules_needed(svc));
+                }
+            }
             return Ok(Placed {
                 group,
                 record: false,
             });
         }
-        let only_default = names.is_empty() || (names.len() == 1 && names[0].name == settings.zone);
         if only_default {
             // One group, the default one (or none yet): nothing to choose or record.
             return Ok(Placed {
                 group: settings.zone.clone(),
                 record: false,
             });
+        }
+        let mut book = self.book.lock().await;
+        if !book.filled {
+            book.fill(ctx);
         }
         if already_ours {
             // Served before it had a group: where its rules are, the default group (or the
@@ -82,40 +155,40 @@ impl Placement {
             } else {
                 settings.zone.clone()
             };
+            book.note(key, uid, &group, rules_needed(svc));
             return Ok(Placed {
                 group,
                 record: true,
             });
         }
-        let key = ObjectRef::from_obj(svc);
-        let uid = svc.uid().unwrap_or_default();
-        let mut recent = self.recent.lock().await;
-        if let Some((placed_uid, group)) = recent.get(&key)
-            && *placed_uid == uid
-            && names.iter().any(|g| g.name == *group)
+        if let Some(entry) = book.placed.get(&key)
+            && entry.uid == uid
+            && names.iter().any(|g| g.name == entry.group)
         {
             // Placed by an earlier pass whose patch failed or is not in the store yet.
             return Ok(Placed {
-                group: group.clone(),
+                group: entry.group.clone(),
                 record: true,
             });
         }
-        let used = self.used_by_group(ctx, &mut recent);
         let rooms: Vec<GroupRoom> = names
             .into_iter()
             .map(|g| GroupRoom {
-                used: used.get(&g.name).copied().unwrap_or(0),
+                used: book.used.get(&g.name).copied().unwrap_or(0),
                 ..g
             })
             .collect();
-        for room in &rooms {
-            ctx.report
-                .metrics
-                .set_group_placed_rules(&room.name, room.used);
+        let needed = rules_needed(svc);
+        let decided = place(&rooms, needed);
+        if let Ok(group) = &decided {
+            book.note(key.clone(), uid, group, needed);
         }
-        match place(&rooms, rules_needed(svc)) {
+        for (group, used) in &book.used {
+            ctx.report.metrics.set_group_placed_rules(group, *used);
+        }
+        drop(book);
+        match decided {
             Ok(group) => {
-                recent.insert(key, (uid, group.clone()));
                 self.done_waiting(svc);
                 Ok(Placed {
                     group,
@@ -129,46 +202,10 @@ impl Placement {
         }
     }
 
-    /// Rules of the Services placed on each group: those the store shows with a group (or
-    /// served before groups existed: the default group), and those this process placed
-    /// whose annotation the store does not show yet. Entries the store caught up with, or
-    /// whose Service is gone, are dropped.
-    fn used_by_group(
-        &self,
-        ctx: &Context,
-        recent: &mut HashMap<ObjectRef<Service>, (String, String)>,
-    ) -> BTreeMap<String, usize> {
-        let mut used: BTreeMap<String, usize> = BTreeMap::new();
-        let mut seen = HashSet::new();
-        for other in ctx.inputs.services.state() {
-            if !ctx.selection.serves(&other) || other.metadata.deletion_timestamp.is_some() {
-                continue;
-            }
-            let key = ObjectRef::from_obj(&*other);
-            let group = match recorded_group(&other) {
-                Some(g) => Some(g.to_string()),
-                None => match recent.get(&key) {
-                    Some((uid, g)) if other.metadata.uid.as_deref() == Some(uid.as_str()) => {
-                        seen.insert(key);
-                        Some(g.clone())
-                    }
-                    _ if !ctx.selection.our_finalizers(&other).is_empty() => {
-                        Some(ctx.settings.zone.clone())
-                    }
-                    _ => None,
-                },
-            };
-            if let Some(g) = group {
-                *used.entry(g).or_default() += rules_needed(&other);
-            }
-        }
-        recent.retain(|k, _| seen.contains(k));
-        used
-    }
-
-    /// A Service left (deleted, or no longer ours): the Services waiting for room are
-    /// re-queued, since room may have freed.
-    pub fn service_left(&self, ctx: &Context) {
+    /// `svc` left (deleted, or no longer ours): its rules no longer count, and the Services
+    /// waiting for room are re-queued, since room may have freed.
+    pub async fn service_left(&self, svc: &Service, ctx: &Context) {
+        self.book.lock().await.forget(&ObjectRef::from_obj(svc));
         let waiting = std::mem::take(&mut *self.lock_waiting());
         for key in waiting {
             let _ = ctx.requeue.send(key);

@@ -50,7 +50,7 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, R
     let Some(svc) = ctx.inputs.service(&svc) else {
         tracing::debug!(service = %owner_key(&svc), "gone from the store: nothing to do");
         ctx.fleet.forget_waiter(&rule_owner(&svc)).await;
-        ctx.placement.service_left(&ctx);
+        ctx.placement.service_left(&svc, &ctx).await;
         // Nor is it counted any more (endpoints dropped, not programmed).
         ctx.report.forget(&svc);
         return Ok(Action::await_change());
