@@ -1072,6 +1072,8 @@ mod tests {
         rules
     }
 
+    const ZONE_SELECT: &str = loxi_domain::placement::ZONE_SELECT_ANNOTATION;
+
     fn converged() -> Snapshot {
         snapshot(
             vec![
@@ -1352,5 +1354,86 @@ mod tests {
             vec![Kind::BgpAdvertisements, Kind::BgpAdvertisements],
             "{f}"
         );
+    }
+
+    #[test]
+    fn rules_stay_on_their_groups_loxilbs() {
+        // A second group (east) with a loxilb holding nothing: clean, since no Service is
+        // placed there.
+        let mut s = converged();
+        s.instances.push(InstanceSnapshot {
+            url: "http://east".into(),
+            group: "east".into(),
+            ha_states: None,
+            rules: Ok(Vec::new()),
+            advertisements: None,
+        });
+        let f = audit(&s);
+        assert!(f.clean(), "{f}");
+        // api recorded on east: its rule belongs there, not on llb.
+        let annotate = |svc: &mut Service| {
+            svc.metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(ZONE_SELECT.into(), "east".into());
+        };
+        annotate(&mut s.services[2]);
+        let f = audit(&s);
+        let v = f.of_kind(Kind::Rules);
+        assert_eq!(v.len(), 2, "{f}");
+        assert!(
+            v.iter()
+                .any(|v| v.detail.contains("has no rule") && v.detail.contains("http://east")),
+            "{f}"
+        );
+        assert!(
+            v.iter().any(|v| v.detail.contains("should not have") && v.detail.contains("http://loxilb")),
+            "{f}"
+        );
+        // The claim records the group too (the sharing rules read it).
+        assert_eq!(kinds(&f), vec![Kind::ClaimPorts, Kind::Rules, Kind::Rules]);
+        // Moved where it belongs, named after east's HA instance, and recorded: clean again.
+        s.claims[1].spec.service.group = Some("east".into());
+        let (east, llb): (Vec<Rule>, Vec<Rule>) =
+            planned(&s).into_iter().partition(|r| r.key.port == 443);
+        assert!(east[0].name.ends_with(":east-inst0"), "{}", east[0].name);
+        s.instances[0].rules = Ok(llb);
+        s.instances[1].rules = Ok(east);
+        let f = audit(&s);
+        assert!(f.clean(), "{f}");
+    }
+
+    #[test]
+    fn one_master_per_ha_instance_and_group() {
+        let mut s = converged();
+        s.roles = Some(loxi_domain::roles::HaSettings {
+            vip: "0.0.0.0".into(),
+            instance_count: 1,
+            excluded: vec!["http://excluded".into()],
+        });
+        let states = |state: &str| Some([("llb-inst0".to_string(), state.to_string())].into());
+        let mut second = s.instances[0].clone();
+        second.url = "http://loxilb2".into();
+        s.instances.push(second);
+        s.instances[0].ha_states = states("MASTER");
+        s.instances[1].ha_states = states("BACKUP");
+        assert!(audit(&s).clean());
+        // Two masters.
+        s.instances[1].ha_states = states("MASTER");
+        let f = audit(&s);
+        assert_eq!(kinds(&f), vec![Kind::HaMasters], "{f}");
+        assert!(f.violations[0].detail.contains("2 master(s)"), "{f}");
+        // None (after a restart nobody is master yet).
+        s.instances[0].ha_states = states("NOT_DEFINED");
+        s.instances[1].ha_states = states("BACKUP");
+        assert_eq!(kinds(&audit(&s)), vec![Kind::HaMasters]);
+        // An excluded loxilb holds no role and is not counted; one whose states could not
+        // be read is not judged.
+        s.instances[0].ha_states = states("MASTER");
+        s.instances[1].url = "http://excluded".into();
+        assert!(audit(&s).clean());
+        s.instances[1].url = "http://loxilb2".into();
+        s.instances[1].ha_states = None;
+        assert!(audit(&s).clean());
     }
 }
