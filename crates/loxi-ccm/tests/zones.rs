@@ -81,6 +81,7 @@ async fn zoneselect_lands_on_its_group_and_placements_never_move() {
                     .iter()
                     .map(|s| format!("--loxilb-url=west={}", s.url())),
             )
+            .chain(["--set-roles=0.0.0.0".to_string()])
             .collect(),
         ..Options::default()
     };
@@ -103,6 +104,36 @@ async fn zoneselect_lands_on_its_group_and_placements_never_move() {
     assert!(
         !addresses_on(&w.sim).contains_key(&east_ip),
         "a Service of east has no rule on the llb loxilb"
+    );
+    // HA roles per group: east's instance among east's loxilbs, llb's on llb's.
+    wait_for("one MASTER of east-inst0 in east", WAIT, || async {
+        let states = [
+            east1.cluster_state("east-inst0"),
+            east2.cluster_state("east-inst0"),
+        ];
+        let masters = states
+            .iter()
+            .filter(|s| s.as_deref() == Some("MASTER"))
+            .count();
+        let backups = states
+            .iter()
+            .filter(|s| s.as_deref() == Some("BACKUP"))
+            .count();
+        (masters == 1 && backups == 1).then_some(())
+    })
+    .await;
+    wait_for("llb-inst0 MASTER on llb", WAIT, || async {
+        (w.sim.cluster_state("llb-inst0").as_deref() == Some("MASTER")).then_some(())
+    })
+    .await;
+    assert_eq!(
+        east1.cluster_state("llb-inst0").as_deref(),
+        Some("NOT_DEFINED")
+    );
+    assert_eq!(
+        w.sim.cluster_state("east-inst0"),
+        None,
+        "no role outside its group"
     );
     let rule = east1
         .rules()
