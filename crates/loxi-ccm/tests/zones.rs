@@ -13,8 +13,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::*;
-use k8s_openapi::api::core::v1::Service;
-use kube::api::{DeleteParams, ListParams};
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use kube::api::{Api, DeleteParams, ListParams};
 use loxilb_sim::{SimConfig, Simulator};
 
 const ZONE: &str = "loxilb.io/zoneselect";
@@ -196,6 +196,20 @@ async fn zoneselect_lands_on_its_group_and_placements_never_move() {
         .unwrap();
     let settled = w.settle_programmed(&opts(port, &[]), WAIT).await;
     eprintln!("zones: settled and audited clean in {settled:?}");
+
+    // The fleet as `kubectl get configmap loxi-ccm-fleet` shows it: a line per group.
+    let records: Api<ConfigMap> = Api::namespaced(w.client.clone(), &w.ns);
+    let shown = wait_for("the fleet's status record", WAIT, || async {
+        let data = records.get_opt("loxi-ccm-fleet").await.ok()??.data?;
+        let (east, llb) = (data.get("east")?, data.get("llb")?);
+        (east.starts_with("2 loxilb(s): 2 serving")
+            && east.contains("east-inst0 MASTER")
+            && east.contains("2 rule(s) placed")
+            && llb.contains("1 rule(s) placed"))
+        .then(|| data.clone())
+    })
+    .await;
+    eprintln!("zones: fleet record {shown:?}");
 
     // A restart with a new, empty group: nothing moves (a fresh decision would now pick
     // west for a Service without a record).

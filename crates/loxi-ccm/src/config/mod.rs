@@ -136,6 +136,9 @@ pub struct Config {
     /// Namespace and name of the ConfigMap recording the HA masters: the leader-election
     /// namespace, `<leader-elect-name>-ha-roles`.
     pub roles_record: (String, String),
+    /// Namespace and name of the ConfigMap showing the fleet, group by group: the
+    /// leader-election namespace, `<leader-elect-name>-fleet`.
+    pub fleet_record: (String, String),
     /// `--bgp-crds`: serve kube-loxilb's BGP custom resources (only with `bgp`).
     pub bgp_crds: bool,
 }
@@ -1108,6 +1111,10 @@ impl Config {
             zone: zone.to_string(),
             zone_instances: args.num_zone_instances,
             roles,
+            fleet_record: (
+                args.leader_elect_namespace.clone(),
+                format!("{}-fleet", args.leader_elect_name),
+            ),
             roles_record: (
                 args.leader_elect_namespace.clone(),
                 format!("{}-ha-roles", args.leader_elect_name),

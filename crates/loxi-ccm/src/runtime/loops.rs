@@ -145,6 +145,19 @@ pub async fn health_loop(shared: Arc<Shared>) {
         if let Some((bgp, plan)) = &plan {
             bgp.publish(plan, &passes).await;
         }
+        let masters = match &shared.roles {
+            Some(roles) => roles.masters().await,
+            None => Default::default(),
+        };
+        shared
+            .fleet_status
+            .publish(
+                &ctx.fleet.groups(),
+                &ctx.placement.placed_rules().await,
+                &masters,
+                &ctx.gate,
+            )
+            .await;
         // Programmed conditions name the unreachable instances: re-evaluate them.
         if joined || probes.iter().any(|p| p.changes_status()) {
             ctx.requeue_all_served();

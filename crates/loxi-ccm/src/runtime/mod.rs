@@ -2,6 +2,7 @@
 
 pub mod admin;
 pub mod discovery;
+pub mod fleet_status;
 mod loops;
 pub mod loxiurl;
 pub mod node_watch;
@@ -60,6 +61,8 @@ pub struct Shared {
     pub roles: Option<roles::Roles>,
     /// The fleet's members by source (`discovery::Members`).
     pub members: discovery::Members,
+    /// The fleet as `kubectl get` shows it (`fleet_status`).
+    pub fleet_status: fleet_status::FleetStatus,
 }
 
 /// A shutdown signal that many tasks can wait on.
@@ -407,6 +410,11 @@ pub async fn run(
                 .collect(),
             cfg.zone.clone(),
             cfg.loxilb_template.clone(),
+        ),
+        fleet_status: fleet_status::FleetStatus::new(
+            ctx.kube.clone(),
+            &cfg.fleet_record.0,
+            &cfg.fleet_record.1,
         ),
         roles: cfg.roles.clone().map(|settings| {
             let (namespace, name) = &cfg.roles_record;

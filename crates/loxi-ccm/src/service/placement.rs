@@ -202,6 +202,12 @@ impl Placement {
         }
     }
 
+    /// Rules of the Services placed on each group, as the book counts them (empty until the
+    /// first decision among several groups).
+    pub async fn placed_rules(&self) -> BTreeMap<String, usize> {
+        self.book.lock().await.used.clone()
+    }
+
     /// `svc` left (deleted, or no longer ours): its rules no longer count, and the Services
     /// waiting for room are re-queued, since room may have freed.
     pub async fn service_left(&self, svc: &Service, ctx: &Context) {
