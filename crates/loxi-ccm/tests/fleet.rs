@@ -443,7 +443,8 @@ async fn discovery_follows_the_loxilb_services_endpointslices() {
 
 /// kube-loxilb's `LoxiURL` resources (docs/fleet.md#loxiurl-resources): a resource of type
 /// default adds its loxilbs to the fleet (programmed completely, then counted), its deletion
-/// takes them out again; a `cidrpool` one is refused with a Warning Event naming it.
+/// takes them out again; a `cidrpool` one that is no pool is refused with a Warning Event
+/// naming it.
 #[tokio::test]
 async fn loxiurl_resources_add_and_remove_loxilbs() {
     use kube::CustomResourceExt;
@@ -500,7 +501,7 @@ async fn loxiurl_resources_add_and_remove_loxilbs() {
     let res = LoxiURL::new(
         &pool,
         LoxiURLSpec {
-            loxi_url: "12.12.12.0/24".into(),
+            loxi_url: "12.12.12.0/33".into(),
             kind: Some("cidrpool".into()),
             zone: None,
         },
@@ -510,16 +511,21 @@ async fn loxiurl_resources_add_and_remove_loxilbs() {
         .await
         .unwrap();
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(w.client.clone());
-    wait_for("a Warning Event on the cidrpool LoxiURL", WAIT, || async {
-        let list = events.list(&Default::default()).await.ok()?;
-        list.items
-            .iter()
-            .any(|e| {
-                e.reason.as_deref() == Some("InvalidLoxiURL")
-                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(pool.as_str())
-            })
-            .then_some(())
-    })
+    wait_for(
+        "a Warning Event on the bad cidrpool LoxiURL",
+        WAIT,
+        || async {
+            let list = events.list(&Default::default()).await.ok()?;
+            list.items
+                .iter()
+                .any(|e| {
+                    e.reason.as_deref() == Some("InvalidLoxiURL")
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref())
+                            == Some(pool.as_str())
+                })
+                .then_some(())
+        },
+    )
     .await;
     let _ = resources.delete(&pool, &DeleteParams::default()).await;
     w.finish().await;
@@ -645,5 +651,170 @@ async fn discovered_loxilbs_peer_with_each_other_and_peer_only_ones_get_bgp_only
         || async { neighbours(&a).is_empty().then_some(()) },
     )
     .await;
+    w.finish().await;
+}
+
+/// A `LoxiURL` of type `cidrpool` (docs/fleet.md#loxiurl-resources) is an address pool named
+/// after the resource: a Service naming it in `loxilb.io/poolSelect` gets an address from it
+/// (one that names no pool does not); when the resource is deleted the address stays with its
+/// Service, programmed, and a new Service naming the pool waits. A `cidrpool` whose name an
+/// `AddressPool` has is refused with a Warning Event.
+#[tokio::test]
+async fn a_cidrpool_loxiurl_is_an_address_pool() {
+    use kube::CustomResourceExt;
+    use kube::api::{DeleteParams, PostParams};
+    use loxi_ccm::ipam::address_pools::{AddressPool, AddressPoolSpec};
+    use loxi_ccm::runtime::loxiurl::{LoxiURL, LoxiURLSpec};
+    let mut w = World::with("cidrpool", Options::default()).await;
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        Api::all(w.client.clone());
+    let _ = crds.create(&PostParams::default(), &LoxiURL::crd()).await;
+    let resources: Api<LoxiURL> = Api::all(w.client.clone());
+    wait_for("the LoxiURL CRD served", WAIT, || async {
+        resources.list(&Default::default()).await.ok().map(|_| ())
+    })
+    .await;
+    w.stop_controller().await;
+    w.start_controller(&Options::default()).await;
+    w.add_node("node-a", "10.7.0.1").await;
+
+    let pool = format!("{}-pool", w.ns);
+    resources
+        .create(
+            &PostParams::default(),
+            &LoxiURL::new(
+                &pool,
+                LoxiURLSpec {
+                    loxi_url: "198.51.100.0/29".into(),
+                    kind: Some("cidrpool".into()),
+                    zone: None,
+                },
+            ),
+        )
+        .await
+        .unwrap();
+    let named = |name: &str, port: i32| {
+        annotated(
+            World::lb_service(name, Some(CLASS), &[(port, "TCP")]),
+            &[("loxilb.io/poolSelect", pool.as_str())],
+        )
+    };
+    w.create(&named("in-pool", 80)).await;
+    let ip = w.wait_for_ip("in-pool").await;
+    assert!(ip.starts_with("198.51.100."), "from the cidrpool: {ip}");
+    wait_for("its rule", WAIT, || async {
+        (w.rules_for(&ip).len() == 1).then_some(())
+    })
+    .await;
+    let other = w.serve_one_port("no-pool", 81).await;
+    assert!(
+        other.starts_with("192.0.2."),
+        "a cidrpool serves only the Services naming it: {other}"
+    );
+    let findings = w.audit(&Options::default()).await;
+    assert!(
+        findings.clean(),
+        "the audit takes the cidrpool as a pool: {:?}",
+        findings.violations
+    );
+
+    // Deleted: the address stays with its Service, which stays programmed.
+    resources
+        .delete(&pool, &DeleteParams::default())
+        .await
+        .unwrap();
+    w.create(&named("after", 82)).await;
+    wait_for("a Service naming the deleted pool waits", WAIT, || async {
+        let svc = w.get("after").await?;
+        let (status, _, message) = World::condition(&svc, "loxilb.io/AddressAllocated")?;
+        (status == "False" && message.contains(&pool)).then_some(())
+    })
+    .await;
+    let svc = w.get("in-pool").await.unwrap();
+    let shown: Vec<String> = svc
+        .status
+        .and_then(|s| s.load_balancer)
+        .and_then(|lb| lb.ingress)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|i| i.ip)
+        .collect();
+    assert_eq!(shown, [ip.clone()], "the address never moves");
+    assert_eq!(w.rules_for(&ip).len(), 1);
+    assert!(
+        w.claims()
+            .await
+            .iter()
+            .any(|c| c.metadata.name.as_deref() == Some(ip.as_str())),
+        "its claim stays"
+    );
+
+    // A cidrpool whose name an AddressPool has: refused, the AddressPool wins.
+    let taken = format!("{}-taken", w.ns);
+    let pools: Api<AddressPool> = Api::all(w.client.clone());
+    pools
+        .create(
+            &PostParams::default(),
+            &AddressPool::new(
+                &taken,
+                AddressPoolSpec {
+                    addresses: vec!["203.0.113.0/29".into()],
+                    auto_assign: false,
+                    avoid_buggy_ips: true,
+                    priority: 0,
+                    disabled: false,
+                    namespace_selector: None,
+                    service_selector: None,
+                    retain_addresses: None,
+                    bgp_advertise: true,
+                },
+            ),
+        )
+        .await
+        .unwrap();
+    resources
+        .create(
+            &PostParams::default(),
+            &LoxiURL::new(
+                &taken,
+                LoxiURLSpec {
+                    loxi_url: "198.51.100.64/29".into(),
+                    kind: Some("cidrpool".into()),
+                    zone: None,
+                },
+            ),
+        )
+        .await
+        .unwrap();
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(w.client.clone());
+    wait_for(
+        "a Warning Event on the LoxiURL whose name is taken",
+        WAIT,
+        || async {
+            let list = events.list(&Default::default()).await.ok()?;
+            list.items
+                .iter()
+                .any(|e| {
+                    e.reason.as_deref() == Some("InvalidLoxiURL")
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref())
+                            == Some(taken.as_str())
+                        && e.note.as_deref().is_some_and(|n| n.contains("taken"))
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    let taken_svc = annotated(
+        World::lb_service("taken", Some(CLASS), &[(83, "TCP")]),
+        &[("loxilb.io/poolSelect", taken.as_str())],
+    );
+    w.create(&taken_svc).await;
+    let taken_ip = w.wait_for_ip("taken").await;
+    assert!(
+        taken_ip.starts_with("203.0.113."),
+        "the AddressPool's: {taken_ip}"
+    );
+    let _ = resources.delete(&taken, &DeleteParams::default()).await;
+    let _ = pools.delete(&taken, &DeleteParams::default()).await;
     w.finish().await;
 }

@@ -17,10 +17,33 @@ use loxilb_client::convert::from_entry;
 
 use super::checks::{InstanceSnapshot, Snapshot};
 use crate::config::Config;
-use crate::ipam::address_pools::{AddressPool, to_spec};
+use crate::ipam::address_pools::{AddressPool, cidrpool_spec, to_spec, with_cidrpools};
 use crate::ipam::claims::AddressClaim;
 use crate::k8s::view::{NETWORK_STATUS_ANNOTATION, Selection, multus_networks, node_view};
 use crate::service::Settings;
+
+/// The pools of kube-loxilb's `LoxiURL` resources of type `cidrpool`, as the controller
+/// takes them (`crate::ipam::address_pools::cidrpool_spec`); none without that CRD. Read as
+/// untyped objects: the resource's type belongs to the runtime, which the audit does not use.
+async fn cidrpools(client: &kube::Client) -> Vec<loxi_domain::pools::PoolSpec> {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let gvk = GroupVersionKind::gvk("loxiurl.loxilb.io", "v1", "LoxiURL");
+    let resource = ApiResource::from_gvk_with_plural(&gvk, "loxiurls");
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    let Ok(list) = api.list(&ListParams::default()).await else {
+        return Vec::new();
+    };
+    list.items
+        .iter()
+        .filter(|o| o.metadata.deletion_timestamp.is_none())
+        .filter(|o| o.data["spec"]["type"].as_str().map(str::trim) == Some("cidrpool"))
+        .filter_map(|o| {
+            let name = o.metadata.name.as_deref()?;
+            let cidrs = o.data["spec"]["loxiURL"].as_str()?;
+            Some(cidrpool_spec(name, cidrs))
+        })
+        .collect()
+}
 
 /// Upper bound for one loxilb listing.
 const LOXILB_TIMEOUT: Duration = Duration::from_secs(30);
@@ -96,6 +119,7 @@ pub async fn snapshot(client: &kube::Client, cfg: &Config) -> anyhow::Result<Sna
             .collect(),
         Err(_) => Vec::new(),
     };
+    let resources = with_cidrpools(resources, &cidrpools(client).await);
     let pools = merge_pools(&cfg.pools, &cfg.secondary_pools, resources);
 
     let mut instances = Vec::new();

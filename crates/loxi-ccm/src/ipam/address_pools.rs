@@ -7,6 +7,11 @@
 //! stays with its Service until the Service lets go of it. A resource that does not validate
 //! is left out (never a crash) and says why in its status, with a Warning Event.
 //!
+//! kube-loxilb's `LoxiURL` resources of `type: cidrpool` are pools too ([`cidrpool_spec`]):
+//! the runtime hands them over ([`Pools::set_cidrpools`]) and they join the set like
+//! resources, under the same rule (a change never moves an address). An `AddressPool` of the
+//! same name wins.
+//!
 //! The leader writes each pool's status (address counts per family; conditions `Ready`,
 //! `Overlapping`, `Exhausted`) with server-side apply, only when it differs from what the
 //! pool shows.
@@ -23,7 +28,7 @@ use kube::{CustomResource, Resource, ResourceExt};
 use loxi_domain::Pool;
 use loxi_domain::ipam::{Allocator, Family};
 use loxi_domain::pools::{
-    PoolSet, PoolSpec, RawRequirement, RawSelector, merge_pools, validate_pool,
+    PoolDef, PoolSet, PoolSpec, RawRequirement, RawSelector, merge_pools, validate_pool,
 };
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -233,6 +238,46 @@ pub struct Pools {
     pub namespaces: Store<PartialObjectMeta<Namespace>>,
     /// Something a pool status shows may have changed (allocation, release, pool edit).
     pub changed: Notify,
+    /// The pools of kube-loxilb's `LoxiURL` resources of type `cidrpool` ([`cidrpool_spec`]).
+    cidrpools: std::sync::Mutex<Vec<PoolSpec>>,
+}
+
+/// The pool of a kube-loxilb `LoxiURL` resource of type `cidrpool` named `name`, whose
+/// `spec.loxiURL` is `cidrs` (comma-separated CIDRs or ranges, either family): as kube-loxilb,
+/// a named pool for the Services that name it in `loxilb.io/poolSelect` only, never handed
+/// out to the others (docs/migration.md#loxiurl-resources).
+pub fn cidrpool_spec(name: &str, cidrs: &str) -> PoolSpec {
+    PoolSpec {
+        name: name.to_string(),
+        addresses: cidrs
+            .split(',')
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .map(str::to_string)
+            .collect(),
+        auto_assign: false,
+        avoid_buggy_ips: true,
+        priority: 0,
+        disabled: false,
+        namespace_selector: None,
+        service_selector: None,
+        retain: None,
+        advertise: true,
+    }
+}
+
+/// `resources` (validated `AddressPool`s, by name) with the `cidrpools` whose names no
+/// resource takes.
+pub fn with_cidrpools(
+    mut resources: Vec<(String, Result<PoolDef, Vec<String>>)>,
+    cidrpools: &[PoolSpec],
+) -> Vec<(String, Result<PoolDef, Vec<String>>)> {
+    for spec in cidrpools {
+        if !resources.iter().any(|(name, _)| *name == spec.name) {
+            resources.push((spec.name.clone(), validate_pool(spec)));
+        }
+    }
+    resources
 }
 
 fn raw_selector(s: &LabelSelector) -> RawSelector {
@@ -277,7 +322,32 @@ impl Pools {
             store,
             namespaces,
             changed: Notify::new(),
+            cidrpools: std::sync::Mutex::default(),
         }
+    }
+
+    /// The `cidrpool` `LoxiURL` resources' pools are now `pools`; the caller refreshes the
+    /// set (`Ipam::refresh_pools`).
+    pub fn set_cidrpools(&self, pools: Vec<PoolSpec>) {
+        *self
+            .cidrpools
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = pools;
+    }
+
+    /// Why a `cidrpool` named `name` cannot be a pool: the name is taken by an `AddressPool`
+    /// or a pool from the flags (`flags`).
+    pub fn name_taken(&self, name: &str, flags: &[Pool]) -> Option<String> {
+        if flags.iter().any(|p| p.name == name) {
+            return Some(format!(
+                "the pool name {name:?} is taken by a pool from the command line (--external-cidr, --cidr-pools, ...)"
+            ));
+        }
+        let resource = self
+            .store
+            .as_ref()
+            .is_some_and(|s| s.get(&ObjectRef::new(name)).is_some());
+        resource.then(|| format!("the pool name {name:?} is taken by the AddressPool {name:?}"))
     }
 
     /// Labels of namespace `ns` (none when it is not in the store).
@@ -300,7 +370,12 @@ impl Pools {
             .filter(|p| p.metadata.deletion_timestamp.is_none())
             .map(|p| (p.name_any(), validate_pool(&to_spec(p))))
             .collect();
-        merge_pools(flags, secondary, resources)
+        let cidrpools = self
+            .cidrpools
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        merge_pools(flags, secondary, with_cidrpools(resources, &cidrpools))
     }
 
     /// Logs the invalid pools of `set` that `before` did not already have as they are.

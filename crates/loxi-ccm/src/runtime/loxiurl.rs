@@ -1,9 +1,12 @@
 //! kube-loxilb's `LoxiURL` resources (`loxiurl.loxilb.io/v1`, cluster-scoped), accepted as
 //! they are (docs/fleet.md#loxiurl-resources): one of `type` default (or none) names loxilb
 //! API URLs, comma-separated in `spec.loxiURL`, which join the fleet next to `--loxilb-url`
-//! and the discovered loxilbs, and leave it when the resource goes. `type: cidrpool` (an
-//! address pool) is not taken yet: such a resource gets a Warning Event saying so, and so
-//! does a URL that is not one. Without kube-loxilb's CRD nothing is watched.
+//! and the discovered loxilbs, and leave it when the resource goes. One of `type: cidrpool`
+//! is an address pool named after the resource, its CIDRs in `spec.loxiURL`, handed to the
+//! pool set (`crate::ipam::address_pools::cidrpool_spec`) like an `AddressPool`, and taken
+//! out of it when the resource goes (addresses already given stay). A resource that gives
+//! nothing (a URL that is not one, a bad CIDR, a pool name already taken, another type) gets
+//! a Warning Event saying why. Without kube-loxilb's CRD nothing is watched.
 
 use std::sync::Arc;
 
@@ -18,7 +21,9 @@ use tracing::{info, warn};
 
 use super::Shared;
 use super::discovery::Source;
+use crate::ipam::address_pools::cidrpool_spec;
 use crate::loxilb::Member;
+use loxi_domain::pools::PoolSpec;
 
 /// kube-loxilb's `LoxiURL` spec. Its CRD keeps unknown fields, so nothing else is read.
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -58,16 +63,36 @@ pub fn group_of(spec: &LoxiURLSpec, default: &str) -> Result<String, String> {
     }
 }
 
-/// What one resource gives: URLs, or why it gives nothing.
+/// What one resource gives.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Given {
+    /// `type` default: loxilb API URLs.
+    Urls(Vec<String>),
+    /// `type: cidrpool`: an address pool named after the resource.
+    Pool(PoolSpec),
+}
+
+/// What the resource `name` gives, or why it gives nothing.
+pub fn given(name: &str, spec: &LoxiURLSpec) -> Result<Given, String> {
+    if spec.kind.as_deref().map(str::trim) == Some("cidrpool") {
+        let pool = cidrpool_spec(name, &spec.loxi_url);
+        return match loxi_domain::pools::validate_pool(&pool) {
+            Ok(_) => Ok(Given::Pool(pool)),
+            Err(problems) => Err(format!(
+                "type cidrpool: loxiURL {:?} is not a pool of CIDRs: {}",
+                spec.loxi_url,
+                problems.join("; ")
+            )),
+        };
+    }
+    urls_of(spec).map(Given::Urls)
+}
+
+/// The URLs of a resource of type default, or why it gives none.
 pub fn urls_of(spec: &LoxiURLSpec) -> Result<Vec<String>, String> {
     match spec.kind.as_deref().map(str::trim).unwrap_or("") {
         "" | "default" => {}
-        "cidrpool" => {
-            return Err(
-                "type cidrpool is not supported by loxi-ccm yet: use an AddressPool resource"
-                    .into(),
-            );
-        }
+        "cidrpool" => return Err("type cidrpool names address pools, not loxilbs".into()),
         other => {
             return Err(format!(
                 "unknown type {other:?}: expected default or cidrpool"
@@ -119,12 +144,27 @@ pub async fn follow(shared: Arc<Shared>) {
             }
         }
         let mut members = Vec::new();
+        let mut pools = Vec::new();
         let mut now_refused = std::collections::BTreeMap::new();
         for res in store.state() {
-            let found =
-                urls_of(&res.spec).and_then(|u| Ok((group_of(&res.spec, &ctx.settings.zone)?, u)));
+            let name = res.name_any();
+            let found = given(&name, &res.spec).and_then(|g| match g {
+                Given::Urls(u) => Ok((Some(group_of(&res.spec, &ctx.settings.zone)?), u, None)),
+                Given::Pool(p) => match ctx
+                    .ipam
+                    .pools()
+                    .name_taken(&p.name, &ctx.ipam.settings().pools)
+                {
+                    Some(why) => Err(format!("type cidrpool: {why}: rename one of them")),
+                    None => Ok((None, Vec::new(), Some(p))),
+                },
+            });
             match found {
-                Ok((group, u)) => members.extend(u.iter().map(|url| Member::new(&group, url))),
+                Ok((group, u, pool)) => {
+                    let group = group.unwrap_or_default();
+                    members.extend(u.iter().map(|url| Member::new(&group, url)));
+                    pools.extend(pool);
+                }
                 Err(why) => {
                     let name = res.name_any();
                     if refused.get(&name) != Some(&why) {
@@ -148,6 +188,13 @@ pub async fn follow(shared: Arc<Shared>) {
         shared
             .members
             .set_grouped(&shared, Source::Resources, members);
+        ctx.ipam.pools().set_cidrpools(pools);
+        // As for an AddressPool edit (runtime::watches::pools): waiting Services try again,
+        // and with BGP on a pool's advertisement decides the rules' flag.
+        if ctx.ipam.refresh_pools() && ctx.settings.advertise {
+            ctx.requeue_all_served();
+        }
+        ctx.ipam.pools().changed.notify_one();
     }
 }
 
@@ -178,6 +225,10 @@ mod tests {
                 .unwrap_err()
                 .contains("cidrpool")
         );
+        assert_eq!(
+            given("x", &spec("http://a:11111", None)).unwrap(),
+            Given::Urls(vec!["http://a:11111".into()])
+        );
         assert!(
             urls_of(&spec("10.0.0.1:11111", None))
                 .unwrap_err()
@@ -188,6 +239,27 @@ mod tests {
                 .unwrap_err()
                 .contains("unknown type")
         );
+    }
+
+    #[test]
+    fn a_cidrpool_is_a_pool_named_after_the_resource() {
+        let Given::Pool(pool) = given(
+            "pool1",
+            &spec("12.12.12.0/24, 2001:db8::/120", Some("cidrpool")),
+        )
+        .unwrap() else {
+            panic!("not a pool");
+        };
+        assert_eq!(pool.name, "pool1");
+        assert_eq!(pool.addresses, ["12.12.12.0/24", "2001:db8::/120"]);
+        assert!(
+            !pool.auto_assign,
+            "only for Services naming it, as kube-loxilb"
+        );
+        let bad = given("pool2", &spec("12.12.12.0/33", Some("cidrpool"))).unwrap_err();
+        assert!(bad.contains("not a pool of CIDRs"), "{bad}");
+        let none = given("pool3", &spec(" , ", Some("cidrpool"))).unwrap_err();
+        assert!(none.contains("at least one"), "{none}");
     }
 
     #[test]
