@@ -575,6 +575,12 @@ async fn discovered_loxilbs_peer_with_each_other_and_peer_only_ones_get_bgp_only
             "--bgp-local-as=65100".into(),
             // The IPv6 loxilbs have no IPv4 address of their own to use.
             "--bgp-router-id=192.0.2.250".into(),
+            // Only this test's loxilbs, whatever other tests left behind.
+            format!("--loxilb-service-namespace={}", test_namespace("bgpmesh")),
+            format!(
+                "--loxilb-peer-service-namespace={}",
+                test_namespace("bgpmesh")
+            ),
         ],
         ..Options::default()
     };
@@ -739,7 +745,7 @@ async fn a_cidrpool_loxiurl_is_an_address_pool() {
         .into_iter()
         .filter_map(|i| i.ip)
         .collect();
-    assert_eq!(shown, [ip.clone()], "the address never moves");
+    assert_eq!(shown, std::slice::from_ref(&ip), "the address never moves");
     assert_eq!(w.rules_for(&ip).len(), 1);
     assert!(
         w.claims()
@@ -816,5 +822,118 @@ async fn a_cidrpool_loxiurl_is_an_address_pool() {
     );
     let _ = resources.delete(&taken, &DeleteParams::default()).await;
     let _ = pools.delete(&taken, &DeleteParams::default()).await;
+    w.finish().await;
+}
+
+/// `--loxilb-discovery-scheme=https` (docs/configuration.md#loxilb-authentication-and-tls):
+/// the loxilbs found in the cluster, rule-holding and BGP-peer-only, are reached at
+/// `https://<address>:<port>`, verified against `--loxilb-ca-file`, with the token.
+#[tokio::test]
+async fn discovered_loxilbs_are_reached_over_https() {
+    let v4 = host_address();
+    let ca = testenv::certs::TestCa::new("discovery test CA").unwrap();
+    let ca_file =
+        std::env::temp_dir().join(format!("loxi-ccm-fleet-test-{}-ca.crt", std::process::id()));
+    std::fs::write(&ca_file, ca.pem()).unwrap();
+    let tls_sim = |ip: std::net::IpAddr, cfg: SimConfig| {
+        let cert = ca.server_cert(&[&ip.to_string()]).unwrap();
+        async move {
+            Simulator::start_tls((ip, 0).into(), cfg, &cert.cert_pem, &cert.key_pem)
+                .await
+                .unwrap()
+        }
+    };
+    let token = Some("discovered-token".to_string());
+    let a = tls_sim(
+        v4,
+        SimConfig {
+            bgp: true,
+            auth_token: token.clone(),
+            ..SimConfig::default()
+        },
+    )
+    .await;
+    assert!(a.url().starts_with("https://"));
+    // A BGP-peer-only one too, where the machine has a second (IPv6) address.
+    let v6 = host_address_v6();
+    let peer = match v6 {
+        Some(ip) => Some(
+            tls_sim(
+                ip,
+                SimConfig {
+                    bgp_only: true,
+                    auth_token: token.clone(),
+                    ..SimConfig::default()
+                },
+            )
+            .await,
+        ),
+        None => {
+            eprintln!("no global IPv6 address: the BGP-peer-only part is skipped");
+            None
+        }
+    };
+    let opts = Options {
+        discovery: true,
+        extra_args: vec![
+            "--loxilb-discovery-scheme=https".into(),
+            format!("--loxilb-ca-file={}", ca_file.display()),
+            "--loxilb-token=discovered-token".into(),
+            "--bgp-local-as=65100".into(),
+            "--bgp-router-id=192.0.2.250".into(),
+            format!(
+                "--loxilb-service-namespace={}",
+                test_namespace("discoveryhttps")
+            ),
+            format!(
+                "--loxilb-peer-service-namespace={}",
+                test_namespace("discoveryhttps")
+            ),
+        ],
+        ..Options::default()
+    };
+    let w = World::with("discoveryhttps", opts).await;
+    w.add_node("node-a", "10.7.0.1").await;
+    w.set_loxilb_slice(
+        "loxilb-lb-service",
+        "loxilb-a",
+        &v4.to_string(),
+        a.addr().port(),
+        true,
+    )
+    .await;
+    if let (Some(peer), Some(v6)) = (&peer, v6) {
+        w.set_loxilb_slice(
+            "loxilb-peer-service",
+            "loxilb-peer",
+            &v6.to_string(),
+            peer.addr().port(),
+            true,
+        )
+        .await;
+    }
+    w.create(&World::lb_service("web", Some(CLASS), &[(80, "TCP")]))
+        .await;
+    let ip = w.wait_for_ip("web").await;
+    wait_for("web programmed over HTTPS", WAIT, || async {
+        let svc = w.get("web").await?;
+        let (status, _, message) = World::condition(&svc, "loxilb.io/Programmed")?;
+        (status == "True" && message.contains(" on 1/1 ")).then_some(())
+    })
+    .await;
+    assert!(a.rules().iter().any(|r| r.external_ip == ip));
+    if let (Some(peer), Some(v6)) = (&peer, v6) {
+        wait_for(
+            "the peer-only loxilb configured over HTTPS",
+            WAIT,
+            || async {
+                (neighbours(peer) == [(v4.to_string(), 65100)]
+                    && neighbours(&a) == [(v6.to_string(), 65100)])
+                .then_some(())
+            },
+        )
+        .await;
+    }
+    let _ = std::fs::remove_file(&ca_file);
     w.finish().await;
 }

@@ -108,6 +108,11 @@ pub fn host_address() -> std::net::IpAddr {
     ip
 }
 
+/// The namespace of the test world named `name` ([`World::with`]).
+pub fn test_namespace(name: &str) -> String {
+    format!("{name}-{}", std::process::id() % 100_000)
+}
+
 /// A global (not loopback, not link-local) IPv6 address of this machine, if it has one (the
 /// source address of a route out; no packet is sent): a second address, besides
 /// [`host_address`], for simulators that must be told apart by address (BGP neighbours).
@@ -228,7 +233,7 @@ impl World {
         let serial = SERIAL.lock().await;
         let cp = control_plane();
         let client = cp.admin_client().await.unwrap();
-        let ns = format!("{name}-{}", std::process::id() % 100_000);
+        let ns = test_namespace(name);
         let namespaces: Api<Namespace> = Api::all(client.clone());
         let _ = namespaces
             .create(
@@ -688,6 +693,13 @@ impl World {
 
     pub async fn finish(mut self) {
         self.stop_controller().await;
+        // Discovery follows loxilb Services' EndpointSlices in every namespace: a test's
+        // slices must not name loxilbs to the next test's controller.
+        use k8s_openapi::api::discovery::v1::EndpointSlice;
+        let slices: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &self.ns);
+        let _ = slices
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await;
         // Claims are cluster-scoped and outlive the namespace: leave none behind for the
         // next test (their addresses would look taken).
         let api: Api<loxi_ccm::ipam::claims::AddressClaim> = Api::all(self.client.clone());
