@@ -1994,6 +1994,57 @@ mod tests {
     }
 
     #[test]
+    fn discovered_loxilbs_scheme_and_peer_only_service() {
+        let pool = "--external-cidr=192.0.2.0/24";
+        let cfg = run(&[pool], &env_of(&[])).unwrap().config().unwrap();
+        let d = cfg.discovery.unwrap();
+        assert_eq!(
+            d.url(&"10.0.0.1".parse().unwrap(), 11111),
+            "http://10.0.0.1:11111"
+        );
+        assert!(cfg.peer_discovery.is_none(), "followed only with BGP on");
+        let cfg = run(
+            &[
+                pool,
+                "--loxilb-discovery-scheme=https",
+                "--loxilb-port=8091",
+                "--bgp-local-as=64512",
+                "--loxilb-peer-service-namespace=kube-system",
+            ],
+            &env_of(&[]),
+        )
+        .unwrap()
+        .config()
+        .unwrap();
+        let d = cfg.discovery.unwrap();
+        assert_eq!(
+            d.url(&"fd00::1".parse().unwrap(), 8091),
+            "https://[fd00::1]:8091"
+        );
+        let p = cfg.peer_discovery.unwrap();
+        assert_eq!(
+            (p.service.as_str(), p.namespace.as_deref(), p.https),
+            ("loxilb-peer-service", Some("kube-system"), true)
+        );
+        // With --loxilb-url too (as kube-loxilb), for BGP only.
+        let mut with_url = BASE.to_vec();
+        with_url.extend([pool, "--bgp-local-as=64512"]);
+        let cfg = run(&with_url, &env_of(&[])).unwrap().config().unwrap();
+        assert!(cfg.discovery.is_none() && cfg.peer_discovery.is_some());
+        let e = err(run(
+            &[
+                pool,
+                "--bgp-local-as=64512",
+                "--loxilb-peer-service=Not_A_Name",
+            ],
+            &env_of(&[]),
+        ));
+        assert!(e.contains("--loxilb-peer-service"), "{e}");
+        let e = err(run(&[pool, "--loxilb-discovery-scheme=ftp"], &env_of(&[])));
+        assert!(e.contains("ftp"), "{e}");
+    }
+
+    #[test]
     fn from_args_names_flags_without_origins() {
         let cli = <crate::config::cli::Cli as clap::Parser>::try_parse_from([
             "loxi-ccm",
