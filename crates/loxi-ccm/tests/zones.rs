@@ -151,7 +151,18 @@ async fn zoneselect_lands_on_its_group_and_placements_never_move() {
     w.create(&World::lb_service("placed", Some(CLASS), &[(81, "TCP")]))
         .await;
     let placed_ip = w.wait_for_ip("placed").await;
-    let placed = w.get("placed").await.unwrap();
+    let placed = wait_for("placed programmed", WAIT, || async {
+        let svc = w.get("placed").await?;
+        World::condition(&svc, "loxilb.io/Programmed")
+            .filter(|c| c.0 == "True")
+            .map(|c| (svc, c))
+    })
+    .await;
+    assert_eq!(
+        placed.1.2, "1 rule(s) on 1/1 loxilb instance(s) of group llb",
+        "shown on the Service"
+    );
+    let placed = placed.0;
     assert_eq!(zone_of(&placed).as_deref(), Some("llb"), "recorded");
     assert_ne!(placed_ip, east_ip, "two groups never share an address");
     wait_for("placed on the llb loxilb", WAIT, || async {

@@ -55,5 +55,13 @@ pub async fn apply_everywhere(
             },
         ));
     }
-    conditions::programmed(&results, rules.len())
+    let mut programmed = conditions::programmed(&results, rules.len());
+    if programmed.condition.ok && ctx.fleet.groups().len() > 1 {
+        // With several groups, where the Service is placed is part of what it shows.
+        programmed
+            .condition
+            .message
+            .push_str(&format!(" of group {group}"));
+    }
+    programmed
 }
