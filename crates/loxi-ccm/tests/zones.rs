@@ -271,6 +271,31 @@ async fn zoneselect_lands_on_its_group_and_placements_never_move() {
         .await
         .unwrap();
     assert_eq!(groups, 4.0, "llb 1 + east 2 + west 1 serving");
+
+    // A controller that does not know east's loxilbs (yet: a LoxiURL or discovery not listed
+    // at start-up, or gone): east's Services keep their address and placement, and say
+    // their loxilbs are unavailable, rather than that their group is unknown.
+    w.stop_controller().await;
+    let port4 = testenv::free_port().unwrap();
+    let mut without_east = opts(port4, &[&west]);
+    without_east
+        .extra_args
+        .retain(|a| !a.starts_with("--loxilb-url=east="));
+    w.start_controller(&without_east).await;
+    let cond = wait_for("in-east without its loxilbs", WAIT, || async {
+        let svc = w.get("in-east").await?;
+        World::condition(&svc, "loxilb.io/Programmed").filter(|c| c.1 == "LoxilbUnavailable")
+    })
+    .await;
+    assert_eq!(cond.2, "no loxilb of group east serves (yet)");
+    let in_east = w.get("in-east").await.unwrap();
+    assert_eq!(ingress_ip(&in_east), Some(east_ip.clone()));
+    assert_eq!(zone_of(&in_east).as_deref(), Some("east"));
+    assert!(
+        !w.event_reasons("in-east")
+            .await
+            .contains(&"UnknownZone".to_string())
+    );
     w.finish().await;
 }
 
