@@ -138,15 +138,16 @@ impl Members {
         for inst in changed.left {
             info!(instance = inst.url(), "loxilb left the fleet: dropped");
             // It may still run (a Pod no longer ready): the roles it held move to the others
-            // at the next tick, so it must not go on answering as MASTER.
-            if shared.roles.is_some() {
-                let shared = shared.clone();
-                tokio::spawn(async move {
-                    if let Some(roles) = &shared.roles {
-                        roles.step_down(&inst, &shared.service.report.metrics).await;
-                    }
-                });
-            }
+            // at the next tick, so it must not go on answering as MASTER. Then its gauges go.
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                let metrics = &shared.service.report.metrics;
+                if let Some(roles) = &shared.roles {
+                    roles.step_down(&inst, metrics).await;
+                }
+                let ha = shared.service.settings.instances_of(inst.group());
+                metrics.forget_loxilb(inst.url(), &ha);
+            });
         }
         if left {
             // Programmed conditions count the instances.
