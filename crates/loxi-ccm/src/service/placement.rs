@@ -178,9 +178,17 @@ impl Placement {
                 record: true,
             });
         }
+        // A new Service goes only to a group that can program it now: one with a loxilb
+        // that answers and serves (not all down, not only joining).
         let rooms: Vec<GroupRoom> = names
             .into_iter()
-            .map(|g| GroupRoom {
+            .zip(&groups)
+            .filter(|(_, g)| {
+                g.instances
+                    .iter()
+                    .any(|i| i.is_serving() && i.is_healthy())
+            })
+            .map(|(g, _)| GroupRoom {
                 used: book.used.get(&g.name).copied().unwrap_or(0),
                 ..g
             })
