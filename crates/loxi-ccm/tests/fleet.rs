@@ -443,12 +443,7 @@ async fn discovery_follows_the_loxilb_services_endpointslices() {
     // Its gauges went with it (a series left behind would say it is still up).
     let a_label = format!("instance=\"{}\"", a.url());
     wait_for("a's gauges gone", WAIT, || async {
-        let text = reqwest::get(format!("http://127.0.0.1:{admin_port}/metrics"))
-            .await
-            .ok()?
-            .text()
-            .await
-            .ok()?;
+        let text = World::metrics_text(admin_port).await?;
         let role_label = format!("loxilb=\"{}\"", a.url());
         let left_behind = text.lines().any(|l| {
             (l.starts_with("loxi_ccm_loxilb_up{") && l.contains(&a_label))

@@ -183,11 +183,7 @@ impl Placement {
         let rooms: Vec<GroupRoom> = names
             .into_iter()
             .zip(&groups)
-            .filter(|(_, g)| {
-                g.instances
-                    .iter()
-                    .any(|i| i.is_serving() && i.is_healthy())
-            })
+            .filter(|(_, g)| g.instances.iter().any(|i| i.is_serving() && i.is_healthy()))
             .map(|(g, _)| GroupRoom {
                 used: book.used.get(&g.name).copied().unwrap_or(0),
                 ..g

@@ -472,12 +472,7 @@ impl World {
     /// The sum of a metric's series served on `127.0.0.1:port/metrics` whose labels contain
     /// every one of `labels` (e.g. `op="list"`).
     pub async fn metric_sum(port: u16, name: &str, labels: &[&str]) -> Option<f64> {
-        let body = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
-            .await
-            .ok()?
-            .text()
-            .await
-            .ok()?;
+        let body = World::metrics_text(port).await?;
         Some(
             body.lines()
                 .filter_map(|l| l.strip_prefix(name)?.strip_prefix('{'))
@@ -488,14 +483,19 @@ impl World {
         )
     }
 
-    /// The value of an unlabelled metric served on `127.0.0.1:port/metrics`.
-    pub async fn metric(port: u16, name: &str) -> Option<f64> {
-        let body = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+    /// Everything served on `127.0.0.1:port/metrics`.
+    pub async fn metrics_text(port: u16) -> Option<String> {
+        reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
             .await
             .ok()?
             .text()
             .await
-            .ok()?;
+            .ok()
+    }
+
+    /// The value of an unlabelled metric served on `127.0.0.1:port/metrics`.
+    pub async fn metric(port: u16, name: &str) -> Option<f64> {
+        let body = World::metrics_text(port).await?;
         body.lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
     }
