@@ -539,3 +539,126 @@ async fn loxiurl_resources_add_and_remove_loxilbs() {
     let _ = resources.delete(&pool, &DeleteParams::default()).await;
     w.finish().await;
 }
+
+/// The BGP neighbours of each simulator, as (address, remote AS).
+fn neighbours(s: &Simulator) -> Vec<(String, u32)> {
+    s.bgp()
+        .neighbors
+        .into_iter()
+        .map(|n| (n.ip, n.remote_as))
+        .collect()
+}
+
+/// With BGP on, the discovered loxilbs are each other's BGP neighbours (iBGP, as kube-loxilb
+/// configures them in-cluster), and a loxilb that leaves is removed from the others'
+/// neighbours. The loxilbs of `loxilb-peer-service` run BGP-peer-only: they get BGP settings
+/// (peering with the rule-holding ones) and never a rule nor an HA role, and Services do not
+/// count them (docs/fleet.md#bgp-peer-only-loxilbs). Simulators are told apart by address,
+/// so this needs the machine's IPv4 and a global IPv6 address.
+#[tokio::test]
+async fn discovered_loxilbs_peer_with_each_other_and_peer_only_ones_get_bgp_only() {
+    let Some(v6) = host_address_v6() else {
+        eprintln!("skipped: this machine has no global IPv6 address to tell two loxilbs apart");
+        return;
+    };
+    let v4 = host_address();
+    let bgp = SimConfig {
+        bgp: true,
+        ..SimConfig::default()
+    };
+    let a = Simulator::start((v4, 0).into(), bgp.clone()).await.unwrap();
+    let b = Simulator::start((v6, 0).into(), bgp).await.unwrap();
+    let peer = Simulator::start(
+        (v6, 0).into(),
+        SimConfig {
+            bgp_only: true,
+            ..SimConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let opts = Options {
+        discovery: true,
+        extra_args: vec![
+            "--set-roles=0.0.0.0".into(),
+            "--bgp-local-as=65100".into(),
+            // The IPv6 loxilbs have no IPv4 address of their own to use.
+            "--bgp-router-id=192.0.2.250".into(),
+        ],
+        ..Options::default()
+    };
+    let w = World::with("bgpmesh", opts).await;
+    w.add_node("node-a", "10.7.0.1").await;
+    let (v4s, v6s) = (v4.to_string(), v6.to_string());
+    w.set_loxilb_slice("loxilb-lb-service", "loxilb-a", &v4s, a.addr().port(), true)
+        .await;
+    w.set_loxilb_slice("loxilb-lb-service", "loxilb-b", &v6s, b.addr().port(), true)
+        .await;
+    w.create(&World::lb_service("web", Some(CLASS), &[(80, "TCP")]))
+        .await;
+    let ip = w.wait_for_ip("web").await;
+    let programmed_on = |n: &'static str| {
+        let w = &w;
+        async move {
+            wait_for(&format!("web programmed on {n}"), WAIT, || async {
+                let svc = w.get("web").await?;
+                let (status, _, message) = World::condition(&svc, "loxilb.io/Programmed")?;
+                (status == "True" && message.contains(&format!(" on {n} "))).then_some(())
+            })
+            .await
+        }
+    };
+    programmed_on("2/2").await;
+    wait_for("a and b each other's neighbours", WAIT, || async {
+        (neighbours(&a) == [(v6s.clone(), 65100)] && neighbours(&b) == [(v4s.clone(), 65100)])
+            .then_some(())
+    })
+    .await;
+
+    // b leaves: a forgets it.
+    w.delete_loxilb_slice("loxilb-b").await;
+    programmed_on("1/1").await;
+    wait_for("b removed from a's neighbours", WAIT, || async {
+        neighbours(&a).is_empty().then_some(())
+    })
+    .await;
+
+    // A BGP-peer-only loxilb: BGP settings, peering with a; no rule, no role; not counted.
+    w.set_loxilb_slice(
+        "loxilb-peer-service",
+        "loxilb-peer",
+        &v6s,
+        peer.addr().port(),
+        true,
+    )
+    .await;
+    wait_for("the peer-only loxilb and a peering", WAIT, || async {
+        let global = peer.bgp().global?;
+        (global.local_as == 65100
+            && neighbours(&peer) == [(v4s.clone(), 65100)]
+            && neighbours(&a) == [(v6s.clone(), 65100)])
+        .then_some(())
+    })
+    .await;
+    let writes = peer.writes_since_restart();
+    assert!(
+        writes.iter().all(|w| w.contains("/config/bgp/")),
+        "only BGP calls reach a BGP-peer-only loxilb: {writes:?}"
+    );
+    assert!(peer.rules().is_empty());
+    assert!(a.rules().iter().any(|r| r.external_ip == ip));
+    let svc = w.get("web").await.unwrap();
+    let (_, _, message) = World::condition(&svc, "loxilb.io/Programmed").unwrap();
+    assert!(message.contains(" on 1/1 "), "not counted: {message}");
+    assert_eq!(a.cluster_state("llb-inst0").as_deref(), Some("MASTER"));
+
+    // It leaves: a forgets it too.
+    w.delete_loxilb_slice("loxilb-peer").await;
+    wait_for(
+        "the peer-only loxilb removed from a's neighbours",
+        WAIT,
+        || async { neighbours(&a).is_empty().then_some(()) },
+    )
+    .await;
+    w.finish().await;
+}

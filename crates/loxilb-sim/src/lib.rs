@@ -52,6 +52,10 @@ pub struct SimConfig {
     /// are counted for advertisement. Off (loxilb's default), every BGP call answers 403
     /// (docs/loxilb-api.md#bgp). Can be switched later with [`Simulator::set_bgp_enabled`].
     pub bgp: bool,
+    /// loxilb runs as a BGP peer only (the instances behind kube-loxilb's
+    /// `loxilb-peer-service`): BGP works (as with `bgp`), and every rule, endpoint and
+    /// cluster-state call answers 403 `running in bgp only mode` (docs/loxilb-api.md#bgp-peer-only-mode).
+    pub bgp_only: bool,
 }
 
 impl Default for SimConfig {
@@ -61,6 +65,7 @@ impl Default for SimConfig {
             auth_token: None,
             version: "0.9.8-sim".to_string(),
             bgp: false,
+            bgp_only: false,
         }
     }
 }
@@ -133,7 +138,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Shared {
     fn new(cfg: SimConfig) -> Self {
-        let bgp = cfg.bgp;
+        let bgp = cfg.bgp || cfg.bgp_only;
         Shared {
             state: Mutex::new(state::SimState::new(cfg.max_rules)),
             latency_nanos: AtomicU64::new(0),
@@ -272,6 +277,7 @@ impl Shared {
             "version": self.cfg.version,
             "authEnabled": self.auth_token().is_some(),
             "bgpEnabled": self.bgp_enabled(),
+            "bgpOnly": self.cfg.bgp_only,
         })
     }
 }

@@ -46,6 +46,11 @@ struct Args {
     #[arg(long, env = "LOXILB_SIM_BGP")]
     bgp: bool,
 
+    /// Run as a BGP-peer-only loxilb (kube-loxilb's loxilb-peer-service): BGP works, every
+    /// rule, endpoint and cluster-state call answers 403 "running in bgp only mode".
+    #[arg(long, env = "LOXILB_SIM_BGP_ONLY")]
+    bgp_only: bool,
+
     /// Artificial delay in milliseconds added before every API call.
     #[arg(long, env = "LOXILB_SIM_LATENCY_MS", default_value_t = 0)]
     latency_ms: u64,
@@ -80,6 +85,7 @@ async fn main() -> anyhow::Result<()> {
         max_rules: args.max_rules,
         auth_token: args.token,
         bgp: args.bgp,
+        bgp_only: args.bgp_only,
         ..SimConfig::default()
     };
     let sim = match (&args.tls_cert, &args.tls_key) {

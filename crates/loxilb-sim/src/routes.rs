@@ -400,6 +400,10 @@ async fn handle(shared: &Shared, parts: &Parts, body: Body) -> Result<Response, 
         check_content_type(&parts.headers)?;
     }
     let query = parse_query(parts.uri.query());
+    if shared.cfg.bgp_only && !matches!(op, Op::Version | Op::Bgp(_)) {
+        // A BGP-peer-only loxilb refuses everything but BGP (docs/loxilb-api.md#bgp-peer-only-mode).
+        return Err(ApiError::handler("running in bgp only mode"));
+    }
     match op {
         Op::Version => Ok(ok_json(json!({
             "version": shared.cfg.version,

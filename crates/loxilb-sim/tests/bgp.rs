@@ -150,6 +150,47 @@ async fn every_bgp_route_answers_403_while_bgp_is_off() {
     assert!(env.sim.bgp().global.is_none());
 }
 
+/// A BGP-peer-only loxilb (docs/loxilb-api.md#bgp-peer-only-mode): BGP works, every rule,
+/// endpoint and HA call answers 403 `running in bgp only mode`, `/version` answers.
+#[tokio::test]
+async fn a_bgp_only_loxilb_refuses_everything_but_bgp() {
+    let env = start_with(SimConfig {
+        bgp_only: true,
+        ..SimConfig::default()
+    })
+    .await;
+    assert!(env.sim.bgp_enabled(), "BGP-only implies BGP");
+    assert_success(&env.post("/config/bgp/global", &global_body()).await);
+    assert_success(
+        &env.post(
+            "/config/bgp/neigh",
+            &json!({"ipAddress": "192.168.10.1", "remoteAs": 65001}),
+        )
+        .await,
+    );
+    assert_eq!(neighbors(&env).await.len(), 1);
+    let (status, _) = env.get("/version").await;
+    assert_eq!(status, 200);
+    let rule = json!({"serviceArguments": {"externalIP": "192.0.2.1", "port": 80,
+        "protocol": "tcp"}, "endpoints": [{"endpointIP": "10.0.0.1", "targetPort": 30080,
+        "weight": 1}]});
+    let refused = [
+        env.post("/config/loadbalancer", &rule).await,
+        env.get("/config/loadbalancer/all").await,
+        env.get("/config/cistate/all").await,
+        env.post(
+            "/config/cistate",
+            &json!({"instance": "llb-inst0", "state": "MASTER", "vip": "0.0.0.0"}),
+        )
+        .await,
+        env.get("/config/endpoint/all").await,
+    ];
+    for r in &refused {
+        assert_handler_error(r, 403, "running in bgp only mode");
+    }
+    assert!(env.sim.rules().is_empty());
+}
+
 #[tokio::test]
 async fn the_admin_toggle_turns_bgp_on_and_off() {
     let env = start().await;

@@ -8,6 +8,10 @@
 //! - A resource that does not validate (`loxi_domain::bgp`'s checks) keeps what its last
 //!   valid spec configured: a bad edit loses nothing, and says why in `Accepted`.
 //! - Resources being deleted are left out, so the pass removes them from loxilb.
+//! - The loxilbs peer with each other as kube-loxilb configures them in its in-cluster
+//!   mode ([`config_for`], docs/bgp.md#loxilbs-as-each-others-neighbours): each gets, besides
+//!   the configured peers, a neighbour per other loxilb it meshes with; a loxilb that leaves
+//!   the fleet is in nobody's configuration any more, so the passes remove it.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -568,6 +572,118 @@ pub fn summary(states: &[&str]) -> Option<String> {
     }
 }
 
+/// How a loxilb takes part in the BGP mesh between loxilbs (kube-loxilb's rules).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum MeshRole {
+    /// Holds rules and was found in the cluster (`--loxilb-service`): peers with every other
+    /// loxilb, rule-holding or peer-only.
+    InCluster,
+    /// Holds rules and was named by the operator (`--loxilb-url`, `LoxiURL`): peers with the
+    /// peer-only loxilbs only (how external loxilbs peer with each other is the network's
+    /// business, as in kube-loxilb).
+    Configured,
+    /// Runs in BGP-peer-only mode (`--loxilb-peer-service`): peers with every rule-holding
+    /// loxilb, not with the other peer-only ones.
+    PeerOnly,
+}
+
+impl MeshRole {
+    fn meshes_with(self, other: MeshRole) -> bool {
+        use MeshRole::{Configured, InCluster, PeerOnly};
+        matches!(
+            (self, other),
+            (InCluster, InCluster | PeerOnly)
+                | (Configured, PeerOnly)
+                | (PeerOnly, InCluster | Configured)
+        )
+    }
+}
+
+/// One loxilb of the mesh: its API URL (its identity) and its role.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MeshMember {
+    pub url: String,
+    pub role: MeshRole,
+}
+
+impl MeshMember {
+    pub fn new(url: &str, role: MeshRole) -> MeshMember {
+        MeshMember {
+            url: url.to_string(),
+            role,
+        }
+    }
+
+    /// The address BGP knows it by: the host of its URL, when that is an address (a name is
+    /// not resolved: such a loxilb takes no part in the mesh).
+    pub fn address(&self) -> Option<IpAddr> {
+        match url::Url::parse(&self.url).ok()?.host()? {
+            url::Host::Ipv4(a) => Some(IpAddr::V4(a)),
+            url::Host::Ipv6(a) => Some(IpAddr::V6(a)),
+            url::Host::Domain(_) => None,
+        }
+    }
+}
+
+/// The neighbours the loxilb `me` gets from the mesh, by address: iBGP (remote AS = the local
+/// AS), on goBGP's listen port, without multihop, as kube-loxilb sets them. Never its own
+/// address; an address listed twice (two roles) once.
+pub fn mesh_neighbours(
+    global: &GlobalSettings,
+    mesh: &[MeshMember],
+    me: &MeshMember,
+) -> Vec<BgpNeighbor> {
+    let own = me.address();
+    let mut addresses: Vec<IpAddr> = mesh
+        .iter()
+        .filter(|m| m.url != me.url && me.role.meshes_with(m.role))
+        .filter_map(MeshMember::address)
+        .filter(|a| Some(*a) != own)
+        .collect();
+    addresses.sort();
+    addresses.dedup();
+    addresses
+        .into_iter()
+        .map(|ip_address| BgpNeighbor {
+            ip_address,
+            remote_as: global.local_as,
+            remote_port: global.listen_port,
+            set_multi_hop: false,
+        })
+        .collect()
+}
+
+/// The configuration of the loxilb at `url`: `config` (every loxilb's) plus its mesh
+/// neighbours ([`mesh_neighbours`]). A mesh neighbour at an address a configured peer (the
+/// flags, a `BGPPeerService`) already names is left out: the operator's settings win. A
+/// loxilb the mesh does not list gets `config` as it is.
+pub fn config_for(config: &BgpConfig, mesh: &[MeshMember], url: &str) -> BgpConfig {
+    let mut out = config.clone();
+    let Some(me) = mesh.iter().find(|m| m.url == url) else {
+        return out;
+    };
+    for n in mesh_neighbours(&config.global, mesh, me) {
+        if !out.peers.iter().any(|p| p.ip_address == n.ip_address) {
+            out.peers.push(n);
+        }
+    }
+    out
+}
+
+/// Every address a loxilb may hold a session with: the configured peers and every member of
+/// the mesh (for the session metrics).
+pub fn session_addresses(config: &BgpConfig, mesh: &[MeshMember]) -> Vec<IpAddr> {
+    let mut out: Vec<IpAddr> = config
+        .peers
+        .iter()
+        .map(|p| p.ip_address)
+        .chain(mesh.iter().filter_map(MeshMember::address))
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -808,6 +924,112 @@ mod tests {
         assert_eq!(
             summary(&["ESTABLISHED", "ACTIVE"]).as_deref(),
             Some("ESTABLISHED,ACTIVE")
+        );
+    }
+
+    fn global() -> GlobalSettings {
+        GlobalSettings {
+            router_id: None,
+            local_as: 64512,
+            listen_port: 0,
+        }
+    }
+
+    fn mesh() -> Vec<MeshMember> {
+        vec![
+            MeshMember::new("http://10.0.0.1:11111", MeshRole::InCluster),
+            MeshMember::new("http://10.0.0.2:11111", MeshRole::InCluster),
+            MeshMember::new("https://[fd00::3]:11111", MeshRole::InCluster),
+            MeshMember::new("http://10.0.1.1:11111", MeshRole::PeerOnly),
+            MeshMember::new("http://10.0.1.2:11111", MeshRole::PeerOnly),
+            MeshMember::new("http://10.0.2.1:11111", MeshRole::Configured),
+            MeshMember::new("http://loxilb.example:11111", MeshRole::Configured),
+        ]
+    }
+
+    fn addresses(n: &[BgpNeighbor]) -> Vec<String> {
+        n.iter().map(|n| n.ip_address.to_string()).collect()
+    }
+
+    #[test]
+    fn who_peers_with_whom() {
+        let mesh = mesh();
+        let of = |url: &str| {
+            let me = mesh.iter().find(|m| m.url == url).unwrap();
+            addresses(&mesh_neighbours(&global(), &mesh, me))
+        };
+        // In-cluster rule holders: every other in-cluster one and every peer-only one.
+        assert_eq!(
+            of("http://10.0.0.1:11111"),
+            ["10.0.0.2", "10.0.1.1", "10.0.1.2", "fd00::3"]
+        );
+        // Peer-only: every rule holder (a host name takes no part), not each other.
+        assert_eq!(
+            of("http://10.0.1.1:11111"),
+            ["10.0.0.1", "10.0.0.2", "10.0.2.1", "fd00::3"]
+        );
+        // Configured rule holders: the peer-only ones.
+        assert_eq!(of("http://10.0.2.1:11111"), ["10.0.1.1", "10.0.1.2"]);
+        assert_eq!(of("http://loxilb.example:11111"), ["10.0.1.1", "10.0.1.2"]);
+        let me = &mesh[0];
+        let n = mesh_neighbours(&global(), &mesh, me);
+        assert!(
+            n.iter()
+                .all(|n| n.remote_as == 64512 && n.remote_port == 0 && !n.set_multi_hop),
+            "iBGP on goBGP's port: {n:?}"
+        );
+    }
+
+    #[test]
+    fn never_its_own_address_and_each_address_once() {
+        // Two loxilbs on one address (host network, other ports), one of them twice.
+        let mesh = vec![
+            MeshMember::new("http://10.0.0.1:11111", MeshRole::InCluster),
+            MeshMember::new("http://10.0.0.1:22222", MeshRole::InCluster),
+            MeshMember::new("http://10.0.0.2:11111", MeshRole::InCluster),
+            MeshMember::new("http://10.0.0.2:11111", MeshRole::PeerOnly),
+        ];
+        assert_eq!(
+            addresses(&mesh_neighbours(&global(), &mesh, &mesh[0])),
+            ["10.0.0.2"]
+        );
+    }
+
+    #[test]
+    fn a_loxilb_that_leaves_is_nobodys_neighbour_any_more() {
+        let config = desired(&settings(""), &Snapshot::default(), &BTreeMap::new()).config;
+        let mut mesh = mesh();
+        let before = config_for(&config, &mesh, "http://10.0.0.1:11111");
+        assert!(addresses(&before.peers).contains(&"10.0.1.2".to_string()));
+        mesh.retain(|m| m.url != "http://10.0.1.2:11111");
+        let after = config_for(&config, &mesh, "http://10.0.0.1:11111");
+        assert_eq!(addresses(&after.peers), ["10.0.0.2", "10.0.1.1", "fd00::3"]);
+        // Not in the mesh: the common configuration as it is.
+        assert_eq!(config_for(&config, &mesh, "http://192.0.2.9:1"), config);
+    }
+
+    #[test]
+    fn a_configured_peer_at_a_loxilbs_address_wins() {
+        let config = desired(
+            &settings("10.0.0.2:65001"),
+            &Snapshot::default(),
+            &BTreeMap::new(),
+        )
+        .config;
+        let mine = config_for(&config, &mesh(), "http://10.0.0.1:11111");
+        let at = |ip: &str| {
+            mine.peers
+                .iter()
+                .filter(|p| p.ip_address.to_string() == ip)
+                .map(|p| p.remote_as)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(at("10.0.0.2"), [65001], "the flag's peer, once");
+        assert_eq!(at("10.0.1.1"), [65100], "iBGP: the local AS");
+        assert_eq!(
+            session_addresses(&config, &mesh()).len(),
+            7 - 1,
+            "every address once, the host name left out"
         );
     }
 }

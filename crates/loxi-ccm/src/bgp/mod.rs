@@ -45,7 +45,7 @@ use crds::{
     BGPPeerService, BGPPolicyApplyService, BGPPolicyDefinedSetsService, BGPPolicyDefinitionService,
     BgpStatus, PeerSession,
 };
-use desired::{Desired, Item, Kind, Pass, Resource as Res, ResourceId, Snapshot};
+use desired::{Desired, Item, Kind, MeshMember, Pass, Resource as Res, ResourceId, Snapshot};
 
 /// Our finalizer on the BGP resources: removed once loxilb no longer holds what they
 /// configured.
@@ -147,6 +147,8 @@ struct Meta {
 /// One tick's view: the resources and the decisions over them.
 pub struct Plan {
     pub desired: Desired,
+    /// The loxilbs that peer with each other (`desired::config_for`).
+    pub mesh: Vec<MeshMember>,
     meta: BTreeMap<ResourceId, Meta>,
 }
 
@@ -194,8 +196,9 @@ impl Bgp {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// This tick's plan, from the stores.
-    pub fn plan(&self) -> Plan {
+    /// This tick's plan, from the stores, with the loxilbs of the fleet now (`mesh`: they
+    /// become each other's neighbours).
+    pub fn plan(&self, mesh: Vec<MeshMember>) -> Plan {
         let mut snap = Snapshot::default();
         let mut meta = BTreeMap::new();
         if let Some(r) = &self.resources {
@@ -231,12 +234,18 @@ impl Bgp {
         let mut state = self.state();
         let desired = desired::desired(&self.settings, &snap, &state.last_good);
         state.last_good = desired.last_good.clone();
-        Plan { desired, meta }
+        Plan {
+            desired,
+            mesh,
+            meta,
+        }
     }
 
-    /// One pass on a reachable loxilb.
+    /// One pass on a reachable loxilb: every loxilb's configuration plus its own mesh
+    /// neighbours.
     pub async fn sync(&self, inst: &Instance, plan: &Plan) -> Result<BgpReport, ClientError> {
-        inst.ensure_bgp(&plan.desired.config).await
+        let config = desired::config_for(&plan.desired.config, &plan.mesh, inst.url());
+        inst.ensure_bgp(&config).await
     }
 
     /// A pass on a loxilb that just (re)started: its goBGP answers errors for a moment after
@@ -401,8 +410,8 @@ impl Bgp {
         let mut out = Vec::new();
         let mut state = self.state();
         let mut shown = BTreeSet::new();
-        for peer in &plan.desired.config.peers {
-            let ip = peer.ip_address;
+        let addresses = desired::session_addresses(&plan.desired.config, &plan.mesh);
+        for &ip in &addresses {
             for (url, listed) in desired::sessions(ip, view) {
                 let Some(current) = listed else { continue };
                 let key = (url.clone(), ip);
@@ -423,13 +432,7 @@ impl Bgp {
             }
         }
         // Peers no longer configured start afresh if they come back.
-        state.sessions.retain(|(_, ip), _| {
-            plan.desired
-                .config
-                .peers
-                .iter()
-                .any(|p| p.ip_address == *ip)
-        });
+        state.sessions.retain(|(_, ip), _| addresses.contains(ip));
         for (l, p, s) in state.shown.difference(&shown) {
             self.metrics.set_bgp_session(l, p, s, false);
         }
@@ -464,7 +467,9 @@ impl Bgp {
                 );
                 warn!(peer = %ip, loxilb, state, "{message}");
             }
-            None => warn!(peer = %ip, loxilb, state, "{message} (a peer from --bgp-peers)"),
+            None => {
+                warn!(peer = %ip, loxilb, state, "{message} (a peer from --bgp-peers, or another loxilb)")
+            }
         }
     }
 

@@ -228,11 +228,12 @@ fn describe_config(cfg: &Config, loaded: &Loaded) -> String {
 fn describe_fleet(cfg: &Config) -> String {
     let members = match &cfg.discovery {
         Some(d) => format!(
-            "loxilbs discovered from the EndpointSlices of Service {} in {} (port {})",
+            "loxilbs discovered from the EndpointSlices of Service {} in {} ({}://...:{})",
             d.service,
             d.namespace
                 .as_deref()
                 .map_or("any namespace".to_string(), |ns| format!("namespace {ns}")),
+            if d.https { "https" } else { "http" },
             d.port
         ),
         None => {
@@ -271,7 +272,17 @@ fn describe_fleet(cfg: &Config) -> String {
         }
         None => format!("HA instances {instances}, roles not set (--set-roles unset)"),
     };
-    format!("{members}, plus LoxiURL resources if any; {roles}")
+    let peers = match &cfg.peer_discovery {
+        Some(p) => format!(
+            ", BGP-peer-only loxilbs from Service {} in {}",
+            p.service,
+            p.namespace
+                .as_deref()
+                .map_or("any namespace".to_string(), |ns| format!("namespace {ns}")),
+        ),
+        None => String::new(),
+    };
+    format!("{members}, plus LoxiURL resources if any{peers}; {roles}")
 }
 
 /// The HA masters recorded (docs/fleet.md#the-record), with `--set-roles`.
@@ -503,8 +514,8 @@ fn needs(cfg: &Config) -> Vec<Need> {
                 .named(&lease.name),
         );
     }
-    if let Some(d) = &cfg.discovery {
-        // The in-cluster loxilbs (docs/fleet.md#discovery).
+    for d in cfg.discovery.iter().chain(&cfg.peer_discovery) {
+        // The in-cluster loxilbs (docs/fleet.md#discovery), BGP-peer-only ones too.
         for verb in ["list", "watch"] {
             needs.push(
                 Need::new(verb, "discovery.k8s.io", "endpointslices").ns(d.namespace.as_deref()),

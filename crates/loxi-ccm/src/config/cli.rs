@@ -131,14 +131,48 @@ pub struct RunArgs {
     )]
     pub loxilb_service_namespace: Option<String>,
 
-    /// API port of the loxilbs found through --loxilb-service (http://<address>:<port>); an
-    /// EndpointSlice that does not list this port but exactly one other gives that one.
+    /// API port of the loxilbs found through --loxilb-service and --loxilb-peer-service
+    /// (<scheme>://<address>:<port>); an EndpointSlice that does not list this port but
+    /// exactly one other gives that one.
     #[arg(
         long = "loxilb-port",
         env = "LOXI_CCM_LOXILB_PORT",
         default_value_t = 11111
     )]
     pub loxilb_port: u16,
+
+    /// Scheme of the API URLs of the loxilbs found in the cluster (--loxilb-service,
+    /// --loxilb-peer-service): http or https. With https the certificate is verified against
+    /// --loxilb-ca-file (or the system roots; not at all with
+    /// --loxilb-insecure-skip-tls-verify), and the token is sent as to --loxilb-url. loxilb
+    /// serves HTTPS only when started with --tls, on a port of its own (8091 by default): set
+    /// --loxilb-port to it.
+    #[arg(
+        long = "loxilb-discovery-scheme",
+        env = "LOXI_CCM_LOXILB_DISCOVERY_SCHEME",
+        default_value = "http",
+        value_parser = ["http", "https"]
+    )]
+    pub loxilb_discovery_scheme: String,
+
+    /// With BGP on (--bgp-local-as): the Service whose ready EndpointSlice addresses are
+    /// loxilbs running in BGP-peer-only mode (kube-loxilb's loxilb-peer-service), followed by
+    /// a watch, with or without --loxilb-url. They get BGP settings, peering with the
+    /// rule-holding loxilbs, and never rules nor HA roles; one that goes is removed from the
+    /// others' neighbours. No such Service: none.
+    #[arg(
+        long = "loxilb-peer-service",
+        env = "LOXI_CCM_LOXILB_PEER_SERVICE",
+        default_value = "loxilb-peer-service"
+    )]
+    pub loxilb_peer_service: String,
+
+    /// Namespace of --loxilb-peer-service; unset: any namespace.
+    #[arg(
+        long = "loxilb-peer-service-namespace",
+        env = "LOXI_CCM_LOXILB_PEER_SERVICE_NAMESPACE"
+    )]
+    pub loxilb_peer_service_namespace: Option<String>,
 
     /// Default IPv4 pool, named "default": a CIDR (network and broadcast addresses are never
     /// handed out) or a range a.b.c.d-a.b.c.e. (kube-loxilb: --externalCIDR; loxi-ccm: externalIPcidr)

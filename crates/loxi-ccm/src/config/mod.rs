@@ -124,6 +124,9 @@ pub struct Config {
     pub bgp: Option<BgpSettings>,
     /// `Some` without `--loxilb-url`: the loxilbs are followed in the cluster.
     pub discovery: Option<Discovery>,
+    /// `Some` with BGP on: the BGP-peer-only loxilbs are followed in the cluster
+    /// (`--loxilb-peer-service`, docs/fleet.md#bgp-peer-only-loxilbs).
+    pub peer_discovery: Option<Discovery>,
     /// Timeout, token and CA for loxilbs that join later (discovered, `LoxiURL`).
     pub loxilb_template: ClientConfig,
     /// The default group's name (`--zone`, kube-loxilb's zone; `llb` unless set): the group
@@ -292,14 +295,17 @@ pub struct Discovery {
     pub namespace: Option<String>,
     /// Their API port (when a slice does not give another: `runtime::discovery`).
     pub port: u16,
+    /// `--loxilb-discovery-scheme https`: their URLs are `https://`.
+    pub https: bool,
 }
 
 impl Discovery {
     /// The API URL of the loxilb at `address`, `port`.
     pub fn url(&self, address: &std::net::IpAddr, port: u16) -> String {
+        let scheme = if self.https { "https" } else { "http" };
         match address {
-            std::net::IpAddr::V4(a) => format!("http://{a}:{port}"),
-            std::net::IpAddr::V6(a) => format!("http://[{a}]:{port}"),
+            std::net::IpAddr::V4(a) => format!("{scheme}://{a}:{port}"),
+            std::net::IpAddr::V6(a) => format!("{scheme}://[{a}]:{port}"),
         }
     }
 }
@@ -989,48 +995,63 @@ impl Config {
                 client: c,
             });
         }
-        let discovery = if loxilb.is_empty() {
-            let service = args.loxilb_service.trim();
+        // The Service (and namespace) whose EndpointSlices list loxilbs (docs/fleet.md#discovery).
+        let followed = |service_id: &str,
+                        service: &str,
+                        namespace_id: &str,
+                        namespace: Option<&str>|
+         -> Result<Discovery, ConfigError> {
+            let service = service.trim();
             if !loxi_domain::address_name::is_object_name(service) {
-                return Err(bad(
-                    "loxilb_service",
-                    service,
-                    "expected the name of a Service",
-                ));
+                return Err(bad(service_id, service, "expected the name of a Service"));
             }
-            let namespace = args
-                .loxilb_service_namespace
-                .as_deref()
-                .map(str::trim)
-                .filter(|n| !n.is_empty());
+            let namespace = namespace.map(str::trim).filter(|n| !n.is_empty());
             if let Some(ns) = namespace
                 && !is_dns_label(ns)
             {
-                return Err(bad(
-                    "loxilb_service_namespace",
-                    ns,
-                    "expected a namespace name",
-                ));
+                return Err(bad(namespace_id, ns, "expected a namespace name"));
             }
             if args.loxilb_port == 0 {
                 return Err(bad("loxilb_port", "0", "expected a port, 1-65535"));
             }
-            Some(Discovery {
+            Ok(Discovery {
                 service: service.to_string(),
                 namespace: namespace.map(str::to_string),
                 port: args.loxilb_port,
+                https: args.loxilb_discovery_scheme == "https",
             })
+        };
+        let discovery = if loxilb.is_empty() {
+            Some(followed(
+                "loxilb_service",
+                &args.loxilb_service,
+                "loxilb_service_namespace",
+                args.loxilb_service_namespace.as_deref(),
+            )?)
         } else {
             None
         };
 
+        // Discovered loxilbs and LoxiURL ones: the same timeout, token and TLS settings as
+        // the configured URLs.
         let mut loxilb_template = ClientConfig::new("http://loxilb");
         loxilb_template.timeout = args.loxilb_timeout;
         loxilb_template.token = token.clone();
         loxilb_template.ca_pem = ca_pem.clone();
+        loxilb_template.insecure_skip_tls_verify = args.loxilb_insecure_skip_tls_verify;
 
         let (pools, secondary_pools) = build_pools(args, origins)?;
         let bgp = bgp_settings(args, origins)?;
+        // BGP-peer-only loxilbs get BGP settings only: followed only with BGP on.
+        let peer_discovery = match &bgp {
+            Some(_) => Some(followed(
+                "loxilb_peer_service",
+                &args.loxilb_peer_service,
+                "loxilb_peer_service_namespace",
+                args.loxilb_peer_service_namespace.as_deref(),
+            )?),
+            None => None,
+        };
         let roles = match args.set_roles.as_deref().map(str::trim) {
             None | Some("") => None,
             Some(vip) => {
@@ -1107,6 +1128,7 @@ impl Config {
             multus: args.multus,
             bgp,
             discovery,
+            peer_discovery,
             loxilb_template,
             zone: zone.to_string(),
             zone_instances: args.num_zone_instances,

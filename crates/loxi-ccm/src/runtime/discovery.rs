@@ -7,6 +7,12 @@
 //! BGP and every rule (the replay of a loxilb seen for the first time), and only then do
 //! Services' passes program it and count it in their status. One that leaves is dropped with
 //! what the controller knew of it.
+//!
+//! With BGP on, the loxilbs of a second Service (kube-loxilb's `loxilb-peer-service`) run in
+//! BGP-peer-only mode (docs/fleet.md#bgp-peer-only-loxilbs): they answer 403 to every rule and
+//! HA call (docs/loxilb-api.md#bgp-peer-only-mode), so they are kept apart from the fleet,
+//! where nothing that programs rules or roles can reach them; the health loop gives them BGP
+//! settings only. Every loxilb known here is a member of the BGP mesh ([`Members::mesh`]).
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -20,8 +26,9 @@ use loxilb_client::{ClientConfig, LoxilbClient};
 use tracing::{info, warn};
 
 use super::Shared;
+use crate::bgp::desired::{MeshMember, MeshRole};
 use crate::config::Discovery;
-use crate::loxilb::Member;
+use crate::loxilb::{Instance, Member};
 
 /// The label the EndpointSlice controller puts on a Service's slices.
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -85,6 +92,9 @@ pub struct Members {
     zone: String,
     /// Timeout, token and CA of a joining loxilb's client (the URL is set per loxilb).
     template: ClientConfig,
+    /// The BGP-peer-only loxilbs (`--loxilb-peer-service`), outside the fleet (module docs).
+    /// Replaced as a whole; readers work on a snapshot.
+    peers: std::sync::RwLock<Arc<Vec<Arc<Instance>>>>,
 }
 
 impl Members {
@@ -94,7 +104,95 @@ impl Members {
             by_source: std::sync::Mutex::default(),
             zone,
             template,
+            peers: std::sync::RwLock::default(),
         }
+    }
+
+    /// A client for the loxilb at `url` whose writes ask the write Lease first.
+    fn client(&self, shared: &Shared, url: &str) -> Option<LoxilbClient> {
+        let mut c = self.template.clone();
+        c.url = url.to_string();
+        let lease = shared.service.gate.write_lease().clone();
+        match LoxilbClient::new(c) {
+            Ok(client) => Some(client.with_write_gate(Arc::new(move || lease.holds()))),
+            Err(e) => {
+                warn!(url, error = %e, "loxilb skipped");
+                None
+            }
+        }
+    }
+
+    /// The BGP-peer-only loxilbs now (a snapshot).
+    pub fn peer_instances(&self) -> Arc<Vec<Arc<Instance>>> {
+        self.peers
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The BGP-peer-only loxilbs are now those at `urls`: one already known is kept with
+    /// what it was sent; a new one gets its BGP settings at the next health tick; one no
+    /// longer listed is dropped, and the next tick removes it from the others' neighbours.
+    pub fn set_peers(&self, shared: &Shared, urls: Vec<String>) {
+        let mut peers = self
+            .peers
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut next: Vec<Arc<Instance>> = Vec::with_capacity(urls.len());
+        for url in &urls {
+            if next.iter().any(|i| i.url() == url) {
+                continue;
+            }
+            if let Some(known) = peers.iter().find(|i| i.url() == url) {
+                next.push(known.clone());
+                continue;
+            }
+            let Some(client) = self.client(shared, url) else {
+                continue;
+            };
+            info!(instance = %url, "BGP-peer-only loxilb joining (BGP settings only)");
+            next.push(Arc::new(Instance::new(client, &shared.service.cluster)));
+        }
+        for old in peers
+            .iter()
+            .filter(|o| !next.iter().any(|n| Arc::ptr_eq(n, o)))
+        {
+            info!(
+                instance = old.url(),
+                "BGP-peer-only loxilb left: removed from the others' neighbours"
+            );
+        }
+        *peers = Arc::new(next);
+    }
+
+    /// Every loxilb known now, with its part in the BGP mesh (docs/bgp.md): the discovered
+    /// ones hold rules in the cluster, those of `--loxilb-url` and `LoxiURL` resources are
+    /// configured, and the BGP-peer-only ones only peer.
+    pub fn mesh(&self) -> Vec<MeshMember> {
+        let mut out: Vec<MeshMember> = self
+            .configured
+            .iter()
+            .map(|m| MeshMember::new(&m.url, MeshRole::Configured))
+            .collect();
+        {
+            let by_source = self
+                .by_source
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            for (source, members) in by_source.iter() {
+                let role = match source {
+                    Source::Discovered => MeshRole::InCluster,
+                    Source::Resources => MeshRole::Configured,
+                };
+                out.extend(members.iter().map(|m| MeshMember::new(&m.url, role)));
+            }
+        }
+        out.extend(
+            self.peer_instances()
+                .iter()
+                .map(|i| MeshMember::new(i.url(), MeshRole::PeerOnly)),
+        );
+        out
     }
 
     /// `source` now names the loxilbs at `urls`, of the default group.
@@ -118,19 +216,7 @@ impl Members {
                 .collect()
         };
         let ctx = &shared.service;
-        let lease = ctx.gate.write_lease().clone();
-        let changed = ctx.fleet.set_members(&all, |url| {
-            let mut c = self.template.clone();
-            c.url = url.to_string();
-            let lease = lease.clone();
-            match LoxilbClient::new(c) {
-                Ok(client) => Some(client.with_write_gate(Arc::new(move || lease.holds()))),
-                Err(e) => {
-                    warn!(url, error = %e, "loxilb skipped");
-                    None
-                }
-            }
-        });
+        let changed = ctx.fleet.set_members(&all, |url| self.client(shared, url));
         for url in &changed.joined {
             info!(instance = %url, ?source, "loxilb joining (programmed before it serves)");
         }
@@ -158,6 +244,24 @@ impl Members {
 
 /// Follows the loxilb Service's EndpointSlices and keeps the fleet's members in step.
 pub async fn follow(shared: Arc<Shared>, discovery: Discovery) {
+    follow_slices(&shared, &discovery, |urls| {
+        shared.members.set(&shared, Source::Discovered, urls);
+    })
+    .await;
+}
+
+/// Follows the BGP-peer-only loxilbs' Service (`--loxilb-peer-service`) and keeps them in
+/// step (module docs).
+pub async fn follow_peers(shared: Arc<Shared>, discovery: Discovery) {
+    follow_slices(&shared, &discovery, |urls| {
+        shared.members.set_peers(&shared, urls);
+    })
+    .await;
+}
+
+/// Watches the EndpointSlices of `discovery`'s Service; `found` gets the URLs of its ready
+/// loxilbs after every change.
+async fn follow_slices(shared: &Shared, discovery: &Discovery, found: impl Fn(Vec<String>)) {
     let ctx = &shared.service;
     let api: Api<EndpointSlice> = match &discovery.namespace {
         Some(ns) => Api::namespaced(ctx.kube.clone(), ns),
@@ -185,7 +289,7 @@ pub async fn follow(shared: Arc<Shared>, discovery: Discovery) {
             .iter()
             .map(|(address, port)| discovery.url(address, *port))
             .collect();
-        shared.members.set(&shared, Source::Discovered, urls);
+        found(urls);
     }
 }
 

@@ -95,7 +95,15 @@ pub async fn health_loop(shared: Arc<Shared>) {
     loop {
         tick.tick().await;
         let instances = ctx.fleet.instances();
-        let probes = Fleet::probe_all(&instances, &ctx.cluster, &ctx.report.metrics).await;
+        // The BGP-peer-only loxilbs are probed with the others and get BGP settings only
+        // (runtime::discovery).
+        let peers = match &shared.bgp {
+            Some(_) => shared.members.peer_instances(),
+            None => Default::default(),
+        };
+        let everyone: Vec<Arc<Instance>> = instances.iter().chain(peers.iter()).cloned().collect();
+        let mut probes = Fleet::probe_all(&everyone, &ctx.cluster, &ctx.report.metrics).await;
+        let peer_probes = probes.split_off(instances.len());
         publish_groups(&ctx.fleet, &ctx.report.metrics);
         // HA roles first: a failover is not held up by replays, and a loxilb that restarted
         // gets its role before its BGP and rules (docs/loxilb-api.md#replay-order).
@@ -108,7 +116,10 @@ pub async fn health_loop(shared: Arc<Shared>) {
         if let Some(roles) = &shared.roles {
             roles.tick(&instances, &ctx.gate, &ctx.report.metrics).await;
         }
-        let plan = shared.bgp.as_ref().map(|bgp| (bgp, bgp.plan()));
+        let plan = shared
+            .bgp
+            .as_ref()
+            .map(|bgp| (bgp, bgp.plan(shared.members.mesh())));
         let mut passes = Vec::new();
         let mut joined = false;
         for (inst, probe) in instances.iter().zip(&probes) {
@@ -143,6 +154,21 @@ pub async fn health_loop(shared: Arc<Shared>) {
             passes.push((inst.url().to_string(), pass));
         }
         if let Some((bgp, plan)) = &plan {
+            for (inst, probe) in peers.iter().zip(&peer_probes) {
+                let pass = if probe.needs_replay() {
+                    // New, back or restarted: whatever its goBGP held is gone or unknown.
+                    inst.forget_bgp().await;
+                    Some(bgp.sync_after_start(inst, plan).await)
+                } else if inst.is_healthy() {
+                    Some(bgp.sync(inst, plan).await)
+                } else {
+                    None
+                };
+                if let Some(Err(e)) = &pass {
+                    warn!(instance = inst.url(), error = %e, "BGP settings of a BGP-peer-only loxilb not applied; trying again");
+                }
+                passes.push((inst.url().to_string(), pass));
+            }
             bgp.publish(plan, &passes).await;
         }
         let masters = match &shared.roles {

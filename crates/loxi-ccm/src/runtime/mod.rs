@@ -138,6 +138,18 @@ pub async fn run(
                  in the path can impersonate loxilb and read the token. Use --loxilb-ca-file"
             );
         }
+        if cfg
+            .discovery
+            .iter()
+            .chain(&cfg.peer_discovery)
+            .any(|d| d.https)
+        {
+            warn!(
+                "--loxilb-insecure-skip-tls-verify: the certificates of the loxilbs found in the \
+                 cluster are NOT checked; anybody in the path can impersonate loxilb and read the \
+                 token. Use --loxilb-ca-file"
+            );
+        }
     }
     // The token: re-read or watched for the life of the process (crate::config::token).
     match &cfg.loxilb_token_source {
@@ -478,6 +490,9 @@ pub async fn run(
     ));
     if let Some(d) = &cfg.discovery {
         tasks.spawn(discovery::follow(shared.clone(), d.clone()));
+    }
+    if let Some(d) = &cfg.peer_discovery {
+        tasks.spawn(discovery::follow_peers(shared.clone(), d.clone()));
     }
     tasks.spawn(loxiurl::follow(shared.clone()));
     tasks.spawn(loops::health_loop(shared.clone()));

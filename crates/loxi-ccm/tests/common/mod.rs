@@ -108,6 +108,21 @@ pub fn host_address() -> std::net::IpAddr {
     ip
 }
 
+/// A global (not loopback, not link-local) IPv6 address of this machine, if it has one (the
+/// source address of a route out; no packet is sent): a second address, besides
+/// [`host_address`], for simulators that must be told apart by address (BGP neighbours).
+pub fn host_address_v6() -> Option<std::net::IpAddr> {
+    let socket = std::net::UdpSocket::bind("[::]:0").ok()?;
+    socket.connect("[2001:db8::1]:9").ok()?;
+    let ip = socket.local_addr().ok()?.ip();
+    match ip {
+        std::net::IpAddr::V6(v6) if !v6.is_loopback() && (v6.segments()[0] & 0xffc0) != 0xfe80 => {
+            Some(ip)
+        }
+        _ => None,
+    }
+}
+
 /// Polls `check` until it returns `Some`, or panics after `timeout` naming `what`.
 pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
 where
@@ -563,7 +578,7 @@ impl World {
                 "name": slice,
                 "labels": {"kubernetes.io/service-name": service},
             },
-            "addressType": "IPv4",
+            "addressType": if address.contains(':') { "IPv6" } else { "IPv4" },
             "endpoints": [{"addresses": [address], "conditions": {"ready": ready}}],
             "ports": [{"name": "loxilb-app", "port": port, "protocol": "TCP"}],
         });
