@@ -688,6 +688,13 @@ impl World {
 
     pub async fn finish(mut self) {
         self.stop_controller().await;
+        // loxilb EndpointSlices (`set_loxilb_slice`) would be discovered by the next test's
+        // controller, which follows them in any namespace: none is left behind.
+        let slices: Api<k8s_openapi::api::discovery::v1::EndpointSlice> =
+            Api::namespaced(self.client.clone(), &self.ns);
+        let _ = slices
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await;
         // Claims are cluster-scoped and outlive the namespace: leave none behind for the
         // next test (their addresses would look taken).
         let api: Api<loxi_ccm::ipam::claims::AddressClaim> = Api::all(self.client.clone());
