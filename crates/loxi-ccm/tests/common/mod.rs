@@ -553,6 +553,20 @@ impl World {
         port: u16,
         ready: bool,
     ) {
+        self.set_loxilb_slice_in_zone(service, slice, address, port, ready, None)
+            .await
+    }
+
+    /// As [`World::set_loxilb_slice`], the endpoint in topology zone `zone`.
+    pub async fn set_loxilb_slice_in_zone(
+        &self,
+        service: &str,
+        slice: &str,
+        address: &str,
+        port: u16,
+        ready: bool,
+        zone: Option<&str>,
+    ) {
         use k8s_openapi::api::discovery::v1::EndpointSlice;
         let svc = Service {
             metadata: ObjectMeta {
@@ -579,7 +593,7 @@ impl World {
                 "labels": {"kubernetes.io/service-name": service},
             },
             "addressType": if address.contains(':') { "IPv6" } else { "IPv4" },
-            "endpoints": [{"addresses": [address], "conditions": {"ready": ready}}],
+            "endpoints": [{"addresses": [address], "conditions": {"ready": ready}, "zone": zone}],
             "ports": [{"name": "loxilb-app", "port": port, "protocol": "TCP"}],
         });
         let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &self.ns);
