@@ -123,8 +123,6 @@ pub enum Source {
 pub struct Members {
     configured: Vec<Member>,
     by_source: std::sync::Mutex<std::collections::BTreeMap<Source, Vec<Member>>>,
-    /// The default group (`--zone`): discovered loxilbs belong to it.
-    zone: String,
     /// Timeout, token and CA of a joining loxilb's client (the URL is set per loxilb).
     template: ClientConfig,
     /// The BGP-peer-only loxilbs (`--loxilb-peer-service`), outside the fleet (module docs).
@@ -133,11 +131,10 @@ pub struct Members {
 }
 
 impl Members {
-    pub fn new(configured: Vec<Member>, zone: String, template: ClientConfig) -> Members {
+    pub fn new(configured: Vec<Member>, template: ClientConfig) -> Members {
         Members {
             configured,
             by_source: std::sync::Mutex::default(),
-            zone,
             template,
             peers: std::sync::RwLock::default(),
         }

@@ -420,7 +420,6 @@ pub async fn run(
                 .iter()
                 .map(|i| Member::new(i.group(), i.url()))
                 .collect(),
-            cfg.zone.clone(),
             cfg.loxilb_template.clone(),
         ),
         fleet_status: fleet_status::FleetStatus::new(
