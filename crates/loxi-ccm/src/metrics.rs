@@ -426,6 +426,27 @@ impl Metrics {
     }
 
     /// `loxilb` now holds `role` for `ha_instance` (its other role's series is removed).
+    /// A loxilb left the fleet: its gauges go (a series left behind would keep saying it is
+    /// up, or holds rules). Its counters stay: they are history, and Prometheus expects
+    /// counters not to vanish while the process runs.
+    pub fn forget_loxilb(&self, instance: &str, ha_instances: &[String]) {
+        let labels = InstanceLabels {
+            instance: instance.to_string(),
+        };
+        self.loxilb_up.remove(&labels);
+        self.loxilb_rules.remove(&labels);
+        self.loxilb_capacity.remove(&labels);
+        for ha in ha_instances {
+            for role in ["MASTER", "BACKUP"] {
+                self.ha_roles.remove(&HaRoleLabels {
+                    ha_instance: ha.clone(),
+                    loxilb: instance.to_string(),
+                    role: role.to_string(),
+                });
+            }
+        }
+    }
+
     pub fn set_ha_role(&self, ha_instance: &str, loxilb: &str, role: &str) {
         for r in ["MASTER", "BACKUP"] {
             let labels = HaRoleLabels {

@@ -368,8 +368,10 @@ async fn discovery_follows_the_loxilb_services_endpointslices() {
     let b = Simulator::start((host, 0).into(), SimConfig::default())
         .await
         .unwrap();
+    let admin_port = testenv::free_port().unwrap();
     let opts = Options {
         discovery: true,
+        admin_port: Some(admin_port),
         extra_args: vec!["--set-roles=0.0.0.0".into(), "--set-unique-ip".into()],
         ..Options::default()
     };
@@ -438,6 +440,19 @@ async fn discovery_follows_the_loxilb_services_endpointslices() {
     programmed_on("late", "1/1").await;
     assert!(holds(&b, &late_ip));
     assert!(!holds(&a, &late_ip), "a dropped loxilb gets no new rule");
+    // Its gauges went with it (a series left behind would say it is still up).
+    let a_label = format!("instance=\"{}\"", a.url());
+    wait_for("a's gauges gone", WAIT, || async {
+        let text = World::metrics_text(admin_port).await?;
+        let role_label = format!("loxilb=\"{}\"", a.url());
+        let left_behind = text.lines().any(|l| {
+            (l.starts_with("loxi_ccm_loxilb_up{") && l.contains(&a_label))
+                || (l.starts_with("loxi_ccm_loxilb_rules{") && l.contains(&a_label))
+                || (l.starts_with("loxi_ccm_ha_roles{") && l.contains(&role_label))
+        });
+        (!left_behind).then_some(())
+    })
+    .await;
     w.finish().await;
 }
 

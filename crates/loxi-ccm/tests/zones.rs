@@ -151,7 +151,18 @@ async fn zoneselect_lands_on_its_group_and_placements_never_move() {
     w.create(&World::lb_service("placed", Some(CLASS), &[(81, "TCP")]))
         .await;
     let placed_ip = w.wait_for_ip("placed").await;
-    let placed = w.get("placed").await.unwrap();
+    let placed = wait_for("placed programmed", WAIT, || async {
+        let svc = w.get("placed").await?;
+        World::condition(&svc, "loxilb.io/Programmed")
+            .filter(|c| c.0 == "True")
+            .map(|c| (svc, c))
+    })
+    .await;
+    assert_eq!(
+        placed.1.2, "1 rule(s) on 1/1 loxilb instance(s) of group llb",
+        "shown on the Service"
+    );
+    let placed = placed.0;
     assert_eq!(zone_of(&placed).as_deref(), Some("llb"), "recorded");
     assert_ne!(placed_ip, east_ip, "two groups never share an address");
     wait_for("placed on the llb loxilb", WAIT, || async {
@@ -260,6 +271,31 @@ async fn zoneselect_lands_on_its_group_and_placements_never_move() {
         .await
         .unwrap();
     assert_eq!(groups, 4.0, "llb 1 + east 2 + west 1 serving");
+
+    // A controller that does not know east's loxilbs (yet: a LoxiURL or discovery not listed
+    // at start-up, or gone): east's Services keep their address and placement, and say
+    // their loxilbs are unavailable, rather than that their group is unknown.
+    w.stop_controller().await;
+    let port4 = testenv::free_port().unwrap();
+    let mut without_east = opts(port4, &[&west]);
+    without_east
+        .extra_args
+        .retain(|a| !a.starts_with("--loxilb-url=east="));
+    w.start_controller(&without_east).await;
+    let cond = wait_for("in-east without its loxilbs", WAIT, || async {
+        let svc = w.get("in-east").await?;
+        World::condition(&svc, "loxilb.io/Programmed").filter(|c| c.1 == "LoxilbUnavailable")
+    })
+    .await;
+    assert_eq!(cond.2, "no loxilb of group east serves (yet)");
+    let in_east = w.get("in-east").await.unwrap();
+    assert_eq!(ingress_ip(&in_east), Some(east_ip.clone()));
+    assert_eq!(zone_of(&in_east).as_deref(), Some("east"));
+    assert!(
+        !w.event_reasons("in-east")
+            .await
+            .contains(&"UnknownZone".to_string())
+    );
     w.finish().await;
 }
 
@@ -356,5 +392,74 @@ async fn capacity_placement_fills_two_groups_and_the_next_waits() {
     .await;
     let took = w.settle_programmed(&opts, Duration::from_secs(60)).await;
     eprintln!("zonecap: the 101st programmed and the audit clean {took:?} after a deletion");
+    w.finish().await;
+}
+
+/// In-cluster loxilbs grouped by topology zone (`--loxilb-discovery-zones`): each
+/// discovered loxilb joins the group named after its EndpointSlice zone; a Service naming a
+/// group lands there only, one naming none is placed by capacity, and the fleet record shows
+/// the groups.
+#[tokio::test]
+async fn discovered_loxilbs_are_grouped_by_topology_zone() {
+    let host = host_address();
+    let start = || async {
+        Simulator::start((host, 0).into(), SimConfig::default())
+            .await
+            .unwrap()
+    };
+    let (a1, a2, b) = (start().await, start().await, start().await);
+    let opts = Options {
+        discovery: true,
+        extra_args: vec!["--loxilb-discovery-zones".into()],
+        ..Options::default()
+    };
+    let w = World::with("zonediscovery", opts.clone()).await;
+    w.add_node("node-a", "10.7.0.1").await;
+    let svc = "loxilb-lb-service";
+    let h = host.to_string();
+    for (slice, s, zone) in [
+        ("loxilb-a1", &a1, "rack-a"),
+        ("loxilb-a2", &a2, "rack-a"),
+        ("loxilb-b", &b, "Rack_B"),
+    ] {
+        w.set_loxilb_slice_in_zone(svc, slice, &h, s.addr().port(), true, Some(zone))
+            .await;
+    }
+    // The record lists both groups once every loxilb serves.
+    let records: Api<ConfigMap> = Api::namespaced(w.client.clone(), &w.ns);
+    wait_for("both groups serving", WAIT, || async {
+        let data = records.get_opt("loxi-ccm-fleet").await.ok()??.data?;
+        (data.get("rack-a")?.starts_with("2 loxilb(s): 2 serving")
+            && data.get("rack-b")?.starts_with("1 loxilb(s): 1 serving"))
+        .then_some(())
+    })
+    .await;
+
+    w.create(&annotated(
+        World::lb_service("on-b", Some(CLASS), &[(80, "TCP")]),
+        &[(ZONE, "rack-b")],
+    ))
+    .await;
+    let b_ip = w.wait_for_ip("on-b").await;
+    wait_for("on-b on rack-b's loxilb", WAIT, || async {
+        (addresses_on(&b).get(&b_ip) == Some(&1)).then_some(())
+    })
+    .await;
+    // Placed by capacity: rack-b holds a rule, rack-a none, so rack-a, on both loxilbs.
+    w.create(&World::lb_service("placed", Some(CLASS), &[(80, "TCP")]))
+        .await;
+    let placed_ip = w.wait_for_ip("placed").await;
+    wait_for("placed on both rack-a loxilbs", WAIT, || async {
+        (addresses_on(&a1).get(&placed_ip) == Some(&1)
+            && addresses_on(&a2).get(&placed_ip) == Some(&1))
+        .then_some(())
+    })
+    .await;
+    assert_eq!(
+        zone_of(&w.get("placed").await.unwrap()).as_deref(),
+        Some("rack-a")
+    );
+    assert!(!addresses_on(&a1).contains_key(&b_ip));
+    assert!(!addresses_on(&b).contains_key(&placed_ip));
     w.finish().await;
 }

@@ -155,6 +155,20 @@ pub struct RunArgs {
     )]
     pub loxilb_discovery_scheme: String,
 
+    /// Discovered loxilbs (--loxilb-service) form one group per topology zone: the zone the
+    /// EndpointSlice gives each (its Node's topology.kubernetes.io/zone), lower-cased; one
+    /// without a zone joins the --zone group (docs/fleet.md#groups-and-placement). Off: every
+    /// discovered loxilb is in the --zone group.
+    #[arg(
+        long = "loxilb-discovery-zones",
+        env = "LOXI_CCM_LOXILB_DISCOVERY_ZONES",
+        default_value_t = false,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    pub loxilb_discovery_zones: bool,
+
     /// With BGP on (--bgp-local-as): the Service whose ready EndpointSlice addresses are
     /// loxilbs running in BGP-peer-only mode (kube-loxilb's loxilb-peer-service), followed by
     /// a watch, with or without --loxilb-url. They get BGP settings, peering with the

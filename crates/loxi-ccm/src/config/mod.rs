@@ -297,6 +297,8 @@ pub struct Discovery {
     pub port: u16,
     /// `--loxilb-discovery-scheme https`: their URLs are `https://`.
     pub https: bool,
+    /// `--loxilb-discovery-zones`: each loxilb's group is its topology zone.
+    pub by_zone: bool,
 }
 
 impl Discovery {
@@ -1019,6 +1021,7 @@ impl Config {
                 namespace: namespace.map(str::to_string),
                 port: args.loxilb_port,
                 https: args.loxilb_discovery_scheme == "https",
+                by_zone: args.loxilb_discovery_zones,
             })
         };
         let discovery = if loxilb.is_empty() {

@@ -153,6 +153,33 @@ pub async fn cluster_id(
 /// code, reason and message (`403 Forbidden: services is forbidden: User "x" cannot list
 /// ...`), anything else (a connection failure, a timeout) as its chain of causes, each said
 /// once. Never kube's Debug dump of the answer.
+/// Writes the ConfigMap `name` of `api` with exactly `data` by server-side apply under field
+/// manager `manager` (created the first time), labelled as ours: the records the controller
+/// keeps for operators to read (HA roles, the fleet's status).
+pub async fn apply_config_map(
+    api: &kube::Api<k8s_openapi::api::core::v1::ConfigMap>,
+    name: &str,
+    manager: &str,
+    data: &std::collections::BTreeMap<String, String>,
+) -> kube::Result<()> {
+    let cm = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": name,
+            "labels": { "app.kubernetes.io/managed-by": "loxi-ccm" },
+        },
+        "data": data,
+    });
+    api.patch(
+        name,
+        &kube::api::PatchParams::apply(manager).force(),
+        &kube::api::Patch::Apply(&cm),
+    )
+    .await?;
+    Ok(())
+}
+
 pub fn error_text(e: &kube::Error) -> String {
     error_chain(e)
 }

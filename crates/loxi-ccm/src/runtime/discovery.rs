@@ -48,12 +48,22 @@ fn api_port(slice: &EndpointSlice, default: u16) -> u16 {
     }
 }
 
-/// The ready loxilbs of `slices` as (address, API port) (an endpoint without a `ready`
-/// condition counts as ready, as Kubernetes defines it), sorted, without duplicates.
+/// One ready loxilb of an EndpointSlice.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Found {
+    pub address: IpAddr,
+    /// Its API port.
+    pub port: u16,
+    /// The topology zone the EndpointSlice gives it (its Node's), if any.
+    pub zone: Option<String>,
+}
+
+/// The ready loxilbs of `slices` (an endpoint without a `ready` condition counts as ready,
+/// as Kubernetes defines it), sorted, without duplicates.
 pub fn ready_loxilbs<'a>(
     slices: impl Iterator<Item = &'a EndpointSlice>,
     default_port: u16,
-) -> Vec<(IpAddr, u16)> {
+) -> Vec<Found> {
     let mut out = BTreeSet::new();
     for slice in slices {
         let port = api_port(slice, default_port);
@@ -66,11 +76,36 @@ pub fn ready_loxilbs<'a>(
                 ep.addresses
                     .iter()
                     .filter_map(|a| a.parse::<IpAddr>().ok())
-                    .map(|a| (a, port)),
+                    .map(|address| Found {
+                        address,
+                        port,
+                        zone: ep.zone.clone(),
+                    }),
             );
         }
     }
     out.into_iter().collect()
+}
+
+/// The group of loxilbs named after topology zone `zone` (`--loxilb-discovery-zones`): the
+/// zone lower-cased, other characters than letters, digits and `-` made `-`, at most 50
+/// characters (`us-east-1a` stays, `Zone_A` becomes `zone-a`); `None` when nothing is left.
+pub fn zone_group(zone: &str) -> Option<String> {
+    let mapped: String = zone
+        .trim()
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_lowercase() || c.is_ascii_digit() {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let cut: String = mapped.trim_matches('-').chars().take(50).collect();
+    let name = cut.trim_matches('-').to_string();
+    loxi_domain::placement::is_group_name(&name).then_some(name)
 }
 
 /// Where fleet members come from, besides `--loxilb-url`.
@@ -88,8 +123,6 @@ pub enum Source {
 pub struct Members {
     configured: Vec<Member>,
     by_source: std::sync::Mutex<std::collections::BTreeMap<Source, Vec<Member>>>,
-    /// The default group (`--zone`): discovered loxilbs belong to it.
-    zone: String,
     /// Timeout, token and CA of a joining loxilb's client (the URL is set per loxilb).
     template: ClientConfig,
     /// The BGP-peer-only loxilbs (`--loxilb-peer-service`), outside the fleet (module docs).
@@ -98,11 +131,10 @@ pub struct Members {
 }
 
 impl Members {
-    pub fn new(configured: Vec<Member>, zone: String, template: ClientConfig) -> Members {
+    pub fn new(configured: Vec<Member>, template: ClientConfig) -> Members {
         Members {
             configured,
             by_source: std::sync::Mutex::default(),
-            zone,
             template,
             peers: std::sync::RwLock::default(),
         }
@@ -195,12 +227,6 @@ impl Members {
         out
     }
 
-    /// `source` now names the loxilbs at `urls`, of the default group.
-    pub fn set(&self, shared: &Arc<Shared>, source: Source, urls: Vec<String>) {
-        let members = urls.iter().map(|u| Member::new(&self.zone, u)).collect();
-        self.set_grouped(shared, source, members);
-    }
-
     /// `source` now names `members`: the fleet's members follow (`Fleet::set_members`).
     pub fn set_grouped(&self, shared: &Arc<Shared>, source: Source, members: Vec<Member>) {
         let all: Vec<Member> = {
@@ -224,15 +250,16 @@ impl Members {
         for inst in changed.left {
             info!(instance = inst.url(), "loxilb left the fleet: dropped");
             // It may still run (a Pod no longer ready): the roles it held move to the others
-            // at the next tick, so it must not go on answering as MASTER.
-            if shared.roles.is_some() {
-                let shared = shared.clone();
-                tokio::spawn(async move {
-                    if let Some(roles) = &shared.roles {
-                        roles.step_down(&inst, &shared.service.report.metrics).await;
-                    }
-                });
-            }
+            // at the next tick, so it must not go on answering as MASTER. Then its gauges go.
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                let metrics = &shared.service.report.metrics;
+                if let Some(roles) = &shared.roles {
+                    roles.step_down(&inst, metrics).await;
+                }
+                let ha = shared.service.settings.instances_of(inst.group());
+                metrics.forget_loxilb(inst.url(), &ha);
+            });
         }
         if left {
             // Programmed conditions count the instances.
@@ -241,10 +268,24 @@ impl Members {
     }
 }
 
-/// Follows the loxilb Service's EndpointSlices and keeps the fleet's members in step.
+/// Follows the loxilb Service's EndpointSlices and keeps the fleet's members in step, each
+/// in the default group or, with `--loxilb-discovery-zones`, its topology zone's.
 pub async fn follow(shared: Arc<Shared>, discovery: Discovery) {
-    follow_slices(&shared, &discovery, |urls| {
-        shared.members.set(&shared, Source::Discovered, urls);
+    let by_zone = discovery.by_zone;
+    follow_slices(&shared, &discovery, |found| {
+        let members = found
+            .into_iter()
+            .map(|(url, zone)| {
+                let group = zone
+                    .filter(|_| by_zone)
+                    .and_then(|z| zone_group(&z))
+                    .unwrap_or_else(|| shared.service.settings.zone.clone());
+                Member::new(&group, &url)
+            })
+            .collect();
+        shared
+            .members
+            .set_grouped(&shared, Source::Discovered, members);
     })
     .await;
 }
@@ -252,15 +293,20 @@ pub async fn follow(shared: Arc<Shared>, discovery: Discovery) {
 /// Follows the BGP-peer-only loxilbs' Service (`--loxilb-peer-service`) and keeps them in
 /// step (module docs).
 pub async fn follow_peers(shared: Arc<Shared>, discovery: Discovery) {
-    follow_slices(&shared, &discovery, |urls| {
+    follow_slices(&shared, &discovery, |found| {
+        let urls = found.into_iter().map(|(url, _)| url).collect();
         shared.members.set_peers(&shared, urls);
     })
     .await;
 }
 
 /// Watches the EndpointSlices of `discovery`'s Service; `found` gets the URLs of its ready
-/// loxilbs after every change.
-async fn follow_slices(shared: &Shared, discovery: &Discovery, found: impl Fn(Vec<String>)) {
+/// loxilbs, each with its topology zone, after every change.
+async fn follow_slices(
+    shared: &Shared,
+    discovery: &Discovery,
+    found: impl Fn(Vec<(String, Option<String>)>),
+) {
     let ctx = &shared.service;
     let api: Api<EndpointSlice> = match &discovery.namespace {
         Some(ns) => Api::namespaced(ctx.kube.clone(), ns),
@@ -284,11 +330,11 @@ async fn follow_slices(shared: &Shared, discovery: &Discovery, found: impl Fn(Ve
             }
         }
         let slices = store.state();
-        let urls: Vec<String> = ready_loxilbs(slices.iter().map(|s| s.as_ref()), discovery.port)
-            .iter()
-            .map(|(address, port)| discovery.url(address, *port))
+        let loxilbs = ready_loxilbs(slices.iter().map(|s| s.as_ref()), discovery.port)
+            .into_iter()
+            .map(|f| (discovery.url(&f.address, f.port), f.zone))
             .collect();
-        found(urls);
+        found(loxilbs);
     }
 }
 
@@ -324,9 +370,29 @@ mod tests {
         };
         let got: Vec<String> = ready_loxilbs([&a, &b].into_iter(), 11111)
             .iter()
-            .map(|(a, p)| format!("{a} {p}"))
+            .map(|f| format!("{} {}", f.address, f.port))
             .collect();
         assert_eq!(got, ["10.0.0.1 11111", "10.0.0.2 11111", "fd00::1 11111"]);
+    }
+
+    #[test]
+    fn topology_zones_name_groups() {
+        assert_eq!(zone_group("us-east-1a").as_deref(), Some("us-east-1a"));
+        assert_eq!(zone_group(" Zone_A ").as_deref(), Some("zone-a"));
+        assert_eq!(zone_group("rack/7").as_deref(), Some("rack-7"));
+        assert_eq!(zone_group("--").as_deref(), None);
+        assert_eq!(zone_group("").as_deref(), None);
+        assert_eq!(zone_group(&"z".repeat(80)).unwrap().len(), 50);
+        let ep = Endpoint {
+            zone: Some("rack1".into()),
+            ..ep("10.0.0.1", Some(true))
+        };
+        let slice = EndpointSlice {
+            endpoints: Some(vec![ep]),
+            ..Default::default()
+        };
+        let found = ready_loxilbs([&slice].into_iter(), 11111);
+        assert_eq!(found[0].zone.as_deref(), Some("rack1"));
     }
 
     #[test]

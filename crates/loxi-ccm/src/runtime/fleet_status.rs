@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use loxi_domain::roles::Masters;
 use tokio::sync::Mutex;
 use tracing::warn;
@@ -136,24 +136,7 @@ impl FleetStatus {
         {
             return;
         }
-        let cm = serde_json::json!({
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {
-                "name": self.name,
-                "labels": { "app.kubernetes.io/managed-by": "loxi-ccm" },
-            },
-            "data": data,
-        });
-        match self
-            .api
-            .patch(
-                &self.name,
-                &PatchParams::apply(MANAGER).force(),
-                &Patch::Apply(&cm),
-            )
-            .await
-        {
+        match crate::k8s::api::apply_config_map(&self.api, &self.name, MANAGER, &data).await {
             Ok(_) => {
                 last.data = Some(data);
                 last.tried = Some(Instant::now());

@@ -420,7 +420,6 @@ pub async fn run(
                 .iter()
                 .map(|i| Member::new(i.group(), i.url()))
                 .collect(),
-            cfg.zone.clone(),
             cfg.loxilb_template.clone(),
         ),
         fleet_status: fleet_status::FleetStatus::new(
@@ -528,7 +527,8 @@ pub async fn run(
         () = stopped_before_sync => {}
     }
     shared.running.store(false, Ordering::Relaxed);
-    // The last Events (a deletion's RulesDeleted) are still on their way.
+    // The last Events (e.g. a RulesDeleted of a Service that left our class) are still on
+    // their way.
     if !ctx.report.recorder.flush(Duration::from_secs(2)).await {
         warn!("stopping with Events not yet published");
     }

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use loxi_domain::roles::{Candidate, HaSettings, Masters, Role, decide_masters, role_of};
 use tokio::sync::Mutex;
 use tracing::{info, warn};
@@ -96,24 +96,7 @@ impl Roles {
     }
 
     async fn save(&self, masters: &Masters) -> Result<(), kube::Error> {
-        let data: BTreeMap<String, String> = masters.clone();
-        let cm = serde_json::json!({
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {
-                "name": self.name,
-                "labels": { "app.kubernetes.io/managed-by": "loxi-ccm" },
-            },
-            "data": data,
-        });
-        self.api
-            .patch(
-                &self.name,
-                &PatchParams::apply(MANAGER).force(),
-                &Patch::Apply(&cm),
-            )
-            .await?;
-        Ok(())
+        crate::k8s::api::apply_config_map(&self.api, &self.name, MANAGER, masters).await
     }
 
     /// One health tick, after the probes: decide, post the states each reachable loxilb

@@ -55,5 +55,15 @@ pub async fn apply_everywhere(
             },
         ));
     }
-    conditions::programmed(&results, rules.len())
+    let mut programmed = conditions::programmed(&results, rules.len());
+    if results.is_empty() {
+        programmed.condition.message = format!("no loxilb of group {group} serves (yet)");
+    } else if programmed.condition.ok && ctx.fleet.groups().len() > 1 {
+        // With several groups, where the Service is placed is part of what it shows.
+        programmed
+            .condition
+            .message
+            .push_str(&format!(" of group {group}"));
+    }
+    programmed
 }

@@ -12,7 +12,7 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::events::EventType;
 use loxi_domain::addressing::{RETAIN_IGNORED, retention};
 use serde_json::json;
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::context::{Context, rule_owner};
 use super::placement::Placed;
@@ -122,16 +122,31 @@ async fn remove_rules(svc: &Service, ctx: &Context) -> Result<(), ReconcileError
             }
         }
     }
-    if removed > 0 {
-        ctx.report.event(
-            svc,
-            EventType::Normal,
-            "RulesDeleted",
-            "Cleanup",
-            format!("deleted {removed} rule(s)"),
-        );
-    }
+    rules_removed(svc, ctx, removed);
     Ok(())
+}
+
+/// Says that `removed` rules of the Service left loxilb: a `RulesDeleted` Event on a Service
+/// that stays (its type or class changed), a log line for one being deleted. An Event about
+/// an object on its way out is read by nobody (`kubectl describe` cannot show it any more),
+/// while each one is an API server write, the resource a mass deletion is bound by
+/// (docs/BENCHMARKS.md: with it, loxi-ccm's teardown made one write per Service more than
+/// the baseline's).
+pub fn rules_removed(svc: &Service, ctx: &Context, removed: usize) {
+    if removed == 0 {
+        return;
+    }
+    if svc.metadata.deletion_timestamp.is_some() {
+        info!(service = %crate::k8s::view::owner_key(svc), removed, "rules deleted");
+        return;
+    }
+    ctx.report.event(
+        svc,
+        EventType::Normal,
+        "RulesDeleted",
+        "Cleanup",
+        format!("deleted {removed} rule(s)"),
+    );
 }
 
 /// Adds our finalizer when missing, and records the Service's group of loxilbs when it was

@@ -123,7 +123,14 @@ impl Placement {
         let key = ObjectRef::from_obj(svc);
         let uid = svc.uid().unwrap_or_default();
         if let Some(value) = recorded_group(svc) {
-            let group = parse_group(value, &names)?;
+            let group = match parse_group(value, &names) {
+                Ok(group) => group,
+                // Served already, on a group whose loxilbs are not known right now (at
+                // start-up, before discovery or the LoxiURL resources are listed; or all
+                // gone): it stays where it is, and reports its loxilbs unavailable.
+                Err(PlacementError::UnknownGroup { value, .. }) if already_ours => value,
+                Err(e) => return Err(e),
+            };
             self.done_waiting(svc);
             if !only_default {
                 let mut book = self.book.lock().await;
@@ -171,9 +178,13 @@ impl Placement {
                 record: true,
             });
         }
+        // A new Service goes only to a group that can program it now: one with a loxilb
+        // that answers and serves (not all down, not only joining).
         let rooms: Vec<GroupRoom> = names
             .into_iter()
-            .map(|g| GroupRoom {
+            .zip(&groups)
+            .filter(|(_, g)| g.instances.iter().any(|i| i.is_serving() && i.is_healthy()))
+            .map(|(g, _)| GroupRoom {
                 used: book.used.get(&g.name).copied().unwrap_or(0),
                 ..g
             })

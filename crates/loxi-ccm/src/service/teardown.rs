@@ -26,7 +26,6 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
-use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use tokio::sync::Semaphore;
 use tracing::debug;
@@ -166,8 +165,8 @@ fn wants_early_removal(ctx: &Context, svc: &Service) -> bool {
 }
 
 /// The Service's rules off every reachable loxilb. A failure is left to the cleanup, which
-/// removes what is left and retries with backoff; the Event about removed rules is
-/// published here, as the cleanup would have.
+/// removes what is left and retries with backoff; the removal is reported here, as the
+/// cleanup would have (`cleanup::rules_removed`).
 async fn remove_now(ctx: &Context, svc: &Service) {
     let owner = rule_owner(svc);
     let mut removed = 0;
@@ -190,13 +189,5 @@ async fn remove_now(ctx: &Context, svc: &Service) {
             }
         }
     }
-    if removed > 0 {
-        ctx.report.event(
-            svc,
-            EventType::Normal,
-            "RulesDeleted",
-            "Cleanup",
-            format!("deleted {removed} rule(s)"),
-        );
-    }
+    super::cleanup::rules_removed(svc, ctx, removed);
 }

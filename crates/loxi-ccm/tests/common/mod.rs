@@ -492,12 +492,7 @@ impl World {
     /// The sum of a metric's series served on `127.0.0.1:port/metrics` whose labels contain
     /// every one of `labels` (e.g. `op="list"`).
     pub async fn metric_sum(port: u16, name: &str, labels: &[&str]) -> Option<f64> {
-        let body = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
-            .await
-            .ok()?
-            .text()
-            .await
-            .ok()?;
+        let body = World::metrics_text(port).await?;
         Some(
             body.lines()
                 .filter_map(|l| l.strip_prefix(name)?.strip_prefix('{'))
@@ -508,14 +503,19 @@ impl World {
         )
     }
 
-    /// The value of an unlabelled metric served on `127.0.0.1:port/metrics`.
-    pub async fn metric(port: u16, name: &str) -> Option<f64> {
-        let body = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+    /// Everything served on `127.0.0.1:port/metrics`.
+    pub async fn metrics_text(port: u16) -> Option<String> {
+        reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
             .await
             .ok()?
             .text()
             .await
-            .ok()?;
+            .ok()
+    }
+
+    /// The value of an unlabelled metric served on `127.0.0.1:port/metrics`.
+    pub async fn metric(port: u16, name: &str) -> Option<f64> {
+        let body = World::metrics_text(port).await?;
         body.lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
     }
@@ -558,6 +558,20 @@ impl World {
         port: u16,
         ready: bool,
     ) {
+        self.set_loxilb_slice_in_zone(service, slice, address, port, ready, None)
+            .await
+    }
+
+    /// As [`World::set_loxilb_slice`], the endpoint in topology zone `zone`.
+    pub async fn set_loxilb_slice_in_zone(
+        &self,
+        service: &str,
+        slice: &str,
+        address: &str,
+        port: u16,
+        ready: bool,
+        zone: Option<&str>,
+    ) {
         use k8s_openapi::api::discovery::v1::EndpointSlice;
         let svc = Service {
             metadata: ObjectMeta {
@@ -584,7 +598,7 @@ impl World {
                 "labels": {"kubernetes.io/service-name": service},
             },
             "addressType": if address.contains(':') { "IPv6" } else { "IPv4" },
-            "endpoints": [{"addresses": [address], "conditions": {"ready": ready}}],
+            "endpoints": [{"addresses": [address], "conditions": {"ready": ready}, "zone": zone}],
             "ports": [{"name": "loxilb-app", "port": port, "protocol": "TCP"}],
         });
         let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &self.ns);
@@ -693,10 +707,10 @@ impl World {
 
     pub async fn finish(mut self) {
         self.stop_controller().await;
-        // Discovery follows loxilb Services' EndpointSlices in every namespace: a test's
-        // slices must not name loxilbs to the next test's controller.
-        use k8s_openapi::api::discovery::v1::EndpointSlice;
-        let slices: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &self.ns);
+        // loxilb EndpointSlices (`set_loxilb_slice`) would be discovered by the next test's
+        // controller, which follows them in any namespace: none is left behind.
+        let slices: Api<k8s_openapi::api::discovery::v1::EndpointSlice> =
+            Api::namespaced(self.client.clone(), &self.ns);
         let _ = slices
             .delete_collection(&DeleteParams::default(), &ListParams::default())
             .await;
