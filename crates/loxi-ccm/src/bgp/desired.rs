@@ -575,8 +575,9 @@ pub fn summary(states: &[&str]) -> Option<String> {
 /// How a loxilb takes part in the BGP mesh between loxilbs (kube-loxilb's rules).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum MeshRole {
-    /// Holds rules and was found in the cluster (`--loxilb-service`): peers with every other
-    /// loxilb, rule-holding or peer-only.
+    /// Holds rules and was found in the cluster (`--loxilb-service`): peers with the other
+    /// such loxilbs of its group and with every peer-only one. (kube-loxilb runs one
+    /// controller per zone, which meshes only its own zone's loxilbs.)
     InCluster,
     /// Holds rules and was named by the operator (`--loxilb-url`, `LoxiURL`): peers with the
     /// peer-only loxilbs only (how external loxilbs peer with each other is the network's
@@ -587,23 +588,13 @@ pub enum MeshRole {
     PeerOnly,
 }
 
-impl MeshRole {
-    fn meshes_with(self, other: MeshRole) -> bool {
-        use MeshRole::{Configured, InCluster, PeerOnly};
-        matches!(
-            (self, other),
-            (InCluster, InCluster | PeerOnly)
-                | (Configured, PeerOnly)
-                | (PeerOnly, InCluster | Configured)
-        )
-    }
-}
-
-/// One loxilb of the mesh: its API URL (its identity) and its role.
+/// One loxilb of the mesh: its API URL (its identity), its role and, for one holding rules,
+/// its group (docs/fleet.md#groups-and-placement).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MeshMember {
     pub url: String,
     pub role: MeshRole,
+    pub group: Option<String>,
 }
 
 impl MeshMember {
@@ -611,6 +602,22 @@ impl MeshMember {
         MeshMember {
             url: url.to_string(),
             role,
+            group: None,
+        }
+    }
+
+    /// The member as one of `group`.
+    pub fn in_group(mut self, group: &str) -> MeshMember {
+        self.group = Some(group.to_string());
+        self
+    }
+
+    fn meshes_with(&self, other: &MeshMember) -> bool {
+        use MeshRole::{Configured, InCluster, PeerOnly};
+        match (self.role, other.role) {
+            (InCluster, InCluster) => self.group == other.group,
+            (InCluster | Configured, PeerOnly) | (PeerOnly, InCluster | Configured) => true,
+            _ => false,
         }
     }
 
@@ -636,7 +643,7 @@ pub fn mesh_neighbours(
     let own = me.address();
     let mut addresses: Vec<IpAddr> = mesh
         .iter()
-        .filter(|m| m.url != me.url && me.role.meshes_with(m.role))
+        .filter(|m| m.url != me.url && me.meshes_with(m))
         .filter_map(MeshMember::address)
         .filter(|a| Some(*a) != own)
         .collect();
@@ -1031,5 +1038,19 @@ mod tests {
             7 - 1,
             "every address once, the host name left out"
         );
+    }
+
+    #[test]
+    fn in_cluster_loxilbs_mesh_within_their_group_peer_only_ones_with_all() {
+        let mesh = vec![
+            MeshMember::new("http://10.0.0.1:11111", MeshRole::InCluster).in_group("east"),
+            MeshMember::new("http://10.0.0.2:11111", MeshRole::InCluster).in_group("east"),
+            MeshMember::new("http://10.0.0.3:11111", MeshRole::InCluster).in_group("west"),
+            MeshMember::new("http://10.0.1.1:11111", MeshRole::PeerOnly),
+        ];
+        let of = |i: usize| addresses(&mesh_neighbours(&global(), &mesh, &mesh[i]));
+        assert_eq!(of(0), ["10.0.0.2", "10.0.1.1"]);
+        assert_eq!(of(2), ["10.0.1.1"]);
+        assert_eq!(of(3), ["10.0.0.1", "10.0.0.2", "10.0.0.3"]);
     }
 }

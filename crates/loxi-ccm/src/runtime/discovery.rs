@@ -197,14 +197,14 @@ impl Members {
         *peers = Arc::new(next);
     }
 
-    /// Every loxilb known now, with its part in the BGP mesh (docs/bgp.md): the discovered
-    /// ones hold rules in the cluster, those of `--loxilb-url` and `LoxiURL` resources are
-    /// configured, and the BGP-peer-only ones only peer.
+    /// Every loxilb known now, with its part in the BGP mesh (docs/bgp.md) and its group: the
+    /// discovered ones hold rules in the cluster, those of `--loxilb-url` and `LoxiURL`
+    /// resources are configured, and the BGP-peer-only ones only peer.
     pub fn mesh(&self) -> Vec<MeshMember> {
         let mut out: Vec<MeshMember> = self
             .configured
             .iter()
-            .map(|m| MeshMember::new(&m.url, MeshRole::Configured))
+            .map(|m| MeshMember::new(&m.url, MeshRole::Configured).in_group(&m.group))
             .collect();
         {
             let by_source = self
@@ -216,7 +216,11 @@ impl Members {
                     Source::Discovered => MeshRole::InCluster,
                     Source::Resources => MeshRole::Configured,
                 };
-                out.extend(members.iter().map(|m| MeshMember::new(&m.url, role)));
+                out.extend(
+                    members
+                        .iter()
+                        .map(|m| MeshMember::new(&m.url, role).in_group(&m.group)),
+                );
             }
         }
         out.extend(
