@@ -738,6 +738,12 @@ async fn a_cidrpool_loxiurl_is_an_address_pool() {
         "the audit takes the cidrpool as a pool: {:?}",
         findings.violations
     );
+    // Not even as an address kept from a pool that is gone.
+    assert!(
+        !findings.notes.iter().any(|n| n.contains(&ip)),
+        "{:?}",
+        findings.notes
+    );
 
     // Deleted: the address stays with its Service, which stays programmed.
     resources
