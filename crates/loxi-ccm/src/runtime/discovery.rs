@@ -193,6 +193,8 @@ impl Members {
                 instance = old.url(),
                 "BGP-peer-only loxilb left: removed from the others' neighbours"
             );
+            // It held no HA role; its `up` gauge goes with it.
+            shared.service.report.metrics.forget_loxilb(old.url(), &[]);
         }
         *peers = Arc::new(next);
     }
