@@ -289,7 +289,7 @@ async fn main() -> Result<()> {
         client,
         server_pids,
         nodes,
-    } = start_cluster(&args, &root).await?;
+    } = start_cluster(&args, &root, &[]).await?;
     let max_n = args.n.iter().copied().max().unwrap_or(0).max(bulk_ours);
     let sim = Simulator::start(
         "127.0.0.1:0".parse::<SocketAddr>()?,
@@ -414,9 +414,9 @@ struct Cluster {
     nodes: Vec<BenchNode>,
 }
 
-async fn start_cluster(args: &Args, root: &Path) -> Result<Cluster> {
+async fn start_cluster(args: &Args, root: &Path, api_args: &[&str]) -> Result<Cluster> {
     progress("starting etcd + kube-apiserver");
-    let cp = testenv::ControlPlane::start().await?;
+    let cp = testenv::ControlPlane::start_with_api_args(api_args).await?;
     let client = cp.admin_client().await?;
     let server_pids: Vec<u32> = ["kube-apiserver", "etcd"]
         .iter()
