@@ -13,7 +13,9 @@ use crate::stats::{Usage, usage};
 pub struct CcmSpec {
     pub bin: PathBuf,
     pub kubeconfig: PathBuf,
-    pub loxilb_url: String,
+    /// One `--loxilb-url` each: a plain URL (the default group) or `<group>=<url>`
+    /// (docs/fleet.md#groups-and-placement).
+    pub loxilb_urls: Vec<String>,
     pub external_cidr: String,
     pub lease_namespace: String,
     pub log_dir: PathBuf,
@@ -41,9 +43,8 @@ impl Ccm {
         cmd.arg("run")
             .arg("--kubeconfig")
             .arg(&spec.kubeconfig)
+            .args(spec.loxilb_urls.iter().map(|u| format!("--loxilb-url={u}")))
             .args([
-                "--loxilb-url",
-                &spec.loxilb_url,
                 "--external-cidr",
                 &spec.external_cidr,
                 "--admin-addr",

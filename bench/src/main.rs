@@ -9,6 +9,7 @@
 mod baseline;
 mod ccm;
 mod cluster;
+mod fleet;
 mod report;
 mod stats;
 
@@ -99,6 +100,24 @@ pub struct Args {
     /// Run nothing: re-render the markdown (and targets) from this results file.
     #[arg(long)]
     render_only: Option<PathBuf>,
+    /// Run only the fleet scenario (docs/BENCHMARKS.md, "Fleet"): groups of loxilbs, Services
+    /// placed by capacity, one loxilb restarted. Writes target/bench/results-fleet.json and
+    /// the fleet section of docs/BENCHMARKS.md.
+    #[arg(long)]
+    fleet: bool,
+    /// Fleet: LoadBalancer Services created (none names a group: all placed by capacity).
+    #[arg(long, default_value_t = 5000)]
+    fleet_services: usize,
+    /// Fleet: groups of loxilbs (`--loxilb-url=g0=<url>` ... `g<K-1>`).
+    #[arg(long, default_value_t = 5)]
+    fleet_groups: usize,
+    /// Fleet: simulated loxilbs per group.
+    #[arg(long, default_value_t = 2)]
+    fleet_loxilbs_per_group: usize,
+    /// Fleet: rule table of each simulated loxilb (loxilb's is 2048; loxi-ccm keeps its
+    /// default --loxilb-max-rules unless given with --ccm-arg).
+    #[arg(long, default_value_t = 2048)]
+    fleet_max_rules: usize,
 }
 
 fn parse_env(s: &str) -> Result<(String, String), String> {
@@ -197,6 +216,15 @@ async fn main() -> Result<()> {
     let root = workspace_root();
     if let Some(path) = &args.render_only {
         let mut results: Value = serde_json::from_str(&std::fs::read_to_string(path)?)?;
+        if !results["fleet"].is_null() {
+            let md = args
+                .markdown
+                .clone()
+                .unwrap_or_else(|| root.join("docs/BENCHMARKS.md"));
+            fleet::write_markdown(&md, &results)?;
+            println!("{}", fleet::summary_text(&results));
+            return Ok(());
+        }
         results["targets"] = report::targets(&results);
         std::fs::write(path, serde_json::to_string_pretty(&results)?)?;
         let md = args
@@ -244,6 +272,10 @@ async fn main() -> Result<()> {
             .join(" ")
     });
 
+    if args.fleet {
+        return fleet::main(&args, &root, &ccm_bin, command).await;
+    }
+
     let load_before = loadavg();
     let date = command_output("date", &["-u", "+%Y-%m-%d %H:%M:%S UTC"]);
     progress(&format!(
@@ -252,17 +284,12 @@ async fn main() -> Result<()> {
     ));
     let run_started = Instant::now();
 
-    progress("starting etcd + kube-apiserver");
-    let cp = testenv::ControlPlane::start().await?;
-    let client = cp.admin_client().await?;
-    let server_pids: Vec<u32> = ["kube-apiserver", "etcd"]
-        .iter()
-        .flat_map(|name| stats::find_pids(name, cp.dir()))
-        .collect();
-    install_crds(&cp, &root)?;
-    warm_up_claims(&client).await?;
-    progress(&format!("creating {} nodes", args.nodes));
-    let nodes = cluster::create_nodes(&client, args.nodes).await?;
+    let Cluster {
+        cp,
+        client,
+        server_pids,
+        nodes,
+    } = start_cluster(&args, &root, &[]).await?;
     let max_n = args.n.iter().copied().max().unwrap_or(0).max(bulk_ours);
     let sim = Simulator::start(
         "127.0.0.1:0".parse::<SocketAddr>()?,
@@ -278,7 +305,7 @@ async fn main() -> Result<()> {
     let spec = CcmSpec {
         bin: ccm_bin.clone(),
         kubeconfig: cp.kubeconfig_path(),
-        loxilb_url: sim.sim.url(),
+        loxilb_urls: vec![sim.sim.url()],
         external_cidr: "10.200.0.0/16".into(),
         lease_namespace: lease_ns.into(),
         log_dir: log_dir.clone(),
@@ -299,12 +326,7 @@ async fn main() -> Result<()> {
         "date": date,
         "command": command,
         "machine": machine(),
-        "source": {
-            "commit": command_output("git", &["-C", &root.display().to_string(), "rev-parse", "--short", "HEAD"]),
-            "uncommitted": command_output("git", &["-C", &root.display().to_string(), "diff", "--shortstat", "HEAD"]),
-            "ccm_bin_modified": std::fs::metadata(&ccm_bin).and_then(|m| m.modified()).ok()
-                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map(|d| d.as_secs()),
-        },
+        "source": source(&root, &ccm_bin),
         "load_before": load_before,
         "config": {
             "n": args.n,
@@ -370,6 +392,46 @@ async fn main() -> Result<()> {
         Some(e) => Err(e),
         None => Ok(()),
     }
+}
+
+/// The commit measured, uncommitted changes, and when the controller binary was built.
+fn source(root: &Path, ccm_bin: &Path) -> Value {
+    let root = root.display().to_string();
+    json!({
+        "commit": command_output("git", &["-C", &root, "rev-parse", "--short", "HEAD"]),
+        "uncommitted": command_output("git", &["-C", &root, "diff", "--shortstat", "HEAD"]),
+        "ccm_bin_modified": std::fs::metadata(ccm_bin).and_then(|m| m.modified()).ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map(|d| d.as_secs()),
+    })
+}
+
+/// The API server, etcd and the Nodes every scenario shares.
+struct Cluster {
+    cp: testenv::ControlPlane,
+    client: kube::Client,
+    /// kube-apiserver and etcd, for their CPU time.
+    server_pids: Vec<u32>,
+    nodes: Vec<BenchNode>,
+}
+
+async fn start_cluster(args: &Args, root: &Path, api_args: &[&str]) -> Result<Cluster> {
+    progress("starting etcd + kube-apiserver");
+    let cp = testenv::ControlPlane::start_with_api_args(api_args).await?;
+    let client = cp.admin_client().await?;
+    let server_pids: Vec<u32> = ["kube-apiserver", "etcd"]
+        .iter()
+        .flat_map(|name| stats::find_pids(name, cp.dir()))
+        .collect();
+    install_crds(&cp, root)?;
+    warm_up_claims(&client).await?;
+    progress(&format!("creating {} nodes", args.nodes));
+    let nodes = cluster::create_nodes(&client, args.nodes).await?;
+    Ok(Cluster {
+        cp,
+        client,
+        server_pids,
+        nodes,
+    })
 }
 
 /// Applies every CRD manifest in deploy/ (`*crd*.yaml`) that the controller may need.

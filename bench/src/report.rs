@@ -21,7 +21,7 @@ fn num(v: &Value) -> Option<f64> {
     v.as_f64()
 }
 
-fn fmt(v: &Value) -> String {
+pub fn fmt(v: &Value) -> String {
     match v {
         Value::Null => "–".into(),
         Value::Number(n) => match n.as_f64() {

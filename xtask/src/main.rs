@@ -11,7 +11,8 @@
 //!   built fails the run.
 //! - `deny`: `cargo deny check licenses bans sources` against `deny.toml`, with a cargo-deny
 //!   of a pinned version installed once into the cache (works offline afterwards).
-//! - `bench [--quick]`: builds the release binaries and runs `loxi-bench` (docs/BENCHMARKS.md).
+//! - `bench [--quick | --fleet]`: builds the release binaries and runs `loxi-bench`
+//!   (docs/BENCHMARKS.md).
 //! - `manifests`: renders the plain manifests of `deploy/` from the Helm chart
 //!   (`charts/loxi-ccm`, values `charts/deploy-values.yaml`); the chart tests fail while
 //!   `deploy/` differs from that rendering.
@@ -65,7 +66,7 @@ fn main() -> Result<()> {
         Some("manifests") => manifests(),
         _ => {
             eprintln!(
-                "usage: cargo xtask <demo [--exit] | test | deny | bench [--quick] [loxi-bench flags] | manifests>"
+                "usage: cargo xtask <demo [--exit] | test | deny | bench [--quick | --fleet] [loxi-bench flags] | manifests>"
             );
             std::process::exit(2);
         }

@@ -134,6 +134,13 @@ fn spawn_apiserver(bin_dir: &Path, dir: &Path, args: &[String]) -> Result<Child>
 impl ControlPlane {
     /// Starts etcd and kube-apiserver and waits until the API answers `/readyz`.
     pub async fn start() -> Result<ControlPlane> {
+        ControlPlane::start_with_api_args(&[]).await
+    }
+
+    /// [`ControlPlane::start`] with extra kube-apiserver flags after the defaults (a flag
+    /// given again replaces the default), e.g. a wider `--service-node-port-range` for
+    /// more LoadBalancer ports than the default range's 2,768 (bench/src/fleet.rs).
+    pub async fn start_with_api_args(extra: &[&str]) -> Result<ControlPlane> {
         let bin_dir = tokio::task::spawn_blocking(bin_dir).await??;
         let dir = tempfile::Builder::new().prefix("loxi-ccm-cp-").tempdir()?;
         let d = dir.path().to_path_buf();
@@ -221,6 +228,10 @@ impl ControlPlane {
             "--watch-cache=true".into(),
             "--v=0".into(),
         ];
+        let api_args: Vec<String> = api_args
+            .into_iter()
+            .chain(extra.iter().map(|a| (*a).to_string()))
+            .collect();
         children.push(spawn_apiserver(&bin_dir, &d, &api_args)?);
 
         let cp = ControlPlane {
