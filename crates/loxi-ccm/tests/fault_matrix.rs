@@ -11,6 +11,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::hold::{self, Hold};
 use common::load::{Load, Rng};
 use common::proxy::CutProxy;
 use common::{Options, World, control_plane, wait_for};
@@ -314,6 +315,93 @@ async fn apiserver_restart_under_load() {
         "kube-apiserver restart",
         world.settle_programmed(&opts, SETTLE).await,
     );
+    world.finish().await;
+}
+
+/// The soak's last bug (docs/RELIABILITY.md#soak): a shared claim deleted while the
+/// controller's claim watch is away after an API server restart, and re-created by one
+/// sharer whose ports changed meanwhile (its create succeeds: the claim is gone). The watch
+/// comes back with a re-list (its resourceVersion is older than the new API server's watch
+/// cache), so no `Delete` event tells the other sharers; the re-created claim lists only the
+/// one sharer. Every other sharer must claim the address it shows again. Before the fix they
+/// kept showing it with no claim behind it (`unbacked-status`) for good.
+///
+/// The claim watch's answers are held back (`common::hold`) from the restart until the claim
+/// was re-created, so that the controller's claim store is still the one from before the
+/// deletion, as it was in the soak; everything else talks to the API server as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_claim_recreated_while_the_claim_watch_relists() {
+    let opts = opts();
+    let hold = Hold::new(hold::claim_watch);
+    let mut world = World::with("fm-relist", opts.clone()).await;
+    world.stop_controller().await;
+    world.controller = Some(world.spawn_controller_with(hold.client().await, &opts));
+    world.add_node("fm-relist-n1", "10.0.0.1").await;
+    world.add_node("fm-relist-n2", "10.0.0.2").await;
+    let mut load = Load::new("fm-relist", seed());
+    load.create(&world, services()).await;
+    world.settle_programmed(&opts, SETTLE).await;
+    let claims: Api<AddressClaim> = Api::all(world.client.clone());
+    let shared = world
+        .claims()
+        .await
+        .into_iter()
+        .max_by_key(|c| c.owners().len())
+        .unwrap();
+    let name = shared.metadata.name.clone().unwrap();
+    let owners = shared.owners().len();
+    assert!(owners > 3, "a widely shared address: {owners} owners");
+    // A sharer on a port of its own (the odd Services of `common::load`).
+    let mover = shared
+        .owners()
+        .into_iter()
+        .find(|o| {
+            o.ports
+                .as_ref()
+                .is_some_and(|p| p.iter().all(|p| p != "80/TCP"))
+        })
+        .unwrap()
+        .name
+        .clone();
+
+    hold.hold();
+    let restart = Instant::now();
+    control_plane().restart_apiserver().await.unwrap();
+    eprintln!("fm-relist: API server back in {:?}", restart.elapsed());
+    claims
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    let svc = world.get(&mover).await.unwrap();
+    let port = svc.spec.unwrap().ports.unwrap()[0].port;
+    world
+        .services
+        .patch(
+            &mover,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"ports": [{"name": "p0", "port": port + 10_000, "protocol": "TCP"}]}})),
+        )
+        .await
+        .unwrap();
+    wait_for(
+        "the moved sharer re-creates the claim on its own",
+        SETTLE,
+        || async {
+            let c = claims.get_opt(&name).await.ok()??;
+            (c.owners().iter().any(|o| o.name == mover)).then_some(c.owners().len())
+        },
+    )
+    .await;
+    hold.release();
+    let released = Instant::now();
+    let took = world.settle_programmed(&opts, SETTLE).await;
+    let relisted = claims.get(&name).await.unwrap();
+    eprintln!(
+        "fm-relist: claim {name} had {owners} owners, now {} (the watch released {:?} ago)",
+        relisted.owners().len(),
+        released.elapsed()
+    );
+    report("shared claim re-created during a claim re-list", took);
     world.finish().await;
 }
 
