@@ -11,6 +11,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::hold::{self, Hold};
 use common::load::{Load, Rng};
 use common::proxy::CutProxy;
 use common::{Options, World, control_plane, wait_for};
@@ -314,6 +315,216 @@ async fn apiserver_restart_under_load() {
         "kube-apiserver restart",
         world.settle_programmed(&opts, SETTLE).await,
     );
+    world.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_restart_under_load() {
+    let opts = opts();
+    let (world, mut load) = loaded("fm-etcd", &opts, SimConfig::default()).await;
+    load.churn(&world, round()).await;
+    let restart = Instant::now();
+    control_plane().restart_etcd().await.unwrap();
+    eprintln!(
+        "fm-etcd: etcd restarted, API server ready again in {:?}",
+        restart.elapsed()
+    );
+    load.churn(&world, round()).await;
+    report("etcd restart", world.settle_programmed(&opts, SETTLE).await);
+    world.finish().await;
+}
+
+/// Requests kube-apiserver refused with 429 so far: its own count, from its `/metrics`
+/// (`apiserver_request_total` by code; the max-in-flight filter records what it refuses
+/// there).
+async fn refused_with_429(client: &kube::Client) -> u64 {
+    let req = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = client.request_text(req).await.unwrap();
+    text.lines()
+        .filter(|l| l.starts_with("apiserver_request_total{") && l.contains("code=\"429\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// A client for the controller as a ServiceAccount bound to cluster-admin: kube-apiserver's
+/// max-in-flight limits never throttle `system:masters` (the tests' admin), so a throttled
+/// controller must be someone else.
+async fn service_account_client(world: &World, name: &str) -> kube::Client {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
+    use kube::api::ObjectMeta;
+    let sas: Api<ServiceAccount> = Api::namespaced(world.client.clone(), &world.ns);
+    let sa = ServiceAccount {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    sas.create(&PostParams::default(), &sa).await.unwrap();
+    let bindings: Api<ClusterRoleBinding> = Api::all(world.client.clone());
+    let binding = ClusterRoleBinding {
+        metadata: ObjectMeta {
+            name: Some(format!("{}-{name}", world.ns)),
+            ..Default::default()
+        },
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "ClusterRole".into(),
+            name: "cluster-admin".into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: name.into(),
+            namespace: Some(world.ns.clone()),
+            ..Default::default()
+        }]),
+    };
+    let _ = bindings.create(&PostParams::default(), &binding).await;
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(3600),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let token = sas
+        .create_token_request(name, &PostParams::default(), &request)
+        .await
+        .unwrap()
+        .status
+        .and_then(|s| s.token)
+        .expect("a token");
+    let path = control_plane().dir().join(format!("{name}.kubeconfig"));
+    control_plane().write_kubeconfig(&path, &token).unwrap();
+    control_plane().client_for_kubeconfig(&path).await.unwrap()
+}
+
+/// API throttling: kube-apiserver started again with room for one request at a time
+/// (`--max-requests-inflight=1`, `--max-mutating-requests-inflight=1`; API Priority and
+/// Fairness is off in testenv, so these limits are what protects it), which answers every
+/// request beyond that with 429 and `Retry-After: 1`. The controller (a ServiceAccount:
+/// `system:masters` is never throttled) waits as told and tries again (kube's retry policy);
+/// every Service must be served and the audit clean with the throttling still on. The
+/// limits are lifted afterwards (another restart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_throttling_under_load() {
+    let opts = opts();
+    let mut world = World::with("fm-429", opts.clone()).await;
+    world.stop_controller().await;
+    let client = service_account_client(&world, "throttled-controller").await;
+    world.controller = Some(world.spawn_controller_with(client, &opts));
+    world.add_node("fm-429-n1", "10.0.0.1").await;
+    world.add_node("fm-429-n2", "10.0.0.2").await;
+    let mut load = Load::new("fm-429", seed());
+    load.create(&world, services()).await;
+    world.settle_programmed(&opts, SETTLE).await;
+    control_plane()
+        .restart_apiserver_with(&[
+            "--max-requests-inflight=1",
+            "--max-mutating-requests-inflight=1",
+        ])
+        .await
+        .unwrap();
+    // The restart itself is another fault of the matrix: settled before the throttled round.
+    world.settle_programmed(&opts, SETTLE).await;
+    let before = refused_with_429(&world.client).await;
+    load.churn(&world, round()).await;
+    let took = world.settle_programmed(&opts, SETTLE).await;
+    let refused = refused_with_429(&world.client).await - before;
+    eprintln!("fm-429: {refused} requests answered 429 during the throttled round");
+    assert!(refused > 0, "the API server throttled nothing");
+    control_plane().restart_apiserver().await.unwrap();
+    report("API throttling (429, Retry-After)", took);
+    world.settle_programmed(&opts, SETTLE).await;
+    world.finish().await;
+}
+
+/// The soak's last bug (docs/RELIABILITY.md#soak): a shared claim deleted while the
+/// controller's claim watch is away after an API server restart, and re-created by one
+/// sharer whose ports changed meanwhile (its create succeeds: the claim is gone). The watch
+/// comes back with a re-list (its resourceVersion is older than the new API server's watch
+/// cache), so no `Delete` event tells the other sharers; the re-created claim lists only the
+/// one sharer. Every other sharer must claim the address it shows again. Before the fix they
+/// kept showing it with no claim behind it (`unbacked-status`) for good.
+///
+/// The claim watch's answers are held back (`common::hold`) from the restart until the claim
+/// was re-created, so that the controller's claim store is still the one from before the
+/// deletion, as it was in the soak; everything else talks to the API server as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_claim_recreated_while_the_claim_watch_relists() {
+    let opts = opts();
+    let hold = Hold::new(hold::claim_watch);
+    let mut world = World::with("fm-relist", opts.clone()).await;
+    world.stop_controller().await;
+    world.controller = Some(world.spawn_controller_with(hold.client().await, &opts));
+    world.add_node("fm-relist-n1", "10.0.0.1").await;
+    world.add_node("fm-relist-n2", "10.0.0.2").await;
+    let mut load = Load::new("fm-relist", seed());
+    load.create(&world, services()).await;
+    world.settle_programmed(&opts, SETTLE).await;
+    let claims: Api<AddressClaim> = Api::all(world.client.clone());
+    let shared = world
+        .claims()
+        .await
+        .into_iter()
+        .max_by_key(|c| c.owners().len())
+        .unwrap();
+    let name = shared.metadata.name.clone().unwrap();
+    let owners = shared.owners().len();
+    assert!(owners > 3, "a widely shared address: {owners} owners");
+    // A sharer on a port of its own (the odd Services of `common::load`).
+    let mover = shared
+        .owners()
+        .into_iter()
+        .find(|o| {
+            o.ports
+                .as_ref()
+                .is_some_and(|p| p.iter().all(|p| p != "80/TCP"))
+        })
+        .unwrap()
+        .name
+        .clone();
+
+    hold.hold();
+    let restart = Instant::now();
+    control_plane().restart_apiserver().await.unwrap();
+    eprintln!("fm-relist: API server back in {:?}", restart.elapsed());
+    claims
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    let svc = world.get(&mover).await.unwrap();
+    let port = svc.spec.unwrap().ports.unwrap()[0].port;
+    world
+        .services
+        .patch(
+            &mover,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"ports": [{"name": "p0", "port": port + 10_000, "protocol": "TCP"}]}})),
+        )
+        .await
+        .unwrap();
+    wait_for(
+        "the moved sharer re-creates the claim on its own",
+        SETTLE,
+        || async {
+            let c = claims.get_opt(&name).await.ok()??;
+            (c.owners().iter().any(|o| o.name == mover)).then_some(c.owners().len())
+        },
+    )
+    .await;
+    hold.release();
+    let released = Instant::now();
+    let took = world.settle_programmed(&opts, SETTLE).await;
+    let relisted = claims.get(&name).await.unwrap();
+    eprintln!(
+        "fm-relist: claim {name} had {owners} owners, now {} (the watch released {:?} ago)",
+        relisted.owners().len(),
+        released.elapsed()
+    );
+    report("shared claim re-created during a claim re-list", took);
     world.finish().await;
 }
 

@@ -2,7 +2,8 @@
 //! the simulator requiring a token (and serving HTTPS): a wrong token is reported on the
 //! Service as `LoxilbUnauthorized` (never showing the token, there or in the metrics), and a
 //! new token, written to the token file or into the token Secret, is picked up without a
-//! restart.
+//! restart. A certificate the controller refuses (another CA, expired) is reported on the
+//! Service as `LoxilbTLSError`.
 
 mod common;
 
@@ -192,4 +193,76 @@ async fn https_with_the_given_ca() {
     programmed(&world, "web", "True", "Programmed").await;
     std::fs::remove_file(&ca_file).unwrap();
     world.finish().await;
+}
+
+/// A certificate the controller refuses is shown on the Service as what it is: `Programmed=
+/// False`, reason `LoxilbTLSError`, the refusal in the message, and a Warning Event, rather
+/// than as loxilb being unavailable (an outage to wait out). `cert` is what the simulator
+/// serves; the controller trusts `ca` only. Returns the condition's message.
+async fn refused_certificate_is_reported(
+    name: &str,
+    ca: &TestCa,
+    cert: &testenv::certs::ServerCert,
+) -> String {
+    let ca_file = temp_path(&format!("{name}-ca.crt"));
+    std::fs::write(&ca_file, ca.pem()).unwrap();
+    let sim = Simulator::start_tls(
+        "127.0.0.1:0".parse().unwrap(),
+        SimConfig::default(),
+        &cert.cert_pem,
+        &cert.key_pem,
+    )
+    .await
+    .unwrap();
+    let opts = Options {
+        extra_args: vec![format!("--loxilb-ca-file={}", ca_file.display())],
+        ..Options::default()
+    };
+    let world = World::with_simulator(name, opts, sim).await;
+    world.add_node(&format!("{name}-n1"), "10.7.3.1").await;
+    world
+        .create(&World::lb_service("web", Some(CLASS), &[(80, "TCP")]))
+        .await;
+    let message = programmed(&world, "web", "False", "LoxilbTLSError").await;
+    assert!(message.contains("TLS handshake failed"), "{message}");
+    assert!(message.contains("--loxilb-ca-file"), "{message}");
+    assert!(message.contains(&world.sim.url()), "{message}");
+    // The address is still claimed and shown: only the rules wait for a usable loxilb.
+    world.wait_for_ip("web").await;
+    assert!(world.sim.rules().is_empty());
+    let events = wait_for("a LoxilbTLSError Warning Event", ROTATION_WAIT, || async {
+        let reasons = world.event_reasons("web").await;
+        reasons
+            .iter()
+            .any(|r| r == "LoxilbTLSError")
+            .then_some(reasons)
+    })
+    .await;
+    assert!(
+        !events.iter().any(|r| r == "LoxilbUnavailable"),
+        "{events:?}"
+    );
+    std::fs::remove_file(&ca_file).unwrap();
+    world.finish().await;
+    message
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_certificate_from_another_ca_is_reported_on_the_service() {
+    let loxilb_ca = TestCa::new("loxilb's own CA").unwrap();
+    let cert = loxilb_ca.server_cert(&["127.0.0.1"]).unwrap();
+    let given = TestCa::new("the CA given to the controller").unwrap();
+    let message = refused_certificate_is_reported("tls-wrong-ca", &given, &cert).await;
+    assert!(message.contains("UnknownIssuer"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_expired_certificate_is_reported_on_the_service() {
+    let ca = TestCa::new("loxilb test CA").unwrap();
+    let cert = ca.expired_server_cert(&["127.0.0.1"]).unwrap();
+    let message = refused_certificate_is_reported("tls-expired", &ca, &cert).await;
+    assert!(
+        message.to_ascii_lowercase().contains("expired"),
+        "{message}"
+    );
 }

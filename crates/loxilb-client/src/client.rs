@@ -734,12 +734,16 @@ impl LoxilbClient {
                 }
                 source = s.source();
             }
-            // A refused certificate would otherwise read as a bare "unreachable".
+            // A refused certificate would otherwise read as a bare "unreachable", and be
+            // shown on Services as loxilb being away rather than as a certificate to fix.
             if let Some(tls) = tls {
-                detail = format!(
-                    "TLS handshake failed: {tls} (loxilb's certificate must be signed by a CA \
-                     of --loxilb-ca-file, be valid now and name the URL's host)"
-                );
+                return ClientError::Tls {
+                    url: self.display.to_string(),
+                    detail: format!(
+                        "TLS handshake failed: {tls} (loxilb's certificate must be signed by a \
+                         CA of --loxilb-ca-file, be valid now and name the URL's host)"
+                    ),
+                };
             }
             ClientError::Unreachable {
                 url: self.display.to_string(),

@@ -7,6 +7,12 @@ pub enum ClientError {
     /// Connection refused, reset, DNS: loxilb is not there. Retryable.
     #[error("loxilb at {url} is unreachable: {detail}")]
     Unreachable { url: String, detail: String },
+    /// The TLS handshake failed: loxilb's certificate was refused (another CA than
+    /// `--loxilb-ca-file`'s, expired, naming another host) or TLS itself failed. loxilb is
+    /// as unusable as when it is unreachable, but waiting does not help: someone must fix
+    /// the certificate or the CA, so it is not retried within a call.
+    #[error("loxilb at {url}: {detail}")]
+    Tls { url: String, detail: String },
     /// No answer within the per-call timeout. Retryable.
     #[error("loxilb at {url} did not answer within {timeout_ms} ms")]
     Timeout { url: String, timeout_ms: u64 },
@@ -49,10 +55,20 @@ impl ClientError {
         )
     }
 
+    /// The call did not reach loxilb's API (unreachable, no answer in time, TLS refused):
+    /// the instance is unusable as a whole, not this one request.
+    pub fn is_transport(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Unreachable { .. } | ClientError::Timeout { .. } | ClientError::Tls { .. }
+        )
+    }
+
     /// Stable, low-cardinality category: used as Event reason and metric label.
     pub fn category(&self) -> &'static str {
         match self {
             ClientError::Unreachable { .. } => "LoxilbUnreachable",
+            ClientError::Tls { .. } => "LoxilbTLSError",
             ClientError::Timeout { .. } => "LoxilbTimeout",
             ClientError::Rejected { .. } => "LoxilbRejected",
             ClientError::Capacity { .. } => "CapacityExceeded",

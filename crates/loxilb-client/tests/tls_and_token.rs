@@ -34,7 +34,7 @@ fn client(url: &str, ca: Option<&str>, insecure: bool) -> LoxilbClient {
 /// saying what is wrong.
 fn tls_refusal(err: &ClientError) -> String {
     match err {
-        ClientError::Unreachable { detail, .. } => {
+        ClientError::Tls { detail, .. } => {
             assert!(detail.contains("TLS handshake failed"), "{detail}");
             assert!(detail.contains("--loxilb-ca-file"), "{detail}");
             detail.clone()
@@ -64,7 +64,8 @@ async fn the_given_ca_is_trusted_and_another_is_refused() {
         .expect_err("a certificate from another CA");
     let detail = tls_refusal(&err);
     assert!(detail.contains("UnknownIssuer"), "{detail}");
-    assert_eq!(err.category(), "LoxilbUnreachable");
+    assert_eq!(err.category(), "LoxilbTLSError");
+    assert!(!err.is_retryable() && err.is_transport());
 
     // Without --loxilb-ca-file the system roots are used: a private CA is not among them.
     let err = client(&sim.url(), None, false)

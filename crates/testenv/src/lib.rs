@@ -43,7 +43,14 @@ pub struct ControlPlane {
     etcd_url: String,
     /// kube-apiserver's arguments, to start it again on the same port (`restart_apiserver`).
     api_args: Vec<String>,
+    /// etcd's arguments, to start it again on the same ports and data (`restart_etcd`).
+    etcd_args: Vec<String>,
 }
+
+/// Where each process is in `ControlPlane::children` (kube-controller-manager, when a test
+/// starts it, comes after).
+const ETCD: usize = 0;
+const APISERVER: usize = 1;
 
 /// Directory holding kube-apiserver, kube-controller-manager and kubectl for [`K8S_VERSION`]:
 /// `$LOXI_K8S_BIN_DIR` if set, else the cache filled by `scripts/control-plane.sh` (which is
@@ -121,6 +128,16 @@ fn log_file(dir: &Path, name: &str) -> Result<std::fs::File> {
     Ok(std::fs::File::create(dir.join(format!("{name}.log")))?)
 }
 
+fn spawn_etcd(dir: &Path, args: &[String]) -> Result<Child> {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("etcd.log"))?;
+    let mut etcd = Command::new(etcd_path()?);
+    etcd.args(args).stdout(log.try_clone()?).stderr(log);
+    spawn_tied(etcd)
+}
+
 fn spawn_apiserver(bin_dir: &Path, dir: &Path, args: &[String]) -> Result<Child> {
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -176,27 +193,24 @@ impl ControlPlane {
         let etcd_port = free_port()?;
         let peer_port = free_port()?;
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
-        let mut etcd = Command::new(etcd_path()?);
-        etcd.args([
-            "--data-dir",
-            d.join("etcd").to_str().unwrap_or_default(),
-            "--listen-client-urls",
-            &etcd_url,
-            "--advertise-client-urls",
-            &etcd_url,
-            "--listen-peer-urls",
-            &format!("http://127.0.0.1:{peer_port}"),
-            "--initial-advertise-peer-urls",
-            &format!("http://127.0.0.1:{peer_port}"),
-            "--initial-cluster",
-            &format!("default=http://127.0.0.1:{peer_port}"),
-            "--unsafe-no-fsync",
-            "--log-level",
-            "warn",
-        ])
-        .stdout(log_file(&d, "etcd")?)
-        .stderr(log_file(&d, "etcd")?);
-        children.push(spawn_tied(etcd)?);
+        let etcd_args: Vec<String> = vec![
+            "--data-dir".into(),
+            d.join("etcd").to_str().unwrap_or_default().into(),
+            "--listen-client-urls".into(),
+            etcd_url.clone(),
+            "--advertise-client-urls".into(),
+            etcd_url.clone(),
+            "--listen-peer-urls".into(),
+            format!("http://127.0.0.1:{peer_port}"),
+            "--initial-advertise-peer-urls".into(),
+            format!("http://127.0.0.1:{peer_port}"),
+            "--initial-cluster".into(),
+            format!("default=http://127.0.0.1:{peer_port}"),
+            "--unsafe-no-fsync".into(),
+            "--log-level".into(),
+            "warn".into(),
+        ];
+        children.push(spawn_etcd(&d, &etcd_args)?);
 
         let port = free_port()?;
         let api_args: Vec<String> = vec![
@@ -242,6 +256,7 @@ impl ControlPlane {
             bin_dir,
             etcd_url,
             api_args,
+            etcd_args,
         };
         cp.write_kubeconfig(&cp.kubeconfig_path(), ADMIN_TOKEN)?;
         cp.wait_ready(Duration::from_secs(120)).await?;
@@ -381,23 +396,43 @@ impl ControlPlane {
     /// the same port with the same etcd, then waits until it is ready: clients see their
     /// connections cut and their requests refused meanwhile, and keep their credentials.
     pub async fn restart_apiserver(&self) -> Result<()> {
-        {
-            let mut children = self
-                .children
-                .lock()
-                .map_err(|_| anyhow::anyhow!("children lock poisoned"))?;
-            // kube-apiserver is the last process started.
-            if let Some(mut api) = children.pop() {
-                let _ = api.kill();
-                let _ = api.wait();
-            }
-            children.push(spawn_apiserver(
-                &self.bin_dir,
-                self.dir.path(),
-                &self.api_args,
-            )?);
-        }
+        self.restart_apiserver_with(&[]).await
+    }
+
+    /// As [`ControlPlane::restart_apiserver`], with `extra` arguments added (e.g.
+    /// `--max-requests-inflight=1` to make it throttle); the next restart without them
+    /// drops them again.
+    pub async fn restart_apiserver_with(&self, extra: &[&str]) -> Result<()> {
+        let mut args = self.api_args.clone();
+        args.extend(extra.iter().map(|a| a.to_string()));
+        self.replace_child(APISERVER, || {
+            spawn_apiserver(&self.bin_dir, self.dir.path(), &args)
+        })?;
         self.wait_ready(Duration::from_secs(120)).await
+    }
+
+    /// Stops etcd (SIGKILL) and starts it again on the same ports with the same data
+    /// directory, then waits until kube-apiserver is ready again (its `/readyz` includes
+    /// etcd): the API server keeps running and answers errors meanwhile, its watches on etcd
+    /// break and resume.
+    pub async fn restart_etcd(&self) -> Result<()> {
+        self.replace_child(ETCD, || spawn_etcd(self.dir.path(), &self.etcd_args))?;
+        self.wait_ready(Duration::from_secs(120)).await
+    }
+
+    /// Kills the process at `index` of `children` and puts what `spawn` starts in its place.
+    fn replace_child(&self, index: usize, spawn: impl FnOnce() -> Result<Child>) -> Result<()> {
+        let mut children = self
+            .children
+            .lock()
+            .map_err(|_| anyhow::anyhow!("children lock poisoned"))?;
+        let Some(old) = children.get_mut(index) else {
+            bail!("no control-plane process at {index}");
+        };
+        let _ = old.kill();
+        let _ = old.wait();
+        children[index] = spawn()?;
+        Ok(())
     }
 
     /// Stops every process (also done on drop).

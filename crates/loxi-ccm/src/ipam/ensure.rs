@@ -253,11 +253,11 @@ impl Ipam {
             claims::claim(&self.claims_api, shown, &claim.spec.pool, &owner.me, false).await?;
         Ok(match written {
             ClaimResult::Ours(written) => {
-                self.index_from_claim(&written);
+                self.index_from_claim(&written, &owner.key);
                 true
             }
             ClaimResult::Taken(other) => {
-                self.index_from_claim(&other);
+                self.index_from_claim(&other, &owner.key);
                 warn!(ip = %shown, service = %owner_key(svc), "the Service's ports now overlap another owner's: moving to another address");
                 false
             }
@@ -306,7 +306,7 @@ impl Ipam {
         };
         match claimed {
             ClaimResult::Ours(written) => {
-                self.index_from_claim(&written);
+                self.index_from_claim(&written, &owner.key);
                 if !written.spec.shared_with.is_empty() {
                     let owners: Vec<String> = written.owners().iter().map(|o| o.key()).collect();
                     info!(%ip, ?owners, "address shared");
@@ -315,7 +315,7 @@ impl Ipam {
                 Ok(Some(source == Source::Allocated))
             }
             ClaimResult::Taken(other) => {
-                self.index_from_claim(&other);
+                self.index_from_claim(&other, &owner.key);
                 let holder = other
                     .owners()
                     .iter()
@@ -334,10 +334,30 @@ impl Ipam {
     }
 
     /// Makes the index's owners of the claim's address exactly the claim's (the durable
-    /// record wins over whatever the index guessed).
-    fn index_from_claim(&self, claim: &AddressClaim) {
-        if let Some(ip) = claim.ip() {
-            self.state().index.set_owners(
+    /// record wins over whatever the index guessed). `me` is the owner key of the pass
+    /// calling: every other owner the index had there and the claim lacks gets a pass of its
+    /// own, which claims the address again or lets it go.
+    ///
+    /// Without that pass such an owner could be lost for good: when a shared claim is
+    /// deleted while the claim watch is away (re-listing after an API server restart), and
+    /// a sharer's pass re-creates it (its create succeeds: the claim is gone), the claim
+    /// lists only that sharer; the index then forgets the other owners, the re-list brings
+    /// no `Delete` event, and its `InitDone` re-queues only the owners the index and the
+    /// store still name. The others kept showing the address with no claim behind it (the
+    /// soak's `unbacked-status` violations, docs/RELIABILITY.md#soak).
+    fn index_from_claim(&self, claim: &AddressClaim, me: &str) {
+        let Some(ip) = claim.ip() else {
+            return;
+        };
+        let dropped: Vec<String> = {
+            let mut state = self.state();
+            let before: Vec<String> = state
+                .index
+                .owners_of(&ip)
+                .into_iter()
+                .map(str::to_string)
+                .collect();
+            state.index.set_owners(
                 ip,
                 claim
                     .owners()
@@ -345,6 +365,18 @@ impl Ipam {
                     .map(|o| (o.key(), o.sharing()))
                     .collect(),
             );
+            before
+                .into_iter()
+                .filter(|k| k != me && !state.index.holds(&ip, k))
+                .collect()
+        };
+        for key in &dropped {
+            if let Some(svc) = super::service_of_key(key) {
+                let _ = self.requeue.send(svc);
+            }
+        }
+        if !dropped.is_empty() {
+            info!(%ip, owners = ?dropped, "owners the claim no longer lists re-queued");
         }
     }
 
@@ -363,7 +395,7 @@ impl Ipam {
             None => true,
         };
         if !recorded {
-            self.index_from_claim(claim);
+            self.index_from_claim(claim, key);
         }
     }
 }

@@ -551,6 +551,10 @@ pub struct Instance {
     /// A failed call (not the probe) marked the instance down: the next probe still reports
     /// the transition, so Services get re-evaluated.
     down_unannounced: AtomicBool,
+    /// While it is down because its certificate was refused (`ClientError::Tls`): that
+    /// error's text. Services then say so (`LoxilbTLSError`) instead of "unavailable": a
+    /// certificate or CA to fix, not an outage to wait out.
+    tls_refusal: std::sync::Mutex<Option<String>>,
     capacity: AtomicUsize,
     /// How many Services' new rules a replay or drift repair sends at once.
     parallel_calls: AtomicUsize,
@@ -592,10 +596,7 @@ impl ApplyReport {
 }
 
 fn is_transport(e: &ClientError) -> bool {
-    matches!(
-        e,
-        ClientError::Unreachable { .. } | ClientError::Timeout { .. }
-    )
+    e.is_transport()
 }
 
 /// The calls one Service's pass makes, decided under the lock and made without it.
@@ -728,6 +729,7 @@ impl Instance {
             healthy: AtomicBool::new(false),
             probed: AtomicBool::new(false),
             down_unannounced: AtomicBool::new(false),
+            tls_refusal: std::sync::Mutex::new(None),
             capacity: AtomicUsize::new(DEFAULT_CAPACITY),
             parallel_calls: AtomicUsize::new(DEFAULT_PARALLEL_CALLS),
             holdings: Mutex::new(Holdings::default()),
@@ -783,6 +785,24 @@ impl Instance {
         self.healthy.load(Ordering::SeqCst) || !self.probed.load(Ordering::SeqCst)
     }
 
+    /// The refused certificate that keeps it down, if that is why (see `tls_refusal`).
+    pub fn tls_refusal(&self) -> Option<String> {
+        self.tls_refusal
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Remembers why the last call that reached (or failed to reach) it ended as it did.
+    fn note_reach(&self, result: Result<(), &ClientError>) {
+        let refusal = match result {
+            Err(e @ ClientError::Tls { .. }) => Some(e.to_string()),
+            // Any other answer or failure: the certificate was not the problem this time.
+            _ => None,
+        };
+        *self.tls_refusal.lock().unwrap_or_else(|e| e.into_inner()) = refusal;
+    }
+
     /// Records a liveness result; returns true on a down -> up transition.
     pub fn set_healthy(&self, up: bool) -> bool {
         self.probed.store(true, Ordering::SeqCst);
@@ -810,6 +830,7 @@ impl Instance {
     /// (docs/loxilb-api.md#detecting-a-restart).
     pub async fn probe(&self, cluster: &ClusterId, metrics: &Metrics) -> Probe {
         let answer = self.client.version().await;
+        self.note_reach(answer.as_ref().map(|_| ()));
         let up = answer.is_ok();
         metrics.set_up(self.url(), up);
         self.probed.store(true, Ordering::SeqCst);
@@ -1403,6 +1424,7 @@ impl Instance {
         if let Err(e) = result
             && is_transport(e)
         {
+            self.note_reach(Err(e));
             // We no longer know what it holds (it may come back empty): list before next use.
             h.known = false;
             self.probed.store(true, Ordering::SeqCst);

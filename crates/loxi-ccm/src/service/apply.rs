@@ -29,7 +29,7 @@ pub async fn apply_everywhere(
         }
         let url = inst.url().to_string();
         if !inst.is_healthy() {
-            results.push((url, InstanceResult::Down));
+            results.push((url, InstanceResult::Down(inst.tls_refusal())));
             continue;
         }
         let result = inst
@@ -46,11 +46,10 @@ pub async fn apply_everywhere(
             url,
             match result {
                 Ok(report) => InstanceResult::Applied(report),
-                // It went away during the call: it is now marked down, and gets every rule
-                // replayed when it is back.
-                Err(ClientError::Unreachable { .. } | ClientError::Timeout { .. }) => {
-                    InstanceResult::Down
-                }
+                // It went away during the call (or refused TLS): it is now marked down, and
+                // gets every rule replayed when it is back.
+                Err(e @ ClientError::Tls { .. }) => InstanceResult::Down(Some(e.to_string())),
+                Err(e) if e.is_transport() => InstanceResult::Down(None),
                 Err(e) => InstanceResult::Failed(e),
             },
         ));

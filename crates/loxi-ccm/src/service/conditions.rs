@@ -11,7 +11,8 @@ use crate::loxilb::{ApplyReport, Blocked, REASON_CAPACITY};
 #[derive(Debug)]
 pub enum InstanceResult {
     /// Unreachable (before or during the call): it gets every rule replayed when it is back.
-    Down,
+    /// With the TLS refusal's text when its certificate was refused (`ClientError::Tls`).
+    Down(Option<String>),
     Applied(ApplyReport),
     /// The apply failed as a whole.
     Failed(ClientError),
@@ -41,6 +42,9 @@ impl Programmed {
     }
 }
 
+/// The `Programmed=False` reason when no loxilb is reachable because TLS was refused.
+pub const REASON_TLS: &str = "LoxilbTLSError";
+
 /// Whether a failed call is tried again for the Service (with backoff): what may pass by
 /// itself (a timeout, a 5xx), and refused credentials, which are fixed outside the Service
 /// (a rotated token reaches the clients without a restart, docs/configuration.md) and so
@@ -56,19 +60,26 @@ fn worth_retrying(e: &ClientError) -> bool {
 /// PartiallyProgrammed naming the unreachable ones. False, in this order of precedence: a
 /// loxilb limit (CapacityExceeded first: a user fixes it by freeing room, not by editing the
 /// Service; then SourceRangesUnsupported), a refused or failed call (its category), a rule
-/// key held by a rule this cluster does not own (RuleConflict), or no instance reachable
-/// (LoxilbUnavailable).
+/// key held by a rule this cluster does not own (RuleConflict), or no instance reachable:
+/// LoxilbTLSError when one of them refused TLS (a certificate or CA to fix: "unavailable"
+/// would read as an outage to wait out), else LoxilbUnavailable.
 pub fn programmed(results: &[(String, InstanceResult)], rules: usize) -> Programmed {
     let total = results.len();
     let mut complete = 0;
     let (mut changes, mut updated) = (0, 0);
     let mut down: Vec<&str> = Vec::new();
+    let mut tls: Vec<String> = Vec::new();
     let mut failures: Vec<(String, &ClientError)> = Vec::new();
     let mut blocked: Vec<(&str, &Blocked)> = Vec::new();
     let mut conflicts: Vec<String> = Vec::new();
     for (url, result) in results {
         match result {
-            InstanceResult::Down => down.push(url),
+            InstanceResult::Down(refusal) => {
+                down.push(url);
+                if let Some(text) = refusal {
+                    tls.push(text.clone());
+                }
+            }
             InstanceResult::Failed(e) => failures.push((url.clone(), e)),
             InstanceResult::Applied(report) => {
                 changes += report.changes;
@@ -107,6 +118,13 @@ pub fn programmed(results: &[(String, InstanceResult)], rules: usize) -> Program
         Cond::new(COND_PROGRAMMED, false, e.category(), format!("{url}: {e}"))
     } else if !conflicts.is_empty() {
         Cond::new(COND_PROGRAMMED, false, "RuleConflict", conflicts.join("; "))
+    } else if complete == 0 && !tls.is_empty() {
+        Cond::new(
+            COND_PROGRAMMED,
+            false,
+            REASON_TLS,
+            format!("no loxilb instance is reachable: {}", tls.join("; ")),
+        )
     } else if complete == 0 {
         Cond::new(
             COND_PROGRAMMED,
@@ -120,8 +138,13 @@ pub fn programmed(results: &[(String, InstanceResult)], rules: usize) -> Program
             true,
             "PartiallyProgrammed",
             format!(
-                "{rules} rule(s) on {complete}/{total} instances; unreachable, replayed when back: {}",
-                down.join(", ")
+                "{rules} rule(s) on {complete}/{total} instances; unreachable, replayed when back: {}{}",
+                down.join(", "),
+                if tls.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", tls.join("; "))
+                }
             ),
         )
     } else {
@@ -239,17 +262,42 @@ mod tests {
         let p = programmed(
             &[
                 at("http://a", applied(ApplyReport::default())),
-                at("http://b", InstanceResult::Down),
+                at("http://b", InstanceResult::Down(None)),
             ],
             1,
         );
         assert!(p.condition.ok);
         assert_eq!(p.condition.reason, "PartiallyProgrammed");
         assert!(p.condition.message.contains("http://b"));
-        let p = programmed(&[at("http://b", InstanceResult::Down)], 1);
+        let p = programmed(&[at("http://b", InstanceResult::Down(None))], 1);
         assert!(!p.condition.ok);
         assert_eq!(p.condition.reason, "LoxilbUnavailable");
         assert!(!p.worth_an_event(false));
+    }
+
+    #[test]
+    fn a_refused_certificate_is_named_not_an_outage() {
+        let refusal = "loxilb at https://b: TLS handshake failed: invalid peer certificate: \
+                       UnknownIssuer"
+            .to_string();
+        let p = programmed(
+            &[at("https://b", InstanceResult::Down(Some(refusal.clone())))],
+            1,
+        );
+        assert!(!p.condition.ok);
+        assert_eq!(p.condition.reason, REASON_TLS);
+        assert!(p.condition.message.contains("UnknownIssuer"), "{p:?}");
+        // Another loxilb holds the rules: partial, the message still says why.
+        let p = programmed(
+            &[
+                at("http://a", applied(ApplyReport::default())),
+                at("https://b", InstanceResult::Down(Some(refusal))),
+            ],
+            1,
+        );
+        assert!(p.condition.ok);
+        assert_eq!(p.condition.reason, "PartiallyProgrammed");
+        assert!(p.condition.message.contains("UnknownIssuer"), "{p:?}");
     }
 
     #[test]

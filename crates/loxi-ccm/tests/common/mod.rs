@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+pub mod hold;
 pub mod load;
 pub mod proxy;
 
