@@ -175,8 +175,9 @@ fn cache_root() -> PathBuf {
 }
 
 /// `cargo deny check licenses bans sources` (deny.toml). cargo-deny is installed once per
-/// version under the cache (`cargo install --locked`, needs crates.io that one time); the
-/// check itself runs offline. Advisories are left out: they need the RustSec database.
+/// version under the cache (`cargo install --locked`, needs crates.io that one time);
+/// `cargo fetch` fills the registry cache with every platform's crates (crates.io the first
+/// time, nothing after), then the check itself runs offline. Advisories are left out: they need the RustSec database.
 fn deny() -> Result<()> {
     let root = cache_root().join(format!("cargo-deny-{CARGO_DENY_VERSION}"));
     let bin = root.join("bin").join("cargo-deny");
@@ -198,6 +199,14 @@ fn deny() -> Result<()> {
         )?;
         let _ = std::fs::remove_dir_all(root.join("build"));
     }
+    // cargo-deny reads `cargo metadata` for every platform, so the crates of other platforms
+    // (windows-sys, ...) that a Linux build never downloads must be in the registry cache first.
+    let mut fetch = cargo();
+    fetch.args(["fetch", "--locked"]);
+    run(
+        fetch,
+        "cargo fetch --locked (every platform's crates, for cargo-deny)",
+    )?;
     let mut check = Command::new(&bin);
     check.current_dir(workspace_root()).args([
         "deny",
