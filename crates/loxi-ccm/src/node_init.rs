@@ -556,12 +556,13 @@ pub async fn run(
     let (store, writer) = reflector::store::<Node>();
     // Reconcile only when something the plan reads changes, not on every heartbeat-driven
     // status update.
-    let triggers = reflector(
-        writer,
-        watcher(nodes.clone(), crate::k8s::trim::list_config()),
+    let triggers = crate::k8s::triggers::touched_objects(
+        reflector(
+            writer,
+            watcher(nodes.clone(), crate::k8s::trim::list_config()),
+        )
+        .default_backoff(),
     )
-    .default_backoff()
-    .touched_objects()
     .predicate_filter(relevant_hash, Default::default());
 
     let mut controller = Controller::for_stream(triggers, store)

@@ -174,6 +174,60 @@ async fn loxilb_half_5xx_under_load() {
     world.finish().await;
 }
 
+/// Two loxilbs holding the same rules: the second is down for `DOWN` and comes back empty (a
+/// reboot) while the first answers 50 % 5xx, all under churn. Every Service stays served by
+/// the first (`PartiallyProgrammed` naming the second) and the second gets every rule back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_loxilbs_one_rebooted_the_other_failing_under_load() {
+    let second = loxilb_sim::Simulator::start("127.0.0.1:0".parse().unwrap(), SimConfig::default())
+        .await
+        .unwrap();
+    let opts = Options {
+        extra_args: vec![format!("--loxilb-url={}", second.url())],
+        ..opts()
+    };
+    let (world, mut load) = loaded("fm-two", &opts, SimConfig::default()).await;
+    assert_eq!(second.rules().len(), world.sim.rules().len());
+    second.go_down().await;
+    let down_at = Instant::now();
+    world.sim.set_fault(Some(Fault {
+        status: 500,
+        rate: 0.5,
+        only_writes: false,
+    }));
+    load.churn(&world, round()).await;
+    wait_for(
+        "every Service served by the first loxilb while the second is down",
+        SETTLE,
+        || async {
+            let list = world.services.list(&ListParams::default()).await.ok()?;
+            let live: Vec<&Service> = list
+                .items
+                .iter()
+                .filter(|s| s.metadata.deletion_timestamp.is_none())
+                .collect();
+            (down_at.elapsed() >= DOWN
+                && live.iter().all(|s| programmed(s))
+                && live.iter().any(|s| {
+                    condition_is(s, "loxilb.io/Programmed", "True", "PartiallyProgrammed")
+                }))
+            .then_some(())
+        },
+    )
+    .await;
+    eprintln!("fm-two: second loxilb down for {:?}", down_at.elapsed());
+    second.restart();
+    second.come_up().await.unwrap();
+    load.churn(&world, round()).await;
+    world.sim.set_fault(None);
+    report(
+        "one of two loxilbs rebooted, the other 50% 5xx",
+        world.settle_programmed(&opts, SETTLE).await,
+    );
+    assert_eq!(second.rules().len(), world.sim.rules().len());
+    world.finish().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn loxilb_2s_latency_under_load() {
     let opts = opts();
@@ -227,9 +281,10 @@ async fn loxilb_full_under_load() {
     world.finish().await;
 }
 
-/// The controller is aborted 20 times at random moments of its work (in-process: its task is
-/// dropped at whatever await it is in, between claim, rule and status writes, as `kill -9`
-/// would stop it; without leader election, so the next one starts at once).
+/// `kill -9` of the controller's process, 20 times at random moments of its work (between
+/// claim, rule and status writes: SIGKILL runs no shutdown path), each time started again at
+/// once. Without leader election, so that the next process starts at once instead of waiting
+/// for the dead one's Lease to expire (`e2e_binary.rs` covers failover with a Lease).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn controller_killed_at_random_points() {
     let opts = Options {
@@ -237,33 +292,43 @@ async fn controller_killed_at_random_points() {
         ..opts()
     };
     let (mut world, mut load) = loaded("fm-kill", &opts, SimConfig::default()).await;
+    // From here on the controller is the binary, so that it can be killed with SIGKILL.
+    world.stop_controller().await;
+    let log = control_plane().dir().join("fm-kill-controller.log");
+    let _ = std::fs::remove_file(&log);
+    eprintln!("fm-kill: controller log in {}", log.display());
+    let mut controller = world.spawn_process(&opts, &log);
     let mut rng = Rng::new(seed());
     for rep in 0..20 {
         load.create(&world, 3).await;
         load.change(&world, 2).await;
         load.delete(&world, 1).await;
-        // A random moment of the controller's work on the changes above.
-        tokio::time::sleep(rng.duration(Duration::from_millis(600))).await;
-        if let Some((_tx, handle)) = world.controller.take() {
-            handle.abort();
-            let _ = handle.await;
-        }
-        world.start_controller(&opts).await;
+        // A random moment of the controller's work on the changes above (a process needs
+        // ~0.2-0.5 s to start and sync its caches, hence the longer range than in-process).
+        tokio::time::sleep(rng.duration(Duration::from_millis(1200))).await;
+        controller.kill();
+        controller = world.spawn_process(&opts, &log);
         if rep % 5 == 4 {
             let took = world.settle_programmed(&opts, SETTLE).await;
             eprintln!("fm-kill: clean after kill {} in {took:?}", rep + 1);
         }
     }
     report(
-        "controller killed at random points (20x)",
+        "controller killed with SIGKILL at random points (20x)",
         world.settle_programmed(&opts, SETTLE).await,
     );
+    drop(controller);
     world.finish().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn controller_restart_mid_burst() {
-    let opts = opts();
+    // Half the burst needs an address of its own (port 80): more than a /24 holds with
+    // `LOXI_FAULT_SERVICES=200` (1,000 Services).
+    let opts = Options {
+        cidr: "198.18.0.0/21".into(),
+        ..opts()
+    };
     let mut world = World::with("fm-burst", opts.clone()).await;
     world.add_node("fm-burst-n1", "10.0.0.1").await;
     let n = services() * 5;
@@ -398,14 +463,37 @@ async fn service_account_client(world: &World, name: &str) -> kube::Client {
         .expect("a token");
     let path = control_plane().dir().join(format!("{name}.kubeconfig"));
     control_plane().write_kubeconfig(&path, &token).unwrap();
-    control_plane().client_for_kubeconfig(&path).await.unwrap()
+    // The controller's own client stack (its retry policy is what meets the 429s).
+    let kubeconfig = kube::config::Kubeconfig::read_from(&path).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    loxi_ccm::k8s::api::from_config(config, loxi_ccm::k8s::api::RateLimit::NONE).unwrap()
+}
+
+/// Lifts the throttling if the test fails midway, so that the tests after it in this binary
+/// meet an API server without limits.
+struct Unthrottle;
+
+impl Drop for Unthrottle {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let _ = std::thread::spawn(|| {
+                tokio::runtime::Runtime::new()
+                    .unwrap()
+                    .block_on(control_plane().restart_apiserver())
+            })
+            .join();
+        }
+    }
 }
 
 /// API throttling: kube-apiserver started again with room for one request at a time
 /// (`--max-requests-inflight=1`, `--max-mutating-requests-inflight=1`; API Priority and
 /// Fairness is off in testenv, so these limits are what protects it), which answers every
 /// request beyond that with 429 and `Retry-After: 1`. The controller (a ServiceAccount:
-/// `system:masters` is never throttled) waits as told and tries again (kube's retry policy);
+/// `system:masters` is never throttled, with its own client stack) waits as told and tries
+/// again a few times (`k8s::api`'s bounded retry), then its reconcile retries with backoff;
 /// every Service must be served and the audit clean with the throttling still on. The
 /// limits are lifted afterwards (another restart).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -420,6 +508,7 @@ async fn api_throttling_under_load() {
     let mut load = Load::new("fm-429", seed());
     load.create(&world, services()).await;
     world.settle_programmed(&opts, SETTLE).await;
+    let _unthrottle = Unthrottle;
     control_plane()
         .restart_apiserver_with(&[
             "--max-requests-inflight=1",

@@ -12,7 +12,6 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::load::{Load, Rng};
@@ -24,15 +23,6 @@ use loxilb_sim::Fault;
 use serde_json::json;
 
 const SETTLE: Duration = Duration::from_secs(180);
-
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// Resident memory of a process, in KiB.
 fn rss_kib(pid: u32) -> u64 {
@@ -108,29 +98,9 @@ async fn soak(secs: u64) {
     let log = control_plane().dir().join("soak-controller.log");
     // Kept after the run (the control plane's directory outlives the test process).
     eprintln!("soak: controller log in {}", log.display());
-    let controller = KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_loxi-ccm"))
-            .args([
-                "run".to_string(),
-                format!(
-                    "--kubeconfig={}",
-                    control_plane().kubeconfig_path().display()
-                ),
-                format!("--loxilb-url={}", world.sim.url()),
-                format!("--external-cidr={}", opts.cidr),
-                format!("--namespace={}", world.ns),
-                "--cluster-id=test".into(),
-                "--health-interval=200ms".into(),
-                "--drift-interval=2s".into(),
-                format!("--leader-elect-namespace={}", world.ns),
-                "--admin-addr=127.0.0.1:0".into(),
-            ])
-            .stdout(std::fs::File::create(&log).unwrap())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let pid = controller.0.id();
+    let _ = std::fs::remove_file(&log);
+    let controller = world.spawn_process(&opts, &log);
+    let pid = controller.pid();
     world.add_node("soak-n1", "10.0.0.1").await;
     world.add_node("soak-n2", "10.0.0.2").await;
     let mut load = Load::new("soak", seed);

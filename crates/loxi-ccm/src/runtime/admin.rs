@@ -19,6 +19,8 @@ pub async fn serve(addr: SocketAddr, ctx: Arc<Shared>) -> std::io::Result<()> {
         .route("/readyz", get(readyz))
         .with_state(ctx);
     let listener = tokio::net::TcpListener::bind(addr).await?;
+    // The bound address: with port 0 the system picked one, and this line is how to find it.
+    let addr = listener.local_addr().unwrap_or(addr);
     tracing::info!(%addr, "admin server listening");
     axum::serve(listener, app).await
 }

@@ -224,7 +224,7 @@ pub async fn run(
         });
         let relisted = relisted.clone();
         let deletion_tx = deletions_tx;
-        reflector(service_writer, futures::stream::select(watched, injected))
+        let events = reflector(service_writer, futures::stream::select(watched, injected))
             .inspect_ok(move |event| {
                 if filtered && matches!(event, watcher::Event::InitDone) {
                     relisted.notify_one();
@@ -244,8 +244,8 @@ pub async fn run(
                     }
                     _ => {}
                 }
-            })
-            .applied_objects()
+            });
+        crate::k8s::triggers::applied_objects(events)
     };
     let controller = Controller::for_stream(service_events, service_store.clone())
         .with_config(kube::runtime::controller::Config::default().concurrency(cfg.concurrency));

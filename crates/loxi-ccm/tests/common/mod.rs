@@ -33,7 +33,12 @@ pub fn control_plane() -> &'static ControlPlane {
     CONTROL_PLANE.get_or_init(|| {
         std::thread::spawn(|| {
             tokio::runtime::Runtime::new().unwrap().block_on(async {
-                let cp = ControlPlane::start().await.expect("control plane starts");
+                // A wider NodePort range than the default 2,768 ports: the fault matrix with
+                // `LOXI_FAULT_SERVICES=200` holds over 1,000 LoadBalancer Services at once.
+                let cp =
+                    ControlPlane::start_with_api_args(&["--service-node-port-range=20000-32767"])
+                        .await
+                        .expect("control plane starts");
                 install_crds(&cp.admin_client().await.unwrap()).await;
                 cp
             })
@@ -202,6 +207,28 @@ impl Default for Options {
     }
 }
 
+/// A controller running as its own process ([`World::spawn_process`]), killed (SIGKILL) when
+/// dropped.
+pub struct ControllerProcess(pub std::process::Child);
+
+impl ControllerProcess {
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
+    /// `kill -9`: no shutdown path runs, whatever it was doing stops there.
+    pub fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for ControllerProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
 impl World {
     pub async fn new(name: &str) -> World {
         Self::with(name, Options::default()).await
@@ -255,6 +282,12 @@ impl World {
                 .delete(&n.metadata.name.unwrap(), &DeleteParams::default())
                 .await;
         }
+        // Claims are cluster-scoped too: a test that failed midway left its own (their
+        // addresses would look taken to this one).
+        let claims: Api<loxi_ccm::ipam::claims::AddressClaim> = Api::all(client.clone());
+        let _ = claims
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await;
         let mut world = World {
             _serial: serial,
             services: Api::namespaced(client.clone(), &ns),
@@ -269,9 +302,40 @@ impl World {
     }
 
     pub fn config(&self, opts: &Options) -> Config {
+        let mut args = vec!["loxi-ccm".to_string(), "run".into()];
+        args.extend(self.run_flags(opts));
+        let cli = <loxi_ccm::config::cli::Cli as clap::Parser>::try_parse_from(args).unwrap();
+        let loxi_ccm::config::cli::Command::Run(run) = cli.command;
+        Config::from_args(&run).unwrap()
+    }
+
+    /// The controller as its own process (`loxi-ccm run` of this build, same flags as the
+    /// in-process one, metrics on a free port): for tests that `kill -9` it or measure its
+    /// memory. Its standard output is appended to `log`; dropping the handle kills it.
+    pub fn spawn_process(&self, opts: &Options, log: &std::path::Path) -> ControllerProcess {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap();
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_loxi-ccm"))
+            .arg("run")
+            .arg(format!(
+                "--kubeconfig={}",
+                control_plane().kubeconfig_path().display()
+            ))
+            .args(self.run_flags(opts))
+            .arg("--admin-addr=127.0.0.1:0")
+            .stdout(log)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        ControllerProcess(child)
+    }
+
+    /// The flags after `loxi-ccm run` for this world's controller.
+    fn run_flags(&self, opts: &Options) -> Vec<String> {
         let mut args = vec![
-            "loxi-ccm".to_string(),
-            "run".into(),
             format!("--external-cidr={}", opts.cidr),
             format!("--namespace={}", self.ns),
             "--cluster-id=test".into(),
@@ -290,9 +354,7 @@ impl World {
             args.push("--leader-elect=false".into());
         }
         args.extend(opts.extra_args.iter().cloned());
-        let cli = <loxi_ccm::config::cli::Cli as clap::Parser>::try_parse_from(args).unwrap();
-        let loxi_ccm::config::cli::Command::Run(run) = cli.command;
-        Config::from_args(&run).unwrap()
+        args
     }
 
     pub async fn start_controller(&mut self, opts: &Options) {
