@@ -617,6 +617,107 @@ async fn shared_claim_recreated_while_the_claim_watch_relists() {
     world.finish().await;
 }
 
+/// The 30-minute soak's violation of 2026-11-26 (docs/RELIABILITY.md#soak): a Service whose
+/// port changed twice while the controller's claim store lagged (the claim watch away) found
+/// in the store the claim from before a sharer joined, listing it as it is now. The
+/// controller took that old claim's owners as the truth: the sharer left its index and moved
+/// to another address while the real claim still listed it there, blocking its port for
+/// good. A store claim that disagrees with the index is now checked against the API server:
+/// the Service that changed is the one that moves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ports_changed_twice_while_the_claim_store_lags() {
+    let opts = opts();
+    let hold = Hold::new(hold::claim_watch);
+    let mut world = World::with("fm-lag", opts.clone()).await;
+    world.stop_controller().await;
+    world.controller = Some(world.spawn_controller_with(hold.client().await, &opts));
+    world.add_node("fm-lag-n1", "10.0.0.1").await;
+    world
+        .create(&World::lb_service(
+            "first",
+            Some(common::CLASS),
+            &[(80, "TCP")],
+        ))
+        .await;
+    let address = world.wait_for_ip("first").await;
+    world.settle_programmed(&opts, SETTLE).await;
+    let claims: Api<AddressClaim> = Api::all(world.client.clone());
+    let set_port = |name: &'static str, port: i32| {
+        let services = world.services.clone();
+        async move {
+            services
+                .patch(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"ports": [{"name": "p0", "port": port, "protocol": "TCP"}]}})),
+                )
+                .await
+                .unwrap();
+        }
+    };
+    let recorded = |port: i32| {
+        let claims = claims.clone();
+        let address = address.clone();
+        async move {
+            let c = claims.get_opt(&address).await.ok()??;
+            serde_json::to_string(&c.spec)
+                .ok()?
+                .contains(&format!("\"{port}/TCP\""))
+                .then_some(c)
+        }
+    };
+
+    // From here the controller's claim store keeps the claim as it is now: first, port 80.
+    hold.hold();
+    control_plane().restart_apiserver().await.unwrap();
+    set_port("first", 10080).await;
+    wait_for("the claim records first on 10080", SETTLE, || {
+        recorded(10080)
+    })
+    .await;
+    world
+        .create(&World::lb_service(
+            "second",
+            Some(common::CLASS),
+            &[(80, "TCP")],
+        ))
+        .await;
+    assert_eq!(
+        world.wait_for_ip("second").await,
+        address,
+        "second shares first's address (first is on 10080 now)"
+    );
+    wait_for("the claim records second on 80", SETTLE, || async {
+        let c = recorded(80).await?;
+        c.owners().iter().any(|o| o.name == "second").then_some(())
+    })
+    .await;
+    // first back on 80: its store claim (held back) lists it so, without second.
+    set_port("first", 80).await;
+    wait_for("first moves off the shared address", SETTLE, || async {
+        let ip = world.published().await.get("first").cloned()?;
+        (ip != address).then_some(())
+    })
+    .await;
+    hold.release();
+    let took = world.settle_programmed(&opts, SETTLE).await;
+    let published = world.published().await;
+    assert_eq!(published.get("second"), Some(&address), "second stays");
+    for claim in world.claims().await {
+        for owner in claim.owners() {
+            assert_eq!(
+                published.get(&owner.name),
+                Some(&claim.spec.address),
+                "{} is listed on the claim of {} but shows another address",
+                owner.name,
+                claim.spec.address
+            );
+        }
+    }
+    report("ports changed twice while the claim store lags", took);
+    world.finish().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_connections_cut() {
     let opts = opts();

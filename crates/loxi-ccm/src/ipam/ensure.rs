@@ -245,8 +245,9 @@ impl Ipam {
         let Some(claim) = self.claim_of(shown) else {
             return Ok(false);
         };
-        if claim.owner(&owner.me.namespace, &owner.me.name) == Some(&owner.me) {
-            self.index_self(&claim, &owner.key, &owner.occupies);
+        if claim.owner(&owner.me.namespace, &owner.me.name) == Some(&owner.me)
+            && self.index_self(&claim, &owner.key, &owner.occupies)
+        {
             return Ok(true);
         }
         let written =
@@ -278,8 +279,8 @@ impl Ipam {
         if let Some(c) = self.claim_of(&ip)
             && c.owner(&owner.me.namespace, &owner.me.name) == Some(&owner.me)
             && c.spec.retain_until.is_none()
+            && self.index_self(&c, &owner.key, &owner.occupies)
         {
-            self.index_self(&c, &owner.key, &owner.occupies);
             return Ok(Some(false));
         }
         let pool = self.state().index.pool_containing(&ip).to_string();
@@ -381,21 +382,21 @@ impl Ipam {
     }
 
     /// Records the Service in the index as an owner of the address of `claim`, a claim from
-    /// the store listing it. The store may lag behind claim writes this replica just made,
-    /// so the claim's other owners replace the index's only when the index has an owner
-    /// there the Service cannot share with (the claim, listing the Service, says that owner
-    /// is stale).
-    fn index_self(&self, claim: &AddressClaim, key: &str, sharing: &Sharing) {
-        let recorded = match claim.ip() {
+    /// the store listing it; false when the index has an owner there the Service cannot
+    /// share with. The caller then asks the API server (`claims::claim`) instead of trusting
+    /// the store: the store may lag behind claim writes this replica just made, and a claim
+    /// from before a sharer joined can list the Service as it is now when its ports changed
+    /// twice meanwhile. Taking that old claim's owners as the truth dropped the sharer from
+    /// the index, which moved it to another address while the real claim still listed it
+    /// (the 30-minute soak's violation of 2026-11-26, docs/RELIABILITY.md#soak).
+    fn index_self(&self, claim: &AddressClaim, key: &str, sharing: &Sharing) -> bool {
+        match claim.ip() {
             Some(ip) => self
                 .state()
                 .index
                 .assign_shared(ip, key, sharing.clone())
                 .is_ok(),
             None => true,
-        };
-        if !recorded {
-            self.index_from_claim(claim, key);
         }
     }
 }
