@@ -716,6 +716,7 @@ async fn a_frozen_leader_once_resumed_writes_nothing_to_loxilb() {
     let live: std::collections::BTreeSet<String> = shown(&services).await.into_values().collect();
     let rules_before = sim.rules();
     let writes_before = sim.writes();
+    let logged_before = sim.writes_since_restart().len();
 
     let mut frozen = frozen;
     unsafe {
@@ -736,7 +737,8 @@ async fn a_frozen_leader_once_resumed_writes_nothing_to_loxilb() {
     assert_eq!(
         sim.writes(),
         writes_before,
-        "the resumed old leader wrote to loxilb"
+        "the resumed old leader wrote to loxilb: {:?}",
+        &sim.writes_since_restart()[logged_before..]
     );
     assert_eq!(sim.rules(), rules_before);
     let ips: std::collections::BTreeSet<String> =

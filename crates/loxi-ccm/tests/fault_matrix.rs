@@ -88,6 +88,17 @@ fn programmed(svc: &Service) -> bool {
         && World::condition(svc, "loxilb.io/Programmed").is_some_and(|c| c.0 == "True")
 }
 
+/// The namespace's Services not being deleted; `None` when the list fails (a wait retries).
+async fn live_services(world: &World) -> Option<Vec<Service>> {
+    let list = world.services.list(&ListParams::default()).await.ok()?;
+    Some(
+        list.items
+            .into_iter()
+            .filter(|s| s.metadata.deletion_timestamp.is_none())
+            .collect(),
+    )
+}
+
 fn shows_address(svc: &Service) -> bool {
     svc.status
         .as_ref()
@@ -107,14 +118,9 @@ async fn loxilb_down_under_load() {
     // an address and the new ones report loxilb unavailable: addresses are claimed without
     // loxilb, rules wait for it.
     wait_for("addresses claimed while loxilb is down", SETTLE, || async {
-        let list = world.services.list(&ListParams::default()).await.ok()?;
-        let live: Vec<&Service> = list
-            .items
-            .iter()
-            .filter(|s| s.metadata.deletion_timestamp.is_none())
-            .collect();
+        let live = live_services(&world).await?;
         (down_at.elapsed() >= DOWN
-            && live.iter().all(|s| shows_address(s))
+            && live.iter().all(shows_address)
             && live
                 .iter()
                 .any(|s| condition_is(s, "loxilb.io/Programmed", "False", "LoxilbUnavailable")))
@@ -200,14 +206,9 @@ async fn two_loxilbs_one_rebooted_the_other_failing_under_load() {
         "every Service served by the first loxilb while the second is down",
         SETTLE,
         || async {
-            let list = world.services.list(&ListParams::default()).await.ok()?;
-            let live: Vec<&Service> = list
-                .items
-                .iter()
-                .filter(|s| s.metadata.deletion_timestamp.is_none())
-                .collect();
+            let live = live_services(&world).await?;
             (down_at.elapsed() >= DOWN
-                && live.iter().all(|s| programmed(s))
+                && live.iter().all(programmed)
                 && live.iter().any(|s| {
                     condition_is(s, "loxilb.io/Programmed", "True", "PartiallyProgrammed")
                 }))
