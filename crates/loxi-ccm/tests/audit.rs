@@ -27,6 +27,7 @@ fn claim(ip: &str, pool: &str, owners: Vec<ClaimedBy>) -> AddressClaim {
             service: owners.next().unwrap(),
             shared_with: owners.collect(),
             retain_until: None,
+            controller: None,
         },
     )
 }

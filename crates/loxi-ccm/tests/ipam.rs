@@ -213,6 +213,7 @@ async fn reservation_static_conflict_and_adoption() {
                     },
                     shared_with: Vec::new(),
                     retain_until: None,
+                    controller: None,
                 },
             ),
         )

@@ -396,12 +396,10 @@ impl Scenario {
             report: Report::new(
                 EventRecorder::new(client.clone(), reporter, metrics.events_dropped()),
                 metrics,
+                "loxi-ccm".into(),
             ),
             settings: service::Settings::default(),
-            selection: Selection {
-                class: CLASS.into(),
-                ccm_mode: false,
-            },
+            selection: Selection::new(CLASS, false, loxi_domain::ControllerName::default()),
             kube: client,
             cluster,
             inputs: Inputs::new(service_store, node_store, slice_store, None),
@@ -597,6 +595,7 @@ fn claim_for(svc: &Service, ip: IpAddr) -> AddressClaim {
             service: me,
             shared_with: Vec::new(),
             retain_until: None,
+            controller: None,
         },
     );
     claim.metadata.uid = Some("claim-uid-1".into());

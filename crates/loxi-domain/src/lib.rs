@@ -29,7 +29,7 @@ pub use diff::{Action, diff_rules};
 pub use intent::{AnnotationError, Defaults, ServiceIntent, parse_intent};
 pub use ipam::{AllocError, Allocator, Pool};
 pub use model::{Endpoint, EndpointSelection, NatMode, Protocol, Rule, RuleKey};
-pub use naming::{ClusterId, RuleName};
+pub use naming::{ClusterId, ControllerName, RuleName};
 pub use plan::{
     EndpointPortView, EndpointView, NodeView, PlanError, ServicePortView, ServiceView,
     TrafficPolicy, plan_rules,

@@ -9,7 +9,7 @@ use std::net::IpAddr;
 
 /// FNV-1a, 64 bit: tiny, stable across Rust versions and platforms (unlike `DefaultHasher`),
 /// which matters because every replica and every restart must pick the same subset.
-fn fnv1a(parts: &[&[u8]]) -> u64 {
+pub(crate) fn fnv1a(parts: &[&[u8]]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for part in parts {
         for b in *part {

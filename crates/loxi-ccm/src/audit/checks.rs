@@ -284,6 +284,7 @@ struct View<'a> {
     namespace: Option<&'a str>,
     /// The default group of loxilbs (`--zone`).
     zone: &'a str,
+    selection: &'a Selection,
 }
 
 impl<'a> View<'a> {
@@ -307,6 +308,8 @@ impl<'a> View<'a> {
         let claims: Vec<&AddressClaim> = s
             .claims
             .iter()
+            // Another loxi-ccm's claims are its own business (its audit judges them).
+            .filter(|c| s.selection.controller.owns(c.spec.controller.as_deref()))
             .filter(|c| c.owners().iter().any(|o| in_scope(&o.namespace)))
             .collect();
         let mut by_address: BTreeMap<IpAddr, Vec<&AddressClaim>> = BTreeMap::new();
@@ -321,6 +324,7 @@ impl<'a> View<'a> {
             by_address,
             namespace,
             zone: &s.settings.zone,
+            selection: &s.selection,
         }
     }
 
@@ -522,16 +526,22 @@ fn check_status(v: &View<'_>, f: &mut Findings) {
 }
 
 impl View<'_> {
-    /// Our finalizers on `svc`: any of the two, since the audit judges what is left behind
-    /// (the class one, or the standard one a CCM-mode controller sets).
+    /// Our finalizers on `svc`: this controller's class finalizer, and the standard one a
+    /// CCM-mode controller sets (counted for the default controller whatever its mode, since
+    /// the audit judges what is left behind). Another loxi-ccm's finalizer is not ours.
     fn selection_finalizers(&self, svc: &Service) -> Vec<String> {
+        let selection = self.selection;
+        let standard = selection.ccm_mode || selection.controller.is_default();
         svc.metadata
             .finalizers
             .iter()
             .flatten()
             .filter(|f| {
-                f.as_str() == crate::k8s::view::CLASS_FINALIZER
-                    || f.as_str() == crate::k8s::view::CCM_FINALIZER
+                selection
+                    .finalizers_in(Some(std::slice::from_ref(f)), false)
+                    .len()
+                    == 1
+                    || (standard && f.as_str() == crate::k8s::view::CCM_FINALIZER)
             })
             .cloned()
             .collect()
@@ -1008,6 +1018,7 @@ mod tests {
                 service: owners.next().unwrap(),
                 shared_with: owners.collect(),
                 retain_until: None,
+                controller: None,
             },
         );
         c.metadata.uid = Some(format!("claim-{ip}"));
@@ -1027,10 +1038,11 @@ mod tests {
         let pool = Pool::new("default", vec!["192.0.2.0/24".parse().unwrap()]);
         let mut s = Snapshot {
             cluster: ClusterId::new("test").unwrap(),
-            selection: Selection {
-                class: "loxilb.io/loxilb".into(),
-                ccm_mode: false,
-            },
+            selection: Selection::new(
+                "loxilb.io/loxilb",
+                false,
+                loxi_domain::ControllerName::default(),
+            ),
             settings: Settings {
                 namespace: Some(NS.into()),
                 ..Settings::default()

@@ -62,7 +62,9 @@ where
 /// Reads everything the checks need. Fails when the API server cannot be read (a loxilb that
 /// cannot be listed is recorded as such instead: the audit notes it).
 pub async fn snapshot(client: &kube::Client, cfg: &Config) -> anyhow::Result<Snapshot> {
-    let cluster = crate::k8s::api::cluster_id(client, cfg.cluster_id.as_ref()).await?;
+    let cluster = crate::k8s::api::cluster_id(client, cfg.cluster_id.as_ref())
+        .await?
+        .for_controller(&cfg.controller);
     let lp = ListParams::default();
     let services = scoped::<Service>(client, cfg)
         .list(&lp)
@@ -130,10 +132,7 @@ pub async fn snapshot(client: &kube::Client, cfg: &Config) -> anyhow::Result<Sna
     }
     Ok(Snapshot {
         cluster,
-        selection: Selection {
-            class: cfg.class.clone(),
-            ccm_mode: cfg.ccm_mode,
-        },
+        selection: Selection::new(&cfg.class, cfg.ccm_mode, cfg.controller.clone()),
         settings: Settings {
             defaults: cfg.defaults,
             enforce_source_ranges: cfg.enforce_source_ranges,

@@ -717,6 +717,8 @@ async fn kube_checks(kubeconfig: Option<&Path>, cfg: &Config) -> (Report, Option
         }
     }
 
+    r.pass("controller", controller_line(cfg));
+
     let needs = needs(cfg);
     let mut missing = Vec::new();
     let mut errors = Vec::new();
@@ -938,6 +940,39 @@ async fn one_loxilb(mut c: ClientConfig) -> (CheckLine, Option<usize>) {
             None,
         ),
     }
+}
+
+/// Who this controller is among several in one cluster, and the names that say so
+/// (docs/architecture.md#several-controllers-in-one-cluster).
+fn controller_line(cfg: &Config) -> String {
+    let selection =
+        crate::k8s::view::Selection::new(&cfg.class, cfg.ccm_mode, cfg.controller.clone());
+    let mut svc = k8s_openapi::api::core::v1::Service::default();
+    svc.spec = Some(k8s_openapi::api::core::v1::ServiceSpec {
+        load_balancer_class: Some(cfg.class.clone()),
+        ..Default::default()
+    });
+    let rules = match cfg.controller.name() {
+        None => "ccm-<cluster id>_...".to_string(),
+        Some(name) => format!("ccm-<cluster id>.{name}_..."),
+    };
+    format!(
+        "{} (class {}{}; finalizer {}; rules named {rules}; lease {})",
+        cfg.controller,
+        cfg.class,
+        if cfg.ccm_mode {
+            " and class-less Services"
+        } else {
+            ""
+        },
+        selection.finalizer_for(&svc),
+        cfg.leader
+            .as_ref()
+            .map_or("none (--leader-elect=false)".to_string(), |l| format!(
+                "{}/{}",
+                l.namespace, l.name
+            )),
+    )
 }
 
 #[cfg(test)]

@@ -260,6 +260,16 @@ pub struct RunArgs {
     )]
     pub load_balancer_class: String,
 
+    /// Names this controller when several run in one cluster (one per load-balancer class,
+    /// or one per zone as kube-loxilb is run): its finalizer, AddressClaims, rule names,
+    /// restart marker, status field manager and default Lease carry the name, so that no
+    /// controller ever cleans up, releases or deletes another's Services, addresses or rules.
+    /// 1-40 characters of [a-z0-9-]. Default: derived from --load-balancer-class
+    /// (example.com/lb gives example-com-lb); the default class gives the default controller
+    /// ("default"), which keeps the names of earlier releases.
+    #[arg(long = "controller-name", env = "LOXI_CCM_CONTROLLER_NAME")]
+    pub controller_name: Option<String>,
+
     /// Also serve LoadBalancer Services without a class, as the cluster's cloud provider does
     /// (finalizer service.kubernetes.io/load-balancer-cleanup).
     #[arg(
@@ -561,7 +571,9 @@ pub struct RunArgs {
     )]
     pub leader_elect_namespace: String,
 
-    /// Name of the leader-election Lease.
+    /// Name of the leader-election Lease (also the prefix of the fleet and HA-role
+    /// ConfigMaps). Default: loxi-ccm for the default controller, loxi-ccm-<controller name>
+    /// for another (--controller-name), so that each controller elects its own leader.
     #[arg(
         long = "leader-elect-name",
         env = "LOXI_CCM_LEADER_ELECT_NAME",

@@ -32,7 +32,7 @@ use clap::{Arg, ArgAction, FromArgMatches};
 use loxi_domain::bgp::{BgpInput, BgpSettings};
 use loxi_domain::ipam::{AddressBlock, Family};
 use loxi_domain::text::shown;
-use loxi_domain::{ClusterId, Defaults, NatMode, Pool};
+use loxi_domain::{ClusterId, ControllerName, Defaults, NatMode, Pool};
 use loxilb_client::{ClientConfig, ClientError, LoxilbClient, Token};
 use thiserror::Error;
 
@@ -102,6 +102,9 @@ pub struct Config {
     /// `--set-unique-ip`: one address per Service (exclusive); false = shared, as kube-loxilb.
     pub unique_ip: bool,
     pub class: String,
+    /// This controller among several in one cluster (`--controller-name`, else derived from
+    /// the class): docs/architecture.md#several-controllers-in-one-cluster.
+    pub controller: ControllerName,
     pub ccm_mode: bool,
     pub defaults: Defaults,
     /// `--source-ranges`: rules carry the Services' source ranges (else they are left out).
@@ -791,6 +794,9 @@ fn clap_sentence(e: &clap::Error) -> String {
 // ---------------------------------------------------------------------------------------------
 // Validation.
 
+/// `--leader-elect-name`'s default: the default controller's Lease.
+const DEFAULT_LEASE_NAME: &str = "loxi-ccm";
+
 impl Config {
     /// Validates options whose origins are not known (tests, embedders): errors name the flag.
     pub fn from_args(args: &RunArgs) -> Result<Config, ConfigError> {
@@ -857,6 +863,26 @@ impl Config {
                 return Err(bad(id, &format!("{d:?}"), "must be longer than 0"));
             }
         }
+        let controller = match args.controller_name.as_deref() {
+            Some(name) => ControllerName::new(name.trim()).map_err(|_| {
+                bad(
+                    "controller_name",
+                    name,
+                    "expected 1-40 characters of [a-z0-9-], starting and ending with a letter \
+                     or digit, or \"default\"",
+                )
+            })?,
+            None => ControllerName::for_class(args.load_balancer_class.trim()),
+        };
+        // Each controller elects its own leader: two controllers on one Lease would leave one
+        // of them standing by for good.
+        let lease_name = if matches!(origins.of("leader_elect_name"), Origin::Default)
+            && args.leader_elect_name == DEFAULT_LEASE_NAME
+        {
+            controller.suffixed(DEFAULT_LEASE_NAME)
+        } else {
+            args.leader_elect_name.clone()
+        };
         if args.leader_elect && args.leader_elect_lease_duration < Duration::from_secs(1) {
             return Err(bad(
                 "leader_elect_lease_duration",
@@ -1098,6 +1124,7 @@ impl Config {
             secondary_pools,
             unique_ip: args.set_unique_ip,
             class: args.load_balancer_class.clone(),
+            controller,
             ccm_mode: args.ccm_mode,
             defaults: Defaults {
                 mode,
@@ -1118,7 +1145,7 @@ impl Config {
             leader: args.leader_elect.then(|| {
                 let mut lease = LeaseConfig::new(
                     &args.leader_elect_namespace,
-                    &args.leader_elect_name,
+                    &lease_name,
                     default_identity(),
                 );
                 lease.lease_duration = args.leader_elect_lease_duration;
@@ -1138,11 +1165,11 @@ impl Config {
             roles,
             fleet_record: (
                 args.leader_elect_namespace.clone(),
-                format!("{}-fleet", args.leader_elect_name),
+                format!("{lease_name}-fleet"),
             ),
             roles_record: (
                 args.leader_elect_namespace.clone(),
-                format!("{}-ha-roles", args.leader_elect_name),
+                format!("{lease_name}-ha-roles"),
             ),
             bgp_crds: args.bgp_crds,
         })
@@ -1809,6 +1836,47 @@ mod tests {
         )
         .unwrap();
         assert!(loaded.config().unwrap().leader.is_none());
+    }
+
+    #[test]
+    fn each_controller_has_its_name_and_its_own_lease() {
+        let cidr = "--external-cidr=192.0.2.0/24";
+        let cfg = |argv: &[&str]| {
+            let mut all = vec![BASE[0], cidr];
+            all.extend_from_slice(argv);
+            run(&all, &env_of(&[])).unwrap().config().unwrap()
+        };
+        // The default class: the default controller, today's Lease and records.
+        let default = cfg(&[]);
+        assert!(default.controller.is_default());
+        assert_eq!(default.leader.unwrap().name, "loxi-ccm");
+        assert_eq!(default.roles_record.1, "loxi-ccm-ha-roles");
+        // Another class: a name derived from it, and a Lease of its own.
+        let other = cfg(&["--loxilbLoadBalancerClass=example.com/other"]);
+        assert_eq!(other.controller.name(), Some("example-com-other"));
+        assert_eq!(other.leader.unwrap().name, "loxi-ccm-example-com-other");
+        assert_eq!(other.fleet_record.1, "loxi-ccm-example-com-other-fleet");
+        // Given names win; an explicit Lease name is kept as given.
+        let named = cfg(&[
+            "--load-balancer-class=example.com/other",
+            "--controller-name=zone-b",
+            "--leader-elect-name=loxi-ccm",
+        ]);
+        assert_eq!(named.controller.name(), Some("zone-b"));
+        assert_eq!(named.leader.unwrap().name, "loxi-ccm");
+        let back = cfg(&[
+            "--load-balancer-class=example.com/x",
+            "--controller-name=default",
+        ]);
+        assert!(back.controller.is_default());
+        let e = err(run(
+            &[BASE[0], cidr, "--controller-name=Zone_B"],
+            &env_of(&[]),
+        ));
+        assert!(
+            e.starts_with("flag --controller-name: invalid value \"Zone_B\": expected 1-40"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -24,6 +24,7 @@ use std::net::IpAddr;
 use k8s_openapi::jiff::Timestamp;
 use kube::CustomResource;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use loxi_domain::ControllerName;
 use loxi_domain::ipam::{PortProto, Sharing};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -194,6 +195,13 @@ pub struct AddressClaimSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(transform = super::schema::rfc3339)]
     pub retain_until: Option<String>,
+    /// The loxi-ccm controller that owns this claim (its `--controller-name`), when several
+    /// run in one cluster. Absent: the default controller (claims written before controllers
+    /// had names). A controller never changes, releases or joins another's claim; it only
+    /// counts the address as taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = super::schema::controller_name)]
+    pub controller: Option<String>,
 }
 
 /// Object name for an address (`loxi_domain::address_name`: valid for every address).
@@ -269,7 +277,15 @@ enum Decision {
     Taken,
 }
 
-fn decide(existing: &AddressClaim, me: &ClaimedBy, may_join: bool) -> Decision {
+fn decide(
+    existing: &AddressClaim,
+    me: &ClaimedBy,
+    may_join: bool,
+    controller: &ControllerName,
+) -> Decision {
+    if !controller.owns(existing.spec.controller.as_deref()) {
+        return decide_foreign(existing, me, controller);
+    }
     let owners = existing.owners();
     let mine = |o: &&ClaimedBy| o.is(&me.namespace, &me.name) && o.role == me.role;
     let others: Vec<&ClaimedBy> = owners.iter().copied().filter(|o| !mine(o)).collect();
@@ -309,6 +325,28 @@ fn decide(existing: &AddressClaim, me: &ClaimedBy, may_join: bool) -> Decision {
     }
 }
 
+/// Another controller's claim: taken, except a bare reservation for this very namespace/name
+/// (an operator's, or an address retained when the Service was deleted), which the Service
+/// takes over here whichever controller served it before: the claim becomes ours.
+fn decide_foreign(
+    existing: &AddressClaim,
+    me: &ClaimedBy,
+    controller: &ControllerName,
+) -> Decision {
+    let owners = existing.owners();
+    let reserved_for_me = owners.len() == 1
+        && owners[0].uid.is_empty()
+        && owners[0].is(&me.namespace, &me.name)
+        && owners[0].role == me.role;
+    if !reserved_for_me {
+        return Decision::Taken;
+    }
+    let mut next = existing.with_owners(vec![me.clone()]).expect("not empty");
+    next.spec.retain_until = None;
+    next.spec.controller = controller.name().map(str::to_string);
+    Decision::Update(Box::new(next))
+}
+
 fn is_status(e: &kube::Error, code: u16) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == code)
 }
@@ -324,6 +362,7 @@ pub async fn claim(
     pool: &str,
     me: &ClaimedBy,
     may_join: bool,
+    controller: &ControllerName,
 ) -> kube::Result<ClaimResult> {
     let name = claim_name(ip);
     let fresh = AddressClaim::new(
@@ -334,6 +373,7 @@ pub async fn claim(
             service: me.clone(),
             shared_with: Vec::new(),
             retain_until: None,
+            controller: controller.name().map(str::to_string),
         },
     );
     let mut last_conflict = None;
@@ -348,7 +388,7 @@ pub async fn claim(
             continue; // deleted since: create again
         };
         loop {
-            match decide(&existing, me, may_join) {
+            match decide(&existing, me, may_join, controller) {
                 Decision::Current => return Ok(ClaimResult::Ours(Box::new(existing))),
                 Decision::Taken => return Ok(ClaimResult::Taken(Box::new(existing))),
                 Decision::Update(next) => {
@@ -489,10 +529,15 @@ mod tests {
                 service: ClaimedBy::default(),
                 shared_with: Vec::new(),
                 retain_until: None,
+                controller: None,
             },
         );
         c = c.with_owners(owners).unwrap();
         c
+    }
+
+    fn dc() -> ControllerName {
+        ControllerName::default()
     }
 
     fn names(c: &AddressClaim) -> Vec<&str> {
@@ -525,9 +570,15 @@ mod tests {
         let mut c = claim_of(vec![retained]);
         c.spec.retain_until = Some("2099-01-01T00:00:00Z".into());
         let newcomer = by("new", "u2", Some(&[443]), None);
-        assert!(matches!(decide(&c, &newcomer, true), Decision::Taken));
+        assert!(matches!(
+            decide(&c, &newcomer, true, &dc()),
+            Decision::Taken
+        ));
         c.spec.retain_until = None;
-        assert!(matches!(decide(&c, &newcomer, true), Decision::Taken));
+        assert!(matches!(
+            decide(&c, &newcomer, true, &dc()),
+            Decision::Taken
+        ));
     }
 
     #[test]
@@ -559,23 +610,29 @@ mod tests {
     fn joining_needs_consent_compatibility_and_no_reservation() {
         let web = claim_of(vec![by("web", "u1", Some(&[80]), None)]);
         let tls = by("tls", "u2", Some(&[443]), None);
-        match decide(&web, &tls, true) {
+        match decide(&web, &tls, true, &dc()) {
             Decision::Update(next) => assert_eq!(names(&next), ["web", "tls"]),
             _ => panic!("compatible: joins"),
         }
-        assert!(matches!(decide(&web, &tls, false), Decision::Taken));
+        assert!(matches!(decide(&web, &tls, false, &dc()), Decision::Taken));
         let clash = by("other", "u3", Some(&[80, 443]), None);
-        assert!(matches!(decide(&web, &clash, true), Decision::Taken));
+        assert!(matches!(decide(&web, &clash, true, &dc()), Decision::Taken));
         let keyed = by("keyed", "u4", Some(&[443]), Some("k"));
-        assert!(matches!(decide(&web, &keyed, true), Decision::Taken));
+        assert!(matches!(decide(&web, &keyed, true, &dc()), Decision::Taken));
         // Unique mode, reservations and retained claims are never joined.
         let alone = claim_of(vec![by("alone", "u5", None, None)]);
-        assert!(matches!(decide(&alone, &tls, true), Decision::Taken));
+        assert!(matches!(decide(&alone, &tls, true, &dc()), Decision::Taken));
         let reserved = claim_of(vec![by("future", "", Some(&[80]), None)]);
-        assert!(matches!(decide(&reserved, &tls, true), Decision::Taken));
+        assert!(matches!(
+            decide(&reserved, &tls, true, &dc()),
+            Decision::Taken
+        ));
         let mut retained = web.clone();
         retained.spec.retain_until = Some("2030-01-01T00:00:00Z".into());
-        assert!(matches!(decide(&retained, &tls, true), Decision::Taken));
+        assert!(matches!(
+            decide(&retained, &tls, true, &dc()),
+            Decision::Taken
+        ));
     }
 
     #[test]
@@ -601,9 +658,17 @@ mod tests {
             by("tls", "u2", Some(&[443]), None),
         ]);
         let same = by("tls", "u2", Some(&[443]), None);
-        assert!(matches!(decide(&shared, &same, false), Decision::Current));
+        assert!(matches!(
+            decide(&shared, &same, false, &dc()),
+            Decision::Current
+        ));
         // New ports that still fit: the entry is rewritten in place.
-        match decide(&shared, &by("tls", "u2", Some(&[443, 8443]), None), false) {
+        match decide(
+            &shared,
+            &by("tls", "u2", Some(&[443, 8443]), None),
+            false,
+            &dc(),
+        ) {
             Decision::Update(next) => {
                 assert_eq!(names(&next), ["web", "tls"]);
                 assert_eq!(next.spec.shared_with[0].ports.as_ref().unwrap().len(), 2);
@@ -612,23 +677,69 @@ mod tests {
         }
         // New ports on a sharer's port: taken, the Service must move.
         assert!(matches!(
-            decide(&shared, &by("tls", "u2", Some(&[80]), None), false),
+            decide(&shared, &by("tls", "u2", Some(&[80]), None), false, &dc()),
             Decision::Taken
         ));
         // Another incarnation of the same name does not take it over.
         assert!(matches!(
-            decide(&shared, &by("tls", "u9", Some(&[443]), None), true),
+            decide(&shared, &by("tls", "u9", Some(&[443]), None), true, &dc()),
             Decision::Taken
         ));
         // A reservation (no uid) or retained claim is taken over and un-retained.
         let mut retained = claim_of(vec![by("keep", "", Some(&[80]), None)]);
         retained.spec.retain_until = Some("2030-01-01T00:00:00Z".into());
-        match decide(&retained, &by("keep", "u7", Some(&[80]), None), false) {
+        match decide(
+            &retained,
+            &by("keep", "u7", Some(&[80]), None),
+            false,
+            &dc(),
+        ) {
             Decision::Update(next) => {
                 assert_eq!(next.spec.service.uid, "u7");
                 assert!(next.spec.retain_until.is_none());
             }
             _ => panic!("take over"),
         }
+    }
+
+    #[test]
+    fn another_controllers_claim_is_never_joined_or_taken_over() {
+        let other = ControllerName::new("other").unwrap();
+        let mut theirs = claim_of(vec![by("web", "u1", Some(&[80]), None)]);
+        theirs.spec.controller = Some("other".into());
+        // Compatible ports, same name and uid even (a Service that moved class): taken.
+        let tls = by("tls", "u2", Some(&[443]), None);
+        assert!(matches!(
+            decide(&theirs, &tls, true, &dc()),
+            Decision::Taken
+        ));
+        let same = by("web", "u1", Some(&[80]), None);
+        assert!(matches!(
+            decide(&theirs, &same, true, &dc()),
+            Decision::Taken
+        ));
+        // Its own controller decides as before.
+        assert!(matches!(
+            decide(&theirs, &same, true, &other),
+            Decision::Current
+        ));
+        // The default controller's claims (no controller recorded) are foreign to "other".
+        let ours = claim_of(vec![by("web", "u1", Some(&[80]), None)]);
+        assert!(matches!(decide(&ours, &tls, true, &other), Decision::Taken));
+        // A bare reservation for the very namespace/name is taken over, and becomes ours.
+        let mut reserved = claim_of(vec![by("web", "", Some(&[80]), None)]);
+        reserved.spec.retain_until = Some("2030-01-01T00:00:00Z".into());
+        match decide(&reserved, &same, false, &other) {
+            Decision::Update(next) => {
+                assert_eq!(next.spec.controller.as_deref(), Some("other"));
+                assert!(next.spec.retain_until.is_none());
+                assert_eq!(next.spec.service.uid, "u1");
+            }
+            _ => panic!("take over"),
+        }
+        assert!(matches!(
+            decide(&reserved, &tls, true, &other),
+            Decision::Taken
+        ));
     }
 }

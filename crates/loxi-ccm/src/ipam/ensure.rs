@@ -250,8 +250,15 @@ impl Ipam {
         {
             return Ok(true);
         }
-        let written =
-            claims::claim(&self.claims_api, shown, &claim.spec.pool, &owner.me, false).await?;
+        let written = claims::claim(
+            &self.claims_api,
+            shown,
+            &claim.spec.pool,
+            &owner.me,
+            false,
+            &self.settings.controller,
+        )
+        .await?;
         Ok(match written {
             ClaimResult::Ours(written) => {
                 self.index_from_claim(&written, &owner.key);
@@ -291,7 +298,16 @@ impl Ipam {
                 source == Source::Requested,
                 choice.sharing,
             );
-        let claimed = match claims::claim(&self.claims_api, &ip, &pool, &owner.me, may_join).await {
+        let claimed = match claims::claim(
+            &self.claims_api,
+            &ip,
+            &pool,
+            &owner.me,
+            may_join,
+            &self.settings.controller,
+        )
+        .await
+        {
             Ok(claimed) => claimed,
             Err(e) => {
                 // The choice may stay in the index only once its claim exists: the drift
@@ -358,14 +374,7 @@ impl Ipam {
                 .into_iter()
                 .map(str::to_string)
                 .collect();
-            state.index.set_owners(
-                ip,
-                claim
-                    .owners()
-                    .iter()
-                    .map(|o| (o.key(), o.sharing()))
-                    .collect(),
-            );
+            state.index.set_owners(ip, self.indexed_owners(claim));
             before
                 .into_iter()
                 .filter(|k| k != me && !state.index.holds(&ip, k))

@@ -25,7 +25,7 @@ use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use loxi_domain::ipam::{Family, Sharing};
 use loxi_domain::pools::PoolSet;
-use loxi_domain::{AllocError, Allocator, AnnotationError, Pool};
+use loxi_domain::{AllocError, Allocator, AnnotationError, ControllerName, Pool};
 use thiserror::Error;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
@@ -54,6 +54,9 @@ pub struct Settings {
     /// The default group of loxilbs (`--zone`): Services placed on it share addresses with
     /// Services that name no group.
     pub zone: String,
+    /// This controller among several in one cluster: only its own claims are ever changed
+    /// or released here; another's only mark their address as taken.
+    pub controller: ControllerName,
 }
 
 /// Why a Service has no address now: reported on the Service, nothing to retry until
@@ -175,9 +178,9 @@ impl Ipam {
         state.pools = Arc::new(set);
         for claim in self.claims.state() {
             let Some(ip) = claim.ip() else { continue };
-            for owner in claim.owners() {
-                if let Err(e) = state.index.assign_shared(ip, &owner.key(), owner.sharing()) {
-                    warn!(error = %e, owner = %owner.key(), "two incompatible owners recorded for one address");
+            for (key, sharing) in self.indexed_owners(&claim) {
+                if let Err(e) = state.index.assign_shared(ip, &key, sharing) {
+                    warn!(error = %e, owner = %key, "two incompatible owners recorded for one address");
                 }
             }
         }
@@ -249,18 +252,30 @@ impl Ipam {
                 // the drift check would never program it again (the soak's bugs,
                 // docs/RELIABILITY.md).
                 if let Some(ip) = c.ip() {
-                    let listed: Vec<String> = c.owners().iter().map(|o| o.key()).collect();
+                    let owners = self.indexed_owners(c);
+                    let listed: Vec<String> = owners.iter().map(|(k, _)| k.clone()).collect();
                     let unlisted: Vec<ObjectRef<Service>> = {
                         let mut state = self.state();
-                        for owner in c.owners() {
-                            let _ = state.index.assign_shared(ip, &owner.key(), owner.sharing());
-                        }
-                        state
+                        let before: Vec<String> = state
                             .index
                             .owners_of(&ip)
                             .into_iter()
-                            .filter(|k| !listed.iter().any(|l| l == k))
-                            .filter_map(service_of_key)
+                            .map(str::to_string)
+                            .collect();
+                        if self.ours(c) {
+                            for (key, sharing) in owners {
+                                let _ = state.index.assign_shared(ip, &key, sharing);
+                            }
+                        } else {
+                            // Nothing of ours is ever in flight on another controller's
+                            // claim: it holds the address alone, and whoever of ours the
+                            // index had there gets a pass (below) to move or let go.
+                            state.index.set_owners(ip, owners);
+                        }
+                        before
+                            .iter()
+                            .filter(|k| !listed.iter().any(|l| l == *k))
+                            .filter_map(|k| service_of_key(k))
                             .collect()
                     };
                     for svc in unlisted {
@@ -283,6 +298,7 @@ impl Ipam {
                     .claims
                     .state()
                     .iter()
+                    .filter(|c| self.ours(c))
                     .flat_map(|c| {
                         c.owners()
                             .into_iter()
@@ -307,8 +323,8 @@ impl Ipam {
                 let mut freed = false;
                 if let Some(ip) = c.ip() {
                     let mut state = self.state();
-                    for owner in c.owners() {
-                        freed |= state.index.release_from(&ip, &owner.key());
+                    for (key, _) in self.indexed_owners(c) {
+                        freed |= state.index.release_from(&ip, &key);
                     }
                 }
                 // Owners that are still served lost what backs their address (the claim
@@ -317,7 +333,8 @@ impl Ipam {
                 // Without this they kept showing it, unclaimed, until something else
                 // re-queued them (found by the fault matrix: docs/RELIABILITY.md). A Service
                 // being deleted is re-queued for nothing: its reconcile finds it gone.
-                for owner in c.owners().into_iter().filter(|o| !o.uid.is_empty()) {
+                let ours = if self.ours(c) { c.owners() } else { Vec::new() };
+                for owner in ours.into_iter().filter(|o| !o.uid.is_empty()) {
                     let _ = self
                         .requeue
                         .send(ObjectRef::new(&owner.name).within(&owner.namespace));
@@ -389,8 +406,41 @@ impl Ipam {
             .is_some_and(|c| c.owner(&ns, &svc.name_any()).is_some_and(|o| o.uid == uid))
     }
 
+    /// The store's claim of `ip` when it is this controller's (another controller's claim
+    /// is never read as backing, listing or recording one of our Services, even one of the
+    /// same namespace/name and uid that moved between classes).
     fn claim_of(&self, ip: &IpAddr) -> Option<Arc<AddressClaim>> {
-        self.claims.get(&ObjectRef::new(&claims::claim_name(ip)))
+        self.claims
+            .get(&ObjectRef::new(&claims::claim_name(ip)))
+            .filter(|c| self.ours(c))
+    }
+
+    /// Whether the claim is this controller's (docs/architecture.md#several-controllers-in-one-cluster).
+    fn ours(&self, claim: &AddressClaim) -> bool {
+        self.settings
+            .controller
+            .owns(claim.spec.controller.as_deref())
+    }
+
+    /// The index's owners of a claim: each owner with what it occupies, for our claims; for
+    /// another controller's, a single exclusive owner under a key no Service of ours has
+    /// (`@<controller>`), so that the address counts as taken and nothing of ours ever joins
+    /// it, lets it go or re-queues its owners.
+    fn indexed_owners(&self, claim: &AddressClaim) -> Vec<(String, Sharing)> {
+        if self.ours(claim) {
+            claim
+                .owners()
+                .iter()
+                .map(|o| (o.key(), o.sharing()))
+                .collect()
+        } else {
+            let controller = claim
+                .spec
+                .controller
+                .as_deref()
+                .unwrap_or(ControllerName::DEFAULT);
+            vec![(format!("@{controller}"), Sharing::Exclusive)]
+        }
     }
 
     /// Where `ip` comes from, for messages: ` from pool <name>` or ` (outside every pool)`.
@@ -470,7 +520,7 @@ impl Ipam {
                 .as_deref()
                 .is_none_or(|ns| ns == o.namespace)
         };
-        for claim in self.claims.state() {
+        for claim in self.claims.state().into_iter().filter(|c| self.ours(c)) {
             let owners = claim.owners();
             let mut orphans: Vec<&ClaimedBy> = Vec::new();
             for o in owners.iter().copied() {
@@ -501,7 +551,8 @@ impl Ipam {
     }
 }
 
-/// The Service an index owner key names (`namespace/name`, or `namespace/name#secondary`).
+/// The Service an index owner key names (`namespace/name`, or `namespace/name#secondary`);
+/// none for another controller's (`@<controller>`).
 fn service_of_key(key: &str) -> Option<ObjectRef<Service>> {
     let service = key.split('#').next()?;
     let (namespace, name) = service.split_once('/')?;
@@ -555,5 +606,6 @@ mod tests {
             ("sctp", Some("team"))
         );
         assert!(service_of_key("no-slash").is_none());
+        assert!(service_of_key("@other").is_none());
     }
 }

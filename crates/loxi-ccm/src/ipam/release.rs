@@ -95,7 +95,7 @@ impl Ipam {
             return Ok(Some((*c).clone()));
         }
         let fresh = self.claims_api.get_opt(&claims::claim_name(ip)).await?;
-        Ok(fresh.filter(|c| c.owner(ns, name).is_some()))
+        Ok(fresh.filter(|c| self.ours(c) && c.owner(ns, name).is_some()))
     }
 
     /// Gives the Service's addresses back (their rules are gone by now): takes it off their

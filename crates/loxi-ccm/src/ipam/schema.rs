@@ -274,6 +274,13 @@ pub fn dns_label(schema: &mut Schema) {
     set(at, "pattern", DNS_LABEL);
 }
 
+/// `controller` of a claim: a `--controller-name` (`loxi_domain::ControllerName`).
+pub fn controller_name(schema: &mut Schema) {
+    let at = schema.ensure_object();
+    set(at, "maxLength", 40);
+    set(at, "pattern", "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$");
+}
+
 /// `ports` of a claim owner: `80/TCP` entries (a `pattern`, as for `dns_label`).
 pub fn owner_ports(schema: &mut Schema) {
     if let Some(items) = inner(schema, "items") {

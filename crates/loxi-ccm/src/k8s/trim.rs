@@ -98,10 +98,11 @@ mod tests {
     use std::collections::BTreeMap;
 
     fn selection() -> Selection {
-        Selection {
-            class: "loxilb.io/loxilb".into(),
-            ccm_mode: false,
-        }
+        Selection::new(
+            "loxilb.io/loxilb",
+            false,
+            loxi_domain::ControllerName::default(),
+        )
     }
 
     fn svc(type_: &str, class: Option<&str>) -> Service {

@@ -7,7 +7,8 @@ use std::net::IpAddr;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use loxi_domain::{
-    EndpointPortView, EndpointView, NodeView, ServicePortView, ServiceView, TrafficPolicy,
+    ControllerName, EndpointPortView, EndpointView, NodeView, ServicePortView, ServiceView,
+    TrafficPolicy,
 };
 
 /// Finalizer on Services of our class. The upstream service controller treats any Service
@@ -23,14 +24,28 @@ pub const EXCLUDE_LB_LABEL: &str = "node.kubernetes.io/exclude-from-external-loa
 /// short-circuiting the VIP); such addresses are read back as theirs.
 pub const LLB_HOSTNAME_PREFIX: &str = "llb-";
 
-/// Which Services this controller serves.
+/// Which Services this controller serves, and the finalizer that marks them as its own.
 #[derive(Debug, Clone)]
 pub struct Selection {
     pub class: String,
     pub ccm_mode: bool,
+    /// This controller among several in one cluster: its finalizer on Services of its class
+    /// is [`CLASS_FINALIZER`] for the default controller, `CLASS_FINALIZER-<name>` for
+    /// another (docs/architecture.md#several-controllers-in-one-cluster).
+    pub controller: ControllerName,
+    class_finalizer: String,
 }
 
 impl Selection {
+    pub fn new(class: &str, ccm_mode: bool, controller: ControllerName) -> Selection {
+        Selection {
+            class: class.to_string(),
+            ccm_mode,
+            class_finalizer: controller.suffixed(CLASS_FINALIZER),
+            controller,
+        }
+    }
+
     /// Type LoadBalancer and either our class, or no class while in CCM mode.
     pub fn serves(&self, svc: &Service) -> bool {
         let Some(spec) = &svc.spec else { return false };
@@ -44,7 +59,7 @@ impl Selection {
     }
 
     /// The finalizer a served Service carries.
-    pub fn finalizer_for(&self, svc: &Service) -> &'static str {
+    pub fn finalizer_for(&self, svc: &Service) -> &str {
         let classless = svc
             .spec
             .as_ref()
@@ -52,21 +67,28 @@ impl Selection {
         if classless {
             CCM_FINALIZER
         } else {
-            CLASS_FINALIZER
+            &self.class_finalizer
         }
     }
 
     /// Finalizers of ours present on `svc`. The standard one counts only in CCM mode on a
-    /// class-less Service: otherwise it belongs to another cloud provider.
-    pub fn our_finalizers(&self, svc: &Service) -> Vec<&'static str> {
-        let present = svc.metadata.finalizers.as_deref().unwrap_or_default();
+    /// class-less Service: otherwise it belongs to another cloud provider. Another loxi-ccm's
+    /// finalizer is never ours, whatever class the Service has now.
+    pub fn our_finalizers(&self, svc: &Service) -> Vec<&str> {
         let classless = svc
             .spec
             .as_ref()
             .is_none_or(|s| s.load_balancer_class.is_none());
+        self.finalizers_in(svc.metadata.finalizers.as_deref(), classless)
+    }
+
+    /// Our finalizers among `present`; `classless`: the Service has no class (the standard
+    /// finalizer is ours only then, and only in CCM mode).
+    pub fn finalizers_in(&self, present: Option<&[String]>, classless: bool) -> Vec<&str> {
+        let present = present.unwrap_or_default();
         let mut ours = Vec::new();
-        if present.iter().any(|f| f == CLASS_FINALIZER) {
-            ours.push(CLASS_FINALIZER);
+        if present.iter().any(|f| *f == self.class_finalizer) {
+            ours.push(self.class_finalizer.as_str());
         }
         if self.ccm_mode && classless && present.iter().any(|f| f == CCM_FINALIZER) {
             ours.push(CCM_FINALIZER);
@@ -284,24 +306,47 @@ mod tests {
 
     #[test]
     fn selection_by_type_and_class() {
-        let sel = Selection {
-            class: "loxilb.io/loxilb".into(),
-            ccm_mode: false,
-        };
+        let sel = Selection::new("loxilb.io/loxilb", false, ControllerName::default());
         assert!(sel.serves(&svc("LoadBalancer", Some("loxilb.io/loxilb"))));
         assert!(!sel.serves(&svc("LoadBalancer", Some("other.io/lb"))));
         assert!(!sel.serves(&svc("LoadBalancer", None)));
         assert!(!sel.serves(&svc("ClusterIP", Some("loxilb.io/loxilb"))));
-        let ccm = Selection {
-            ccm_mode: true,
-            ..sel
-        };
+        let ccm = Selection::new("loxilb.io/loxilb", true, ControllerName::default());
         assert!(ccm.serves(&svc("LoadBalancer", None)));
         assert_eq!(ccm.finalizer_for(&svc("LoadBalancer", None)), CCM_FINALIZER);
         assert_eq!(
             ccm.finalizer_for(&svc("LoadBalancer", Some("loxilb.io/loxilb"))),
             CLASS_FINALIZER
         );
+    }
+
+    #[test]
+    fn another_controllers_finalizer_is_never_ours() {
+        let default = Selection::new("loxilb.io/loxilb", true, ControllerName::default());
+        let other = Selection::new(
+            "example.com/other",
+            false,
+            ControllerName::for_class("example.com/other"),
+        );
+        let mut theirs = svc("LoadBalancer", Some("example.com/other"));
+        let their_finalizer = other.finalizer_for(&theirs).to_string();
+        assert_eq!(
+            their_finalizer,
+            "loxilb.io/loadbalancer-cleanup-example-com-other"
+        );
+        theirs.metadata.finalizers = Some(vec![their_finalizer.clone()]);
+        assert!(default.our_finalizers(&theirs).is_empty());
+        assert_eq!(
+            other.our_finalizers(&theirs),
+            vec![their_finalizer.as_str()]
+        );
+        // The default controller's Service, now moved to the other class: the default
+        // controller cleans it up once; the other never counts the finalizer as its own.
+        let mut moved = svc("LoadBalancer", Some("example.com/other"));
+        moved.metadata.finalizers = Some(vec![CLASS_FINALIZER.to_string()]);
+        assert_eq!(default.our_finalizers(&moved), vec![CLASS_FINALIZER]);
+        assert!(other.our_finalizers(&moved).is_empty());
+        assert!(!default.serves(&moved) && other.serves(&moved));
     }
 
     #[test]

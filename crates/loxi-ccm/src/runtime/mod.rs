@@ -65,6 +65,9 @@ pub struct Shared {
     pub fleet_status: fleet_status::FleetStatus,
 }
 
+/// How long a shutdown waits for the reconciles under way before it cancels them.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+
 /// A shutdown signal that many tasks can wait on.
 #[derive(Clone)]
 struct Stop(watch::Receiver<bool>);
@@ -84,8 +87,12 @@ pub async fn run(
     admin_addr: Option<std::net::SocketAddr>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) -> anyhow::Result<()> {
-    let cluster = crate::k8s::api::cluster_id(&client, cfg.cluster_id.as_ref()).await?;
-    info!(cluster = %cluster, "cluster identity");
+    // Rule names and the restart marker carry this controller's name too, so that several
+    // controllers in one cluster never take each other's rules for their own orphans.
+    let cluster = crate::k8s::api::cluster_id(&client, cfg.cluster_id.as_ref())
+        .await?
+        .for_controller(&cfg.controller);
+    info!(cluster = %cluster, controller = %cfg.controller, class = %cfg.class, "cluster identity");
 
     // Leader election; without it this replica always leads.
     let (elector_stop_tx, elector_stop_rx) = watch::channel(false);
@@ -183,10 +190,7 @@ pub async fn run(
     };
     // Our own reflector (rather than Controller::new's) so that the cache keeps trimmed
     // objects (crate::k8s::trim).
-    let selection = Selection {
-        class: cfg.class.clone(),
-        ccm_mode: cfg.ccm_mode,
-    };
+    let selection = Selection::new(&cfg.class, cfg.ccm_mode, cfg.controller.clone());
     let (service_store, service_writer) = reflector::store::<Service>();
     // Only Services of type LoadBalancer where the API server can filter them (crate::
     // departures); the others would cost memory and CPU for nothing.
@@ -353,7 +357,7 @@ pub async fn run(
 
     let (requeue_tx, requeue_rx) = mpsc::unbounded_channel::<ObjectRef<Service>>();
     let reporter = Reporter {
-        controller: "loxi-ccm".into(),
+        controller: cfg.controller.suffixed("loxi-ccm"),
         instance: std::env::var("POD_NAME").ok(),
     };
     let metrics = Metrics::new();
@@ -364,6 +368,7 @@ pub async fn run(
             unique_ip: cfg.unique_ip,
             namespace: cfg.namespace.clone(),
             zone: cfg.zone.clone(),
+            controller: cfg.controller.clone(),
         },
         Pools::new(pools_api, pool_store, namespace_store),
         claim_store,
@@ -375,6 +380,7 @@ pub async fn run(
         report: Report::new(
             EventRecorder::new(client.clone(), reporter, metrics.events_dropped()),
             metrics,
+            cfg.controller.suffixed(crate::k8s::api::FIELD_MANAGER),
         ),
         settings: service::Settings {
             defaults: cfg.defaults,
@@ -463,7 +469,10 @@ pub async fn run(
     for watch in bgp_watches {
         tasks.spawn(watch);
     }
-    {
+    // AddressPool status is the default controller's to write: every controller reads the
+    // pools, but the status also describes them against the writer's flag pools (overlaps),
+    // and two writers would keep correcting each other.
+    if cfg.controller.is_default() {
         let shared = shared.clone();
         tasks.spawn(async move {
             let ctx = &shared.service;
@@ -506,16 +515,24 @@ pub async fn run(
                 tracing::debug!(error = %e, "controller event");
             }
         });
-    // A shutdown lets the reconciles under way finish; a lost Lease cancels them at once
-    // (dropped at their next await), since another replica may already be writing. A
-    // shutdown before the stores synced ends at once: kube-runtime's graceful shutdown
-    // would wait for a store that nothing polls any more, and no reconcile has run yet.
-    let stopped_before_sync = {
+    // A shutdown lets the reconciles under way finish, for SHUTDOWN_GRACE at most: a
+    // reconcile can wait far longer (a loxilb that does not answer, an API server that
+    // throttles or conflicts), and a process that ignores SIGTERM is killed by the kubelet
+    // anyway. Cancelling one is safe: every pass is written to survive a kill -9. A lost
+    // Lease cancels them at once (dropped at their next await), since another replica may
+    // already be writing. A shutdown before the stores synced ends at once: kube-runtime's
+    // graceful shutdown would wait for a store that nothing polls any more, and no reconcile
+    // has run yet.
+    let shutdown_bounded = {
         let shared = shared.clone();
         async move {
             Stop(stop_rx).wait().await;
             if shared.synced.load(Ordering::Relaxed) {
-                std::future::pending::<()>().await;
+                tokio::time::sleep(SHUTDOWN_GRACE).await;
+                warn!(
+                    grace = ?SHUTDOWN_GRACE,
+                    "reconciles still under way at shutdown: cancelled"
+                );
             }
         }
     };
@@ -524,7 +541,7 @@ pub async fn run(
         () = lost_notify.notified() => {
             warn!("leadership lost: reconciles under way cancelled");
         }
-        () = stopped_before_sync => {}
+        () = shutdown_bounded => {}
     }
     shared.running.store(false, Ordering::Relaxed);
     // The last Events (e.g. a RulesDeleted of a Service that left our class) are still on

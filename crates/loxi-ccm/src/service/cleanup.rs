@@ -74,7 +74,9 @@ pub async fn cleanup(svc: &Service, ctx: &Context) -> Result<(), ReconcileError>
                 });
                 ctx.ipam.release_all(svc, retention).await?;
             }
-            Step::ClearStatus => status::clear(&ctx.services_api(svc), svc).await?,
+            Step::ClearStatus => {
+                status::clear(&ctx.services_api(svc), svc, &ctx.report.field_manager).await?
+            }
             Step::RemoveFinalizer => {
                 let remaining: Vec<&String> = svc
                     .finalizers()

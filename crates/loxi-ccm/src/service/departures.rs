@@ -29,7 +29,7 @@ use kube::runtime::watcher;
 use tokio::sync::{Notify, mpsc};
 use tracing::{info, warn};
 
-use crate::k8s::view::{CCM_FINALIZER, CLASS_FINALIZER, Selection};
+use crate::k8s::view::Selection;
 
 pub use crate::k8s::view::TYPE_SELECTOR;
 
@@ -60,10 +60,9 @@ pub fn is_placeholder(svc: &Service) -> bool {
 /// standard finalizer counts whenever CCM mode is on: a Service that left LoadBalancer has
 /// no class any more (the API server drops it with the type).
 fn has_our_finalizer(meta: &ObjectMeta, selection: &Selection) -> bool {
-    meta.finalizers
-        .iter()
-        .flatten()
-        .any(|f| f == CLASS_FINALIZER || (selection.ccm_mode && f == CCM_FINALIZER))
+    !selection
+        .finalizers_in(meta.finalizers.as_deref(), true)
+        .is_empty()
 }
 
 /// A watch event as the store should see it: a Service that leaves the filtered watch while
@@ -275,13 +274,15 @@ fn departed(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::k8s::view::{CCM_FINALIZER, CLASS_FINALIZER};
     use k8s_openapi::api::core::v1::ServiceSpec;
 
     fn selection(ccm_mode: bool) -> Selection {
-        Selection {
-            class: "loxilb.io/loxilb".into(),
+        Selection::new(
+            "loxilb.io/loxilb",
             ccm_mode,
-        }
+            loxi_domain::ControllerName::default(),
+        )
     }
 
     fn svc(uid: &str, finalizers: &[&str], class: Option<&str>) -> Service {

@@ -28,6 +28,11 @@ use crate::metrics::Metrics;
 pub struct Report {
     pub recorder: EventRecorder,
     pub metrics: Metrics,
+    /// The server-side apply field manager of this controller's status writes
+    /// (`crate::k8s::api::FIELD_MANAGER`, suffixed with the controller's name for another
+    /// controller than the default one): clearing a Service's status removes only what this
+    /// controller wrote, never what the controller now serving it wrote.
+    pub field_manager: String,
     /// Per Service, the resourceVersion our last status write was based on: a reconcile that
     /// gets exactly that version again runs on a store that has not seen our write yet, and
     /// would only repeat it (with a 409 when it publishes an address). Skipped: the write's
@@ -77,10 +82,11 @@ impl NotProgrammed {
 }
 
 impl Report {
-    pub fn new(recorder: EventRecorder, metrics: Metrics) -> Report {
+    pub fn new(recorder: EventRecorder, metrics: Metrics, field_manager: String) -> Report {
         Report {
             recorder,
             metrics,
+            field_manager,
             superseded: Mutex::default(),
             endpoints_dropped: Mutex::default(),
             warned: Mutex::default(),
@@ -110,7 +116,7 @@ impl Report {
         if status::is_current(svc, want) {
             return Ok(false);
         }
-        status::write(api, svc, want).await?;
+        status::write(api, svc, want, &self.field_manager).await?;
         if let Some(rv) = svc.metadata.resource_version.clone() {
             lock(&self.superseded).insert(ObjectRef::from_obj(svc), rv);
         }

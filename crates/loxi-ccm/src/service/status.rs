@@ -29,7 +29,6 @@ use loxi_domain::Defaults;
 use loxi_domain::ingress::IngressMode;
 use serde_json::json;
 
-use crate::k8s::api::FIELD_MANAGER;
 use crate::k8s::view::{LLB_HOSTNAME_PREFIX, published_addresses};
 
 /// Condition messages are cut to this many bytes: room for every message the controller
@@ -190,7 +189,12 @@ pub fn is_current(svc: &Service, want: &DesiredStatus) -> bool {
 
 /// Writes `want` with server-side apply. The transition time of a condition is kept when
 /// its status did not change, as the Kubernetes API conventions ask.
-pub async fn write(api: &Api<Service>, svc: &Service, want: &DesiredStatus) -> kube::Result<()> {
+pub async fn write(
+    api: &Api<Service>,
+    svc: &Service,
+    want: &DesiredStatus,
+    field_manager: &str,
+) -> kube::Result<()> {
     let name = svc.metadata.name.clone().unwrap_or_default();
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let conditions: Vec<Condition> = want
@@ -231,14 +235,14 @@ pub async fn write(api: &Api<Service>, svc: &Service, want: &DesiredStatus) -> k
     }
     // Forced: on adoption the ingress field may belong to kube-loxilb's or loxi-ccm's
     // manager; the address is unchanged, only its owner.
-    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let params = PatchParams::apply(field_manager).force();
     api.patch_status(&name, &params, &Patch::Apply(&patch))
         .await?;
     Ok(())
 }
 
 /// Removes everything this manager wrote in the status (the Service is no longer ours).
-pub async fn clear(api: &Api<Service>, svc: &Service) -> kube::Result<()> {
+pub async fn clear(api: &Api<Service>, svc: &Service, field_manager: &str) -> kube::Result<()> {
     let name = svc.metadata.name.clone().unwrap_or_default();
     let patch = json!({
         "apiVersion": "v1",
@@ -248,7 +252,7 @@ pub async fn clear(api: &Api<Service>, svc: &Service) -> kube::Result<()> {
     });
     api.patch_status(
         &name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
+        &PatchParams::apply(field_manager).force(),
         &Patch::Apply(&patch),
     )
     .await?;
