@@ -837,16 +837,9 @@ struct GatedBody {
 }
 
 /// The error a [`GatedBody`] fails with.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("the write gate closed before the request was written")]
 struct GateClosed;
-
-impl std::fmt::Display for GateClosed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("the write gate closed before the request was written")
-    }
-}
-
-impl std::error::Error for GateClosed {}
 
 impl http_body::Body for GatedBody {
     type Data = bytes::Bytes;
