@@ -126,7 +126,8 @@ async fn planted_violations_are_reported() {
         )
         .await
         .unwrap();
-    // 7. An address outside every pool that nobody asked for, on a live Service.
+    // 7. An address outside every pool that nobody asked for, on a live Service (which
+    //    shows another address: a stale owner too).
     claims
         .create(
             &PostParams::default(),
@@ -195,6 +196,17 @@ async fn planted_violations_are_reported() {
     );
     assert!(
         has(Kind::OutsidePools, &["198.51.100.9", "outside every pool"]),
+        "{text}"
+    );
+    assert!(
+        has(
+            Kind::StaleOwner,
+            &[
+                "claim for 198.51.100.9",
+                &format!("lists {ns}/web"),
+                &format!("shows {shared_ip} and not 198.51.100.9")
+            ]
+        ),
         "{text}"
     );
     assert!(!found.clean());

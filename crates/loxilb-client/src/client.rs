@@ -1,7 +1,9 @@
 //! The HTTP client.
 
 use std::net::IpAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
@@ -58,7 +60,19 @@ pub struct ClientConfig {
     /// knowing who answers. For tests and first steps only.
     pub insecure_skip_tls_verify: bool,
     pub retry: RetryPolicy,
+    /// Who is calling, sent in [`IDENTITY_HEADER`] with every call: the controller passes
+    /// its leader-election identity, so that a loxilb log (or the simulator's write log)
+    /// says which replica sent each write. loxilb ignores the header
+    /// (docs/loxilb-api.md#transport). `None`: not sent.
+    pub identity: Option<String>,
 }
+
+/// The header carrying [`ClientConfig::identity`]: ours, not loxilb's (it ignores unknown
+/// headers); the simulator records it with every write (`loxilb_sim::SimWrite::caller`).
+pub const IDENTITY_HEADER: &str = "x-loxi-ccm-identity";
+
+/// The `User-Agent` of every call: `loxi-ccm/<version>`.
+pub const USER_AGENT: &str = concat!("loxi-ccm/", env!("CARGO_PKG_VERSION"));
 
 impl ClientConfig {
     pub fn new(url: &str) -> ClientConfig {
@@ -69,6 +83,7 @@ impl ClientConfig {
             ca_pem: None,
             insecure_skip_tls_verify: false,
             retry: RetryPolicy::default(),
+            identity: None,
         }
     }
 }
@@ -92,7 +107,17 @@ pub enum DeleteOutcome {
 
 /// An HTTP client for one loxilb instance; `pooled: false` keeps no idle connection.
 fn http_client(cfg: &ClientConfig, pooled: bool) -> Result<reqwest::Client, ClientError> {
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(value) = cfg
+        .identity
+        .as_deref()
+        .and_then(|id| reqwest::header::HeaderValue::from_str(id).ok())
+    {
+        headers.insert(IDENTITY_HEADER, value);
+    }
     let mut builder = reqwest::Client::builder()
+        .user_agent(USER_AGENT)
+        .default_headers(headers)
         .timeout(cfg.timeout)
         .connect_timeout(cfg.timeout.min(Duration::from_secs(2)))
         .pool_idle_timeout(Duration::from_secs(60));
@@ -127,7 +152,8 @@ pub struct LoxilbClient {
     rule_url: Arc<Url>,
     display: Arc<str>,
     cfg: Arc<ClientConfig>,
-    /// Asked right before every write is sent (see [`LoxilbClient::with_write_gate`]).
+    /// Asked before, during and at the end of sending every write (see
+    /// [`LoxilbClient::with_write_gate`]).
     write_gate: Option<WriteGate>,
 }
 
@@ -181,9 +207,12 @@ impl LoxilbClient {
         })
     }
 
-    /// Every later write (any method but GET, each retry included) first asks `gate`; a
-    /// controller passes "do I still hold the leader Lease", so that a replica that lost it
-    /// never writes again, whatever it had under way.
+    /// Every later write (any method but GET, each retry included) asks `gate` before it
+    /// starts, again after every step of the call that waits (connecting, the TLS handshake,
+    /// a pooled connection) and last when the connection writes its body; a closed gate at
+    /// any of these ends the call with [`ClientError::WritesStopped`]. A controller passes
+    /// "do I still hold the leader Lease", so that a replica that lost it never writes again,
+    /// whatever it had under way (docs/architecture.md#leader-election).
     pub fn with_write_gate(mut self, gate: WriteGate) -> LoxilbClient {
         self.write_gate = Some(gate);
         self
@@ -694,20 +723,63 @@ impl LoxilbClient {
         url: Url,
         body: Option<&B>,
     ) -> Result<Answer, ClientError> {
-        if method != Method::GET
-            && let Some(gate) = &self.write_gate
+        let gate = if method == Method::GET {
+            None
+        } else {
+            self.write_gate.clone()
+        };
+        let stopped = || ClientError::WritesStopped {
+            url: self.display.to_string(),
+        };
+        if let Some(gate) = &gate
             && !gate()
         {
-            return Err(ClientError::WritesStopped {
-                url: self.display.to_string(),
-            });
+            return Err(stopped());
         }
         let mut req = self.request(method, url);
         if let Some(body) = body {
-            // `.json()` sets `Content-Type: application/json`, without which loxilb answers 415.
-            req = req.json(body);
+            let json = serde_json::to_vec(body)
+                .map_err(|e| ClientError::Config(format!("request body: {e}")))?;
+            // `Content-Type: application/json`, without which loxilb answers 415.
+            req = req.header(
+                reqwest::header::CONTENT_TYPE,
+                reqwest::header::HeaderValue::from_static("application/json"),
+            );
+            req = match &gate {
+                Some(gate) => req.body(reqwest::Body::wrap(GatedBody {
+                    data: Some(bytes::Bytes::from(json)),
+                    gate: gate.clone(),
+                })),
+                None => req.body(json),
+            };
         }
-        let resp = req.send().await.map_err(|e| self.transport_error(e))?;
+        let resp = match &gate {
+            None => req.send().await,
+            // The write Lease is asked again on every poll of the request, that is after
+            // every step that waits (DNS, TCP connect, TLS handshake, a pooled connection
+            // becoming free, the connection's readiness), and before the poll that hands the
+            // request to the connection: a write whose connection took long, or that was
+            // frozen on the way (SIGSTOP, a stalled VM), is dropped unsent the moment it is
+            // polled again with the Lease gone. The last check is then the body's, in the
+            // connection's own task, right before the bytes are written (`GatedBody`).
+            // docs/architecture.md#leader-election.
+            Some(gate) => {
+                let mut sending = std::pin::pin!(req.send());
+                let sent = std::future::poll_fn(|cx| {
+                    if !gate() {
+                        return Poll::Ready(None);
+                    }
+                    sending.as_mut().poll(cx).map(Some)
+                })
+                .await;
+                match sent {
+                    None => return Err(stopped()),
+                    Some(Err(e)) if gate_closed(&e) || !gate() => return Err(stopped()),
+                    Some(sent) => sent,
+                }
+            }
+        };
+        let resp = resp.map_err(|e| self.transport_error(e))?;
         let status = resp.status();
         let bytes = resp.bytes().await.map_err(|e| self.transport_error(e))?;
         if status == StatusCode::OK {
@@ -751,6 +823,61 @@ impl LoxilbClient {
             }
         }
     }
+}
+
+/// A write's body, handed out only if the write gate still says yes when the connection's
+/// task asks for it: hyper buffers the request head, asks the body for its bytes in the same
+/// poll and only then writes both to the socket, so this is the last check before the write
+/// leaves the process. A closed gate fails the body: hyper drops the connection with the
+/// head unwritten, and the call ends with [`ClientError::WritesStopped`]. Its exact length
+/// keeps the request as `.json()` would send it (`Content-Length`, not chunked).
+struct GatedBody {
+    data: Option<bytes::Bytes>,
+    gate: WriteGate,
+}
+
+/// The error a [`GatedBody`] fails with.
+#[derive(Debug, thiserror::Error)]
+#[error("the write gate closed before the request was written")]
+struct GateClosed;
+
+impl http_body::Body for GatedBody {
+    type Data = bytes::Bytes;
+    type Error = GateClosed;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, GateClosed>>> {
+        let this = self.get_mut();
+        let Some(data) = this.data.take() else {
+            return Poll::Ready(None);
+        };
+        if !(this.gate)() {
+            return Poll::Ready(Some(Err(GateClosed)));
+        }
+        Poll::Ready(Some(Ok(http_body::Frame::data(data))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.is_none()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.data.as_ref().map_or(0, |d| d.len() as u64))
+    }
+}
+
+/// Whether a [`GatedBody`] stopped this request.
+fn gate_closed(e: &reqwest::Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if s.is::<GateClosed>() {
+            return true;
+        }
+        source = s.source();
+    }
+    false
 }
 
 /// rustls' error inside `e`: it reaches the client wrapped in io::Errors (two of them, from

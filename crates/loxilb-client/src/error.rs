@@ -39,7 +39,9 @@ pub enum ClientError {
     /// The client itself could not be built (bad URL, unreadable CA).
     #[error("invalid loxilb client configuration: {0}")]
     Config(String),
-    /// Not sent: the write gate said this process may not write (it no longer leads).
+    /// Not sent: the write gate said this process may not write (it no longer leads),
+    /// before the request was written. (Also when the gate closed while the answer was
+    /// awaited: the write may then have been applied, but nothing more is sent or read.)
     #[error("write to loxilb at {url} not sent: this replica may no longer write")]
     WritesStopped { url: String },
 }

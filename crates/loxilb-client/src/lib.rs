@@ -14,8 +14,8 @@ pub use bgp::{
     BgpStatement, DefinedSetKind, PolicyDirection, RouteAction,
 };
 pub use client::{
-    ClientConfig, DeleteOutcome, LoxilbClient, RetryPolicy, WriteGate, WriteOutcome,
-    install_crypto_provider,
+    ClientConfig, DeleteOutcome, IDENTITY_HEADER, LoxilbClient, RetryPolicy, USER_AGENT, WriteGate,
+    WriteOutcome, install_crypto_provider,
 };
 pub use dto::{
     AllowedSource, CiState, EndpointEntry, LoadbalanceEntry, SecondaryIp, ServiceArguments,

@@ -16,7 +16,7 @@
 //! | `PUT /admin/token` | `{"token":"..."}` or `{"token":null}` | the token API calls need from now on (`Simulator::set_auth_token`) |
 //! | `GET /admin/rules` | – | stored rules, same as `Simulator::rules()` |
 //! | `GET /admin/stats` | – | counters and knobs |
-//! | `GET /admin/writes` | – | the API writes since start or the last restart, in order, with their status (`Simulator::write_log`) |
+//! | `GET /admin/writes` | – | the API writes since start or the last restart, in order, with their status and caller (`Simulator::write_log`) |
 
 use std::time::Duration;
 

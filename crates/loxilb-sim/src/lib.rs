@@ -105,6 +105,8 @@ pub(crate) struct Shared {
     rule_posts: AtomicU64,
     /// API calls other than GET received (every write, whatever its path).
     writes: AtomicU64,
+    /// The same, per caller ([`SimWrite::caller`]; writes without one are not in it).
+    writes_by_caller: Mutex<std::collections::BTreeMap<String, u64>>,
     /// Endpoint addresses a test made unreachable (kept across restarts: not loxilb state).
     reachability: Mutex<endpoints::Reachability>,
     restarts: AtomicU64,
@@ -128,6 +130,23 @@ pub struct SimWrite {
     /// The path under the API base, with the query (`/config/bgp/neigh/10.0.0.1?remoteAs=1`).
     pub path: String,
     pub status: u16,
+    /// Who sent it: the [`CALLER_HEADER`] loxi-ccm sends (its leader-election identity),
+    /// else the `User-Agent`; `None` with neither.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub caller: Option<String>,
+}
+
+/// The header loxi-ccm names its process in (`loxilb_client::IDENTITY_HEADER`): not
+/// loxilb's, which ignores it; the simulator records it with every write
+/// (docs/loxilb-api.md#transport).
+pub const CALLER_HEADER: &str = "x-loxi-ccm-identity";
+
+/// The caller a request names: [`CALLER_HEADER`], else its `User-Agent`.
+pub(crate) fn caller(headers: &axum::http::HeaderMap) -> Option<String> {
+    [CALLER_HEADER, "user-agent"]
+        .into_iter()
+        .find_map(|h| headers.get(h)?.to_str().ok())
+        .map(str::to_string)
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -149,6 +168,7 @@ impl Shared {
             requests: AtomicU64::new(0),
             rule_posts: AtomicU64::new(0),
             writes: AtomicU64::new(0),
+            writes_by_caller: Mutex::default(),
             reachability: Mutex::default(),
             restarts: AtomicU64::new(0),
             bgp_enabled: AtomicBool::new(bgp),
@@ -204,8 +224,13 @@ impl Shared {
         lock(&self.reachability)
     }
 
-    pub(crate) fn count_write(&self) {
+    pub(crate) fn count_write(&self, caller: Option<&str>) {
         self.writes.fetch_add(1, Ordering::Relaxed);
+        if let Some(caller) = caller {
+            *lock(&self.writes_by_caller)
+                .entry(caller.to_string())
+                .or_default() += 1;
+        }
     }
 
     fn set_fault(&self, f: Option<Fault>) {
@@ -454,6 +479,21 @@ impl Simulator {
     /// arrival: what a test reads to tell whether anybody wrote.
     pub fn writes(&self) -> u64 {
         self.inner.shared.writes.load(Ordering::Relaxed)
+    }
+
+    /// API calls other than GET received since start from one caller ([`SimWrite::caller`]:
+    /// loxi-ccm's identity, else the `User-Agent`), counted on arrival like
+    /// [`Simulator::writes`]: which replica of the controller wrote.
+    pub fn writes_from(&self, caller: &str) -> u64 {
+        lock(&self.inner.shared.writes_by_caller)
+            .get(caller)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// [`Simulator::writes_from`] for every caller seen.
+    pub fn writes_by_caller(&self) -> std::collections::BTreeMap<String, u64> {
+        lock(&self.inner.shared.writes_by_caller).clone()
     }
 
     /// The writes answered since start or the last restart, in order, as `METHOD path`

@@ -351,9 +351,10 @@ async fn api_entry(State(app): State<AppState>, req: Request) -> Response {
     let shared = &app.shared;
     shared.count_request();
     let mut latency = shared.latency();
+    let caller = crate::caller(req.headers());
     if req.method() != Method::GET {
         latency += shared.write_latency();
-        shared.count_write();
+        shared.count_write(caller.as_deref());
     }
     if req.method() == Method::POST && req.uri().path().ends_with("/config/loadbalancer") {
         shared.count_rule_post();
@@ -375,6 +376,7 @@ async fn api_entry(State(app): State<AppState>, req: Request) -> Response {
                 None => path.strip_prefix(API_BASE).unwrap_or(path).to_string(),
             },
             status: resp.status().as_u16(),
+            caller,
         });
     }
     tracing::debug!(method = %parts.method, path = %parts.uri.path(), status = resp.status().as_u16(), "api call");

@@ -94,6 +94,10 @@ pub enum Kind {
     /// With `--set-roles`, an HA instance of a group with a reachable loxilb has no master
     /// or more than one among the group's loxilbs.
     HaMasters,
+    /// A claim lists a live Service (same uid) as owner of its address, but the Service
+    /// shows other addresses and not this one: the claim holds the address (and its ports)
+    /// for a Service that has moved on.
+    StaleOwner,
 }
 
 impl Kind {
@@ -108,6 +112,7 @@ impl Kind {
             Kind::BgpAdvertisements => "bgp-advertisements",
             Kind::ClaimPorts => "claim-ports",
             Kind::HaMasters => "ha-masters",
+            Kind::StaleOwner => "stale-owner",
         }
     }
 }
@@ -227,6 +232,7 @@ pub fn audit(s: &Snapshot) -> Findings {
     check_sharing(&view, &mut f);
     check_claim_owners(&view, &mut f);
     check_claim_ports(&view, &mut f);
+    check_stale_owners(&view, &mut f);
     check_status(&view, &mut f);
     check_pools(s, &view, &mut f);
     let desired = desired_rules(s, &view, &mut f);
@@ -485,6 +491,47 @@ fn check_claim_ports(v: &View<'_>, f: &mut Findings) {
             f.violation(
                 Kind::ClaimPorts,
                 detail,
+                vec![claim_name(c), svc_name(&o.namespace, &o.name)],
+            );
+        }
+    }
+}
+
+/// Every live owner of a claim (a VIP entry with a uid naming the Service that exists with
+/// that uid) shows the claim's address once it shows any: a claim that still lists a
+/// Service which publishes other addresses holds an address, and its ports on it, for
+/// nobody (the 30-minute soak's stale sharer, docs/RELIABILITY.md#soak). Not judged: a
+/// Service that shows no address yet (not published, or cleared) or is being deleted (its
+/// cleanup releases the claim after its status), entries without uid (reservations and
+/// retained addresses) and secondary addresses (never shown). A dual-stack Service shows two
+/// addresses: the claim's has to be among them, the other family's is not "another".
+fn check_stale_owners(v: &View<'_>, f: &mut Findings) {
+    for c in &v.claims {
+        let Some(ip) = c.ip() else { continue };
+        for o in c.owners() {
+            if o.uid.is_empty() || o.role.is_some() || !v.in_scope(&o.namespace) {
+                continue;
+            }
+            let Some(svc) = v.live(o) else { continue };
+            if svc.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let shown = published_addresses(svc);
+            if shown.is_empty() || shown.contains(&ip) {
+                continue;
+            }
+            f.violation(
+                Kind::StaleOwner,
+                format!(
+                    "claim for {ip} lists {} (uid {}), but the Service shows {} and not {ip}",
+                    o.key(),
+                    o.uid,
+                    shown
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
                 vec![claim_name(c), svc_name(&o.namespace, &o.name)],
             );
         }
@@ -1309,6 +1356,103 @@ mod tests {
             f.notes.iter().any(|n| n.contains("it reports Exhausted")),
             "{f}"
         );
+    }
+
+    #[test]
+    fn an_owner_whose_service_shows_another_address() {
+        // The soak's stale sharer: dns moved to 192.0.2.3 (its own claim, shown, programmed)
+        // while the shared claim of 192.0.2.1 still lists it, holding port 53 there.
+        let mut s = converged();
+        s.services[1].status = service("dns", "u2", 53, Some("192.0.2.3")).status;
+        s.claims
+            .push(claim("192.0.2.3", vec![owner("dns", "u2", 53)]));
+        // The planner works from the claims: loxilb holds dns's rule on both addresses.
+        s.instances[0].rules = Ok(planned(&s));
+        let f = audit(&s);
+        assert_eq!(kinds(&f), vec![Kind::StaleOwner], "{f}");
+        let v = &f.violations[0];
+        assert!(
+            v.detail
+                .contains("claim for 192.0.2.1 lists team/dns (uid u2)")
+                && v.detail.contains("shows 192.0.2.3 and not 192.0.2.1"),
+            "{v}"
+        );
+        assert_eq!(
+            v.objects,
+            vec![
+                "AddressClaim 192.0.2.1".to_string(),
+                "Service team/dns".to_string()
+            ]
+        );
+
+        let stale = |s: &Snapshot| audit(s).of_kind(Kind::StaleOwner).len();
+        // Not published yet (or cleared): not judged.
+        let mut quiet = s.clone();
+        quiet.services[1].status = None;
+        assert_eq!(stale(&quiet), 0);
+        // Being deleted: its cleanup releases the claims after the status.
+        let mut deleting = s.clone();
+        deleting.services[1].metadata.deletion_timestamp =
+            Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        assert_eq!(stale(&deleting), 0);
+        // A re-created Service (another uid) is not the owner listed (`ownerless-claim`).
+        let mut recreated = s.clone();
+        recreated.services[1].metadata.uid = Some("u2-new".into());
+        assert_eq!(stale(&recreated), 0);
+        // A reservation or a retained address (no uid) is held for the name on purpose.
+        let mut reserved = s.clone();
+        reserved.claims[0].spec.shared_with[0].uid = String::new();
+        assert_eq!(stale(&reserved), 0);
+        // A secondary (SCTP multi-homing) address is never shown.
+        let mut secondary = s.clone();
+        secondary.claims[0].spec.shared_with[0] = ClaimedBy::secondary(NS, "dns", "u2");
+        assert_eq!(stale(&secondary), 0);
+        // Dual stack: the Service shows both families' addresses; each claim's is among them.
+        let mut dual = converged();
+        let mut both = service("api", "u3", 443, Some("192.0.2.2")).status.unwrap();
+        let ingress = both
+            .load_balancer
+            .as_mut()
+            .unwrap()
+            .ingress
+            .as_mut()
+            .unwrap();
+        ingress.push(LoadBalancerIngress {
+            ip: Some("2001:db8::2".into()),
+            ..Default::default()
+        });
+        dual.services[2].status = Some(both.clone());
+        dual.claims
+            .push(claim("2001:db8::2", vec![owner("api", "u3", 443)]));
+        assert_eq!(stale(&dual), 0, "{}", audit(&dual));
+        // ... but not another address of the claim's family.
+        ingress_set(&mut dual.services[2], &["192.0.2.2", "2001:db8::9"]);
+        assert_eq!(stale(&dual), 1, "{}", audit(&dual));
+        // The hostname form (`llb-<ip>`) shows the address too.
+        let mut hostname = converged();
+        hostname.services[2].status = Some(ServiceStatus {
+            load_balancer: Some(LoadBalancerStatus {
+                ingress: Some(vec![LoadBalancerIngress {
+                    hostname: Some("llb-192.0.2.2".into()),
+                    ..Default::default()
+                }]),
+            }),
+            ..Default::default()
+        });
+        assert_eq!(stale(&hostname), 0, "{}", audit(&hostname));
+    }
+
+    fn ingress_set(svc: &mut Service, ips: &[&str]) {
+        svc.status.get_or_insert_default().load_balancer = Some(LoadBalancerStatus {
+            ingress: Some(
+                ips.iter()
+                    .map(|ip| LoadBalancerIngress {
+                        ip: Some((*ip).into()),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+        });
     }
 
     #[test]

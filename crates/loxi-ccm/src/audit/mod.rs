@@ -7,6 +7,7 @@
 //!   rule it should not have;
 //! - no rule named as this cluster's (`loxi_domain::naming`) whose Service is gone;
 //! - no claim whose owners are gone, unless it is a reservation;
+//! - no claim listing a live Service that shows another address and not the claim's;
 //! - no Service with our finalizer showing an address no claim backs for it;
 //! - no address outside every pool unless an owner asked for it by name (or reserved it);
 //! - with BGP, advertisement counts matching the rules, where loxilb exposes them (only the

@@ -948,6 +948,10 @@ impl Config {
                 by.join(" and by ")
             )));
         }
+        // This process's identity: its leader-election identity, and sent to every loxilb
+        // with each call (`loxilb_client::IDENTITY_HEADER`) so that a write can be traced
+        // to the replica that sent it.
+        let identity = default_identity();
         let token = Token::default();
         let token_source = if let Some(value) = &args.loxilb_token {
             let value = value.expose();
@@ -1007,6 +1011,7 @@ impl Config {
             c.token = token.clone();
             c.ca_pem = ca_pem.clone();
             c.insecure_skip_tls_verify = args.loxilb_insecure_skip_tls_verify;
+            c.identity = Some(identity.clone());
             // Building the client checks the URL (host present) and the CA bundle.
             match LoxilbClient::new(c.clone()) {
                 Ok(_) => {}
@@ -1068,6 +1073,7 @@ impl Config {
         loxilb_template.token = token.clone();
         loxilb_template.ca_pem = ca_pem.clone();
         loxilb_template.insecure_skip_tls_verify = args.loxilb_insecure_skip_tls_verify;
+        loxilb_template.identity = Some(identity.clone());
 
         let (pools, secondary_pools) = build_pools(args, origins)?;
         let bgp = bgp_settings(args, origins)?;
@@ -1146,7 +1152,7 @@ impl Config {
                 let mut lease = LeaseConfig::new(
                     &args.leader_elect_namespace,
                     &lease_name,
-                    default_identity(),
+                    identity.clone(),
                 );
                 lease.lease_duration = args.leader_elect_lease_duration;
                 // client-go's proportions: renew within 2/3 of the lease, retry at 2/15.
