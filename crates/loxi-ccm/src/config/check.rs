@@ -947,11 +947,13 @@ async fn one_loxilb(mut c: ClientConfig) -> (CheckLine, Option<usize>) {
 fn controller_line(cfg: &Config) -> String {
     let selection =
         crate::k8s::view::Selection::new(&cfg.class, cfg.ccm_mode, cfg.controller.clone());
-    let mut svc = k8s_openapi::api::core::v1::Service::default();
-    svc.spec = Some(k8s_openapi::api::core::v1::ServiceSpec {
-        load_balancer_class: Some(cfg.class.clone()),
+    let svc = k8s_openapi::api::core::v1::Service {
+        spec: Some(k8s_openapi::api::core::v1::ServiceSpec {
+            load_balancer_class: Some(cfg.class.clone()),
+            ..Default::default()
+        }),
         ..Default::default()
-    });
+    };
     let rules = match cfg.controller.name() {
         None => "ccm-<cluster id>_...".to_string(),
         Some(name) => format!("ccm-<cluster id>.{name}_..."),

@@ -87,7 +87,7 @@ impl Selection {
     pub fn finalizers_in(&self, present: Option<&[String]>, classless: bool) -> Vec<&str> {
         let present = present.unwrap_or_default();
         let mut ours = Vec::new();
-        if present.iter().any(|f| *f == self.class_finalizer) {
+        if present.contains(&self.class_finalizer) {
             ours.push(self.class_finalizer.as_str());
         }
         if self.ccm_mode && classless && present.iter().any(|f| f == CCM_FINALIZER) {
