@@ -958,3 +958,54 @@ async fn discovered_loxilbs_are_reached_over_https() {
     let _ = std::fs::remove_file(&ca_file);
     w.finish().await;
 }
+
+/// Every loxilb of a group is programmed at once for a Service (`service::apply`): with three
+/// loxilbs each taking 1 s per rule write (a real loxilb's pace), a Node deletion reaches all
+/// three in under 1.5 s (one loxilb after the other took about 3 s).
+#[tokio::test]
+async fn a_node_deletion_reaches_every_loxilb_at_once() {
+    let (b, c) = (sim().await, sim().await);
+    let opts = Options {
+        extra_args: vec![
+            format!("--loxilb-url={}", b.url()),
+            format!("--loxilb-url={}", c.url()),
+        ],
+        ..Options::default()
+    };
+    let w = World::with("fleetconcurrent", opts).await;
+    let sims = vec![w.sim.clone(), b, c];
+    w.add_node("fleetcc-a", "10.8.0.1").await;
+    w.add_node("fleetcc-b", "10.8.0.2").await;
+    w.serve_one_port("web", 80).await;
+    let gone: std::net::IpAddr = "10.8.0.2".parse().unwrap();
+    wait_for("the rule on every loxilb", WAIT, || async {
+        sims.iter()
+            .all(|s| s.count_rules_with_endpoint(gone) == 1)
+            .then_some(())
+    })
+    .await;
+    for s in &sims {
+        s.set_rule_write_latency(Duration::from_secs(1));
+    }
+    let started = Instant::now();
+    w.nodes
+        .delete("fleetcc-b", &Default::default())
+        .await
+        .unwrap();
+    wait_for("the Node gone from every loxilb", WAIT, || async {
+        sims.iter()
+            .all(|s| s.count_rules_with_endpoint(gone) == 0)
+            .then_some(())
+    })
+    .await;
+    let took = started.elapsed();
+    eprintln!("a Node deletion reached 3 loxilbs (1 s per rule write) in {took:?}");
+    assert!(
+        took < Duration::from_millis(1500),
+        "a Node deletion reached the three loxilbs in {took:?}"
+    );
+    for s in &sims {
+        s.set_rule_write_latency(Duration::ZERO);
+    }
+    w.finish().await;
+}

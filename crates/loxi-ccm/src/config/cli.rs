@@ -501,7 +501,8 @@ pub struct RunArgs {
 
     /// Number of HA instances (llb-inst0, llb-inst1, ...): each Service is given one (the
     /// least used, or loxilb.io/zoneinstance), recorded on the Service and never changed; its
-    /// rules carry the instance in their name. (kube-loxilb: --numZoneInstances)
+    /// rules carry the instance in their name. Above 1 is refused with BGP on
+    /// (docs/fleet.md). (kube-loxilb: --numZoneInstances)
     #[arg(
         long = "num-zone-instances",
         alias = "numZoneInstances",

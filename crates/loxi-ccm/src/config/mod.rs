@@ -1082,6 +1082,20 @@ impl Config {
                     .to_string(),
             ));
         }
+        if bgp.is_some() && args.num_zone_instances > 1 {
+            // docs/fleet.md#several-ha-instances-and-bgp: seen on loxilb 0.9.8.
+            return Err(ConfigError::invalid(
+                origins.describe("num_zone_instances"),
+                format!(
+                    "{} HA instances with BGP on: loxilb advertises every address with the BGP \
+                     preference (MED) of llb-inst0's role, whatever the HA instance of its rule, \
+                     so the router sends the traffic of the other instances' addresses to a \
+                     loxilb that is not their MASTER and they are unreachable; use one HA \
+                     instance per group (--num-zone-instances=1) with BGP",
+                    args.num_zone_instances
+                ),
+            ));
+        }
         let pool = pools
             .iter()
             .find(|p| p.size(Family::V4) > 0)
@@ -1731,12 +1745,32 @@ mod tests {
             ),
             (vec!["--bgp-local-as=x"], "flag --bgp-local-as"),
             (vec!["--bgp-crds"], "flag --bgp-crds"),
+            (
+                vec!["--bgp-local-as=65100", "--num-zone-instances=2"],
+                "flag --num-zone-instances",
+            ),
         ] {
             let mut full = vec![BASE[0], cidr];
             full.extend(argv.iter().copied());
             let e = err(run(&full, &env_of(&[])));
             assert!(e.starts_with(option), "{e}");
         }
+        // Several HA instances with BGP: refused naming loxilb's behaviour, from any layer.
+        let e = err(run(
+            &[BASE[0], cidr, "--setBGP=65100"],
+            &env_of(&[("LOXI_CCM_NUM_ZONE_INSTANCES", "2")]),
+        ));
+        assert!(
+            e.starts_with("environment LOXI_CCM_NUM_ZONE_INSTANCES:")
+                && e.contains("llb-inst0's role"),
+            "{e}"
+        );
+        assert!(
+            ok(&["--setBGP=65100", "--num-zone-instances=1"], &[])
+                .bgp
+                .is_some()
+        );
+        assert_eq!(ok(&["--num-zone-instances=2"], &[]).zone_instances, 2);
     }
 
     #[test]
