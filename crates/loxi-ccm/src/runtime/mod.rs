@@ -6,7 +6,6 @@ pub mod fleet_status;
 mod loops;
 pub mod loxiurl;
 pub mod node_watch;
-pub mod roles;
 mod watches;
 
 use std::sync::Arc;
@@ -58,7 +57,7 @@ pub struct Shared {
     /// `None`: BGP off.
     pub bgp: Option<Arc<Bgp>>,
     /// `None`: no HA roles (`--set-roles` unset).
-    pub roles: Option<roles::Roles>,
+    pub roles: Option<crate::fleet::roles::Roles>,
     /// The fleet's members by source (`discovery::Members`).
     pub members: discovery::Members,
     /// The fleet as `kubectl get` shows it (`fleet_status`).
@@ -429,7 +428,7 @@ pub async fn run(
         ),
         roles: cfg.roles.clone().map(|settings| {
             let (namespace, name) = &cfg.roles_record;
-            roles::Roles::new(ctx.kube.clone(), settings, namespace, name)
+            crate::fleet::roles::Roles::new(ctx.kube.clone(), settings, namespace, name)
         }),
     });
 
