@@ -1,6 +1,9 @@
-//! HA roles across the fleet (docs/fleet.md#ha-roles): at every health tick the masters are
-//! decided from the probes (`loxi_domain::roles::decide_masters`), recorded, and the states
-//! posted to every reachable loxilb that lacks them.
+//! HA roles across the fleet (docs/fleet.md#ha-roles): on their own tick, and at once when a
+//! loxilb's worker finds it down or back, the masters are decided from the latest probes
+//! (`loxi_domain::roles::decide_masters`), the states posted to every reachable loxilb that
+//! lacks them (each post in its own task: no decision waits for a loxilb's answer), and
+//! recorded. A loxilb that comes back or restarted is told its roles by its own worker first
+//! of all ([`Roles::tell`]).
 //!
 //! The record is a ConfigMap (`<leader-elect-name>-ha-roles` in the leader-election
 //! namespace), one key per HA instance whose value is its master's URL: a controller restart
@@ -10,6 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
@@ -17,8 +21,9 @@ use loxi_domain::roles::{Candidate, HaSettings, Masters, Role, decide_masters, r
 use tokio::sync::Mutex;
 use tracing::{info, warn};
 
+use super::workers::Workers;
 use crate::leader::Gate;
-use crate::loxilb::Instance;
+use crate::loxilb::{Fleet, Instance};
 use crate::metrics::Metrics;
 
 /// Field manager of the record's server-side apply.
@@ -99,9 +104,68 @@ impl Roles {
         crate::k8s::api::apply_config_map(&self.api, &self.name, MANAGER, masters).await
     }
 
-    /// One health tick, after the probes: decide, post the states each reachable loxilb
-    /// lacks, record. A loxilb that needs a replay has lost its states (the health loop
-    /// forgets them first): they are posted again here, before its BGP and rules.
+    /// The states `inst` should hold under `decided` (HA instance -> role), for the HA
+    /// instances of its group that have a master.
+    fn wanted_for(&self, inst: &Instance, decided: &Masters) -> BTreeMap<String, Role> {
+        self.settings
+            .instances_of(inst.group())
+            .into_iter()
+            .filter(|i| decided.contains_key(i))
+            .map(|i| {
+                let role = role_of(decided, &i, inst.url());
+                (i, role)
+            })
+            .collect()
+    }
+
+    /// Posts `inst` the roles of the current decision (its worker, right after the loxilb
+    /// came back or restarted, before its BGP and rules: a MASTER whose role moved while it
+    /// was away hears `BACKUP` first). Nothing before the record has been read.
+    pub async fn tell(&self, inst: &Instance, metrics: &Metrics) {
+        if self.settings.excludes(inst.url()) {
+            return;
+        }
+        let decided = {
+            let book = self.book.lock().await;
+            if !book.loaded {
+                return;
+            }
+            book.masters.clone()
+        };
+        let wanted = self.wanted_for(inst, &decided);
+        if let Err(e) = inst
+            .ensure_roles(&wanted, &self.settings.vip, metrics)
+            .await
+        {
+            warn!(instance = inst.url(), error = %e, "HA roles not set; trying again");
+        }
+    }
+
+    /// Decides the roles at every `interval` and at once when a loxilb's worker finds it
+    /// down or back (`Workers::changes`), from the latest probes.
+    pub async fn run(
+        self: Arc<Self>,
+        fleet: Fleet,
+        workers: Arc<Workers>,
+        gate: Arc<Gate>,
+        metrics: Metrics,
+        interval: Duration,
+    ) {
+        gate.wait_ready().await;
+        let mut changes = workers.changes();
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                changed = changes.changed() => if changed.is_err() { return },
+            }
+            self.tick(&fleet.instances(), &gate, &metrics).await;
+        }
+    }
+
+    /// One decision from the latest probes: decide, post the states each reachable loxilb
+    /// lacks (each in its own task, not waited for), record.
     pub async fn tick(&self, instances: &[Arc<Instance>], gate: &Gate, metrics: &Metrics) {
         let mut book = self.book.lock().await;
         if !book.loaded
@@ -147,37 +211,27 @@ impl Roles {
             }
         }
         book.masters = decided.clone();
-        // Every loxilb at once: one that times out must not delay the new master.
-        let posts = instances.iter().map(|inst| {
-            let decided = &decided;
-            async move {
-                if !inst.is_healthy() || self.settings.excludes(inst.url()) {
-                    return;
-                }
-                let wanted: BTreeMap<String, _> = self
-                    .settings
-                    .instances_of(inst.group())
-                    .into_iter()
-                    .filter(|i| decided.contains_key(i))
-                    .map(|i| {
-                        let role = role_of(decided, &i, inst.url());
-                        (i, role)
-                    })
-                    .collect();
-                if let Err(e) = inst
-                    .ensure_roles(&wanted, &self.settings.vip, metrics)
-                    .await
-                {
+        let saved = book.saved.clone();
+        drop(book);
+        // Every loxilb on its own: one that times out must not delay the new master, nor the
+        // next decision. A loxilb with a post under way gets the rest at the next tick.
+        for inst in instances {
+            if !inst.is_healthy() || self.settings.excludes(inst.url()) || inst.posting_roles() {
+                continue;
+            }
+            let wanted = self.wanted_for(inst, &decided);
+            let (inst, vip, metrics) = (inst.clone(), self.settings.vip.clone(), metrics.clone());
+            tokio::spawn(async move {
+                if let Err(e) = inst.ensure_roles(&wanted, &vip, &metrics).await {
                     warn!(instance = inst.url(), error = %e, "HA roles not set; trying again");
                 }
-            }
-        });
-        futures::future::join_all(posts).await;
+            });
+        }
         // Recorded after the posts: a slow API server must not delay a failover, and a
         // record one tick late is decided the same way again after a restart.
-        if book.saved.as_ref() != Some(&decided) && gate.holds_lease() {
+        if saved.as_ref() != Some(&decided) && gate.holds_lease() {
             match self.save(&decided).await {
-                Ok(()) => book.saved = Some(decided),
+                Ok(()) => self.book.lock().await.saved = Some(decided),
                 Err(e) => {
                     warn!(record = %self.name, error = %e, "cannot record the HA roles; trying again")
                 }

@@ -243,10 +243,19 @@ impl Instance {
                 Err(e) => refused(&id, e)?,
             }
         }
+        // A policy still applied stays until its application is gone (its resource may be
+        // deleted a moment after the policy's): goBGP lets an import policy go while applied,
+        // and the application could then never be removed.
         let gone: Vec<ItemId> = state
             .policies
             .iter()
             .filter(|(id, held)| !config.policies.iter().any(|(i, p)| i == *id && p == *held))
+            .filter(|(_, held)| {
+                !state
+                    .applies
+                    .values()
+                    .any(|a| a.policies.iter().any(|p| *p == held.name))
+            })
             .map(|(id, _)| id.clone())
             .collect();
         for id in gone {
