@@ -1266,3 +1266,98 @@ async fn a_takeover_places_the_marker_and_lists_once() {
     assert_eq!(lists, 1.0, "rule listings");
     w.finish().await;
 }
+
+/// With BGP on, the roles follow reachability: a MASTER whose sessions with the configured
+/// peers are all down, while another loxilb has one ESTABLISHED, is replaced after the hold
+/// time (`--ha-bgp-hold`, here 2 s); a session that goes down and up again within it moves
+/// nothing. A loxilb that stops answering has its sessions reported down at once.
+#[tokio::test]
+async fn roles_follow_bgp_reachability() {
+    let bgp = || SimConfig {
+        bgp: true,
+        ..SimConfig::default()
+    };
+    let other = Simulator::start("127.0.0.1:0".parse().unwrap(), bgp())
+        .await
+        .unwrap();
+    let admin_port = testenv::free_port().unwrap();
+    let peer = "192.0.2.250";
+    let opts = Options {
+        admin_port: Some(admin_port),
+        extra_args: vec![
+            format!("--loxilb-url={}", other.url()),
+            "--set-roles=0.0.0.0".into(),
+            "--bgp-local-as=65100".into(),
+            format!("--bgp-peers={peer}:65001"),
+            "--ha-bgp-hold=2s".into(),
+        ],
+        ..Options::default()
+    };
+    let w = World::with_sim("hareach", opts, bgp()).await;
+    let sims = vec![w.sim.clone(), other];
+    let master = wait_sole_master(&sims, "llb-inst0").await;
+    let backup = 1 - master;
+    for s in &sims {
+        wait_for("the peer configured", WAIT, || async {
+            s.set_bgp_peer_state(peer, "ESTABLISHED", None)
+                .then_some(())
+        })
+        .await;
+    }
+    // A flap shorter than the hold time moves nothing.
+    sims[master].set_bgp_peer_state(peer, "ACTIVE", None);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    sims[master].set_bgp_peer_state(peer, "ESTABLISHED", None);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        sole_master(&sims, "llb-inst0").await,
+        Some(master),
+        "a flap moved the role"
+    );
+    // Down for good: the other loxilb is MASTER after the hold time.
+    let cut = Instant::now();
+    sims[master].set_bgp_peer_state(peer, "ACTIVE", None);
+    wait_for("the reachable loxilb MASTER", WAIT, || async {
+        (sole_master(&sims, "llb-inst0").await == Some(backup)).then_some(())
+    })
+    .await;
+    let took = cut.elapsed();
+    eprintln!("a MASTER cut off from its BGP peers replaced after {took:?} (hold 2 s)");
+    assert!(
+        took >= Duration::from_secs(2),
+        "before the hold time: {took:?}"
+    );
+    assert!(took < Duration::from_secs(5), "replaced after {took:?}");
+    // Its sessions back: the role stays where it went.
+    sims[master].set_bgp_peer_state(peer, "ESTABLISHED", None);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(sole_master(&sims, "llb-inst0").await, Some(backup));
+    // A loxilb that stops answering: its session reported down at once.
+    let gone = Instant::now();
+    sims[backup].go_down().await;
+    let label = format!("loxilb=\"{}\"", sims[backup].url());
+    wait_for(
+        "the session of the dead loxilb reported down",
+        WAIT,
+        || async {
+            let up = World::metric_sum(
+                admin_port,
+                "loxi_ccm_bgp_sessions",
+                &[&label, "state=\"ESTABLISHED\""],
+            )
+            .await?;
+            let down = World::metric_sum(
+                admin_port,
+                "loxi_ccm_bgp_sessions",
+                &[&label, "state=\"UNKNOWN\""],
+            )
+            .await?;
+            (up == 0.0 && down == 1.0).then_some(())
+        },
+    )
+    .await;
+    let reported = gone.elapsed();
+    eprintln!("the sessions of a loxilb that stopped answering reported down after {reported:?}");
+    assert!(reported < Duration::from_secs(2), "{reported:?}");
+    w.finish().await;
+}

@@ -136,6 +136,9 @@ pub struct Config {
     pub zone_instances: u16,
     /// `None`: no HA roles (`--set-roles` unset).
     pub roles: Option<loxi_domain::roles::HaSettings>,
+    /// With BGP: how long a MASTER cut off from its BGP peers keeps the role while another
+    /// loxilb of its group reaches them (`--ha-bgp-hold`).
+    pub ha_bgp_hold: std::time::Duration,
     /// Namespace and name of the ConfigMap recording the HA masters: the leader-election
     /// namespace, `<leader-elect-name>-ha-roles`.
     pub roles_record: (String, String),
@@ -1154,6 +1157,7 @@ impl Config {
                 args.leader_elect_namespace.clone(),
                 format!("{}-fleet", args.leader_elect_name),
             ),
+            ha_bgp_hold: args.ha_bgp_hold,
             roles_record: (
                 args.leader_elect_namespace.clone(),
                 format!("{}-ha-roles", args.leader_elect_name),

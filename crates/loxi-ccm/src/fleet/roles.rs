@@ -31,6 +31,9 @@ const MANAGER: &str = "loxi-ccm-roles";
 
 pub struct Roles {
     settings: HaSettings,
+    /// With BGP: how long a MASTER cut off from the configured BGP peers keeps its role
+    /// while another loxilb of its group reaches them (`--ha-bgp-hold`).
+    bgp_hold: Duration,
     api: Api<ConfigMap>,
     name: String,
     book: Mutex<Book>,
@@ -43,12 +46,21 @@ struct Book {
     masters: Masters,
     /// What the record holds as last written or read.
     saved: Option<Masters>,
+    /// Since when each loxilb has reached none of the configured BGP peers.
+    cut_off: BTreeMap<String, std::time::Instant>,
 }
 
 impl Roles {
-    pub fn new(client: kube::Client, settings: HaSettings, namespace: &str, name: &str) -> Roles {
+    pub fn new(
+        client: kube::Client,
+        settings: HaSettings,
+        bgp_hold: Duration,
+        namespace: &str,
+        name: &str,
+    ) -> Roles {
         Roles {
             settings,
+            bgp_hold,
             api: Api::namespaced(client, namespace),
             name: name.to_string(),
             book: Mutex::default(),
@@ -160,13 +172,23 @@ impl Roles {
                 _ = tick.tick() => {}
                 changed = changes.changed() => if changed.is_err() { return },
             }
-            self.tick(&fleet.instances(), &gate, &metrics).await;
+            self.tick(&fleet.instances(), &workers.bgp_reach(), &gate, &metrics)
+                .await;
         }
     }
 
     /// One decision from the latest probes: decide, post the states each reachable loxilb
-    /// lacks (each in its own task, not waited for), record.
-    pub async fn tick(&self, instances: &[Arc<Instance>], gate: &Gate, metrics: &Metrics) {
+    /// lacks (each in its own task, not waited for), record. `bgp_reach` says which loxilbs
+    /// reach the configured BGP peers (`Workers::bgp_reach`): a loxilb cut off from them for
+    /// the hold time, while another of its group reaches them, counts as unreachable (the
+    /// roles follow reachability, docs/fleet.md#roles-follow-bgp-reachability).
+    pub async fn tick(
+        &self,
+        instances: &[Arc<Instance>],
+        bgp_reach: &std::collections::HashMap<String, bool>,
+        gate: &Gate,
+        metrics: &Metrics,
+    ) {
         let mut book = self.book.lock().await;
         if !book.loaded
             && let Err(e) = self.load(&mut book).await
@@ -174,12 +196,33 @@ impl Roles {
             warn!(record = %self.name, error = %e, "cannot read the HA role record: no roles are decided until it can be read");
             return;
         }
+        let now = std::time::Instant::now();
+        book.cut_off
+            .retain(|url, _| bgp_reach.get(url) == Some(&false));
+        for (url, up) in bgp_reach {
+            if !*up {
+                book.cut_off.entry(url.clone()).or_insert(now);
+            }
+        }
         // Per group: its HA instances (`<group>-inst0`, ...) among its own loxilbs.
         let mut groups: BTreeMap<&str, Vec<Candidate>> = BTreeMap::new();
         for inst in instances {
+            let reaching = |i: &Arc<Instance>| {
+                i.url() != inst.url()
+                    && i.group() == inst.group()
+                    && i.is_healthy()
+                    && !self.settings.excludes(i.url())
+                    && bgp_reach.get(i.url()) == Some(&true)
+            };
+            // Cut off for the hold time while another loxilb of its group reaches the peers.
+            let cut_off = book
+                .cut_off
+                .get(inst.url())
+                .is_some_and(|since| now.duration_since(*since) >= self.bgp_hold)
+                && instances.iter().any(reaching);
             groups.entry(inst.group()).or_default().push(Candidate {
                 id: inst.url().to_string(),
-                reachable: inst.is_healthy(),
+                reachable: inst.is_healthy() && !cut_off,
                 excluded: self.settings.excludes(inst.url()),
             });
         }
@@ -203,7 +246,12 @@ impl Roles {
         for (instance, master) in &decided {
             match book.masters.get(instance) {
                 Some(old) if old != master => {
-                    warn!(ha_instance = %instance, from = %old, to = %master, "HA master moved: the master stopped answering");
+                    let why = if instances.iter().any(|i| i.url() == old && i.is_healthy()) {
+                        "its BGP sessions with the configured peers are down"
+                    } else {
+                        "the master stopped answering"
+                    };
+                    warn!(ha_instance = %instance, from = %old, to = %master, "HA master moved: {why}");
                     metrics.ha_failover(instance);
                 }
                 None => info!(ha_instance = %instance, master = %master, "HA master chosen"),

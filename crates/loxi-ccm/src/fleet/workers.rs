@@ -150,6 +150,42 @@ impl Workers {
             .retain(|url, _| urls.contains(url));
     }
 
+    /// Whether each loxilb reaches the configured BGP peers (not the other loxilbs), from its
+    /// latest pass: true when a session with one of them is ESTABLISHED, false when none
+    /// is. A loxilb without a good pass (down, refused, not yet) is left out, and so is
+    /// everyone when no peer is configured.
+    pub fn bgp_reach(&self) -> HashMap<String, bool> {
+        let Some(plan) = self.plan.borrow().clone() else {
+            return HashMap::new();
+        };
+        let peers: Vec<std::net::IpAddr> = plan
+            .desired
+            .config
+            .peers
+            .iter()
+            .map(|p| p.ip_address)
+            .collect();
+        if peers.is_empty() {
+            return HashMap::new();
+        }
+        let passes = self.passes.lock().unwrap_or_else(|e| e.into_inner());
+        passes
+            .iter()
+            .filter_map(|(url, pass)| {
+                let Ok(report) = pass.result.as_deref()? else {
+                    return None;
+                };
+                let up = report.sessions.iter().any(|n| {
+                    n.state == "ESTABLISHED"
+                        && n.ip_address
+                            .parse::<std::net::IpAddr>()
+                            .is_ok_and(|ip| peers.contains(&ip))
+                });
+                Some((url.clone(), up))
+            })
+            .collect()
+    }
+
     /// Stops every worker (the controller stops).
     pub fn stop(&self) {
         self.running

@@ -835,8 +835,12 @@ impl Instance {
     /// answers as if nothing happened, but comes back empty
     /// (docs/loxilb-api.md#detecting-a-restart).
     pub async fn probe(&self, cluster: &ClusterId, metrics: &Metrics) -> Probe {
-        // One attempt: a loxilb that hangs is seen down after one timeout.
-        let answer = self.client.probe_version().await;
+        // One attempt while it cannot be reached: a loxilb that hangs is seen down after one
+        // timeout. One that answers with an error is alive: asked again as any call is.
+        let answer = match self.client.probe_version().await {
+            Err(e) if !e.is_transport() => self.client.version().await,
+            answer => answer,
+        };
         self.note_reach(answer.as_ref().map(|_| ()));
         let up = answer.is_ok();
         metrics.set_up(self.url(), up);

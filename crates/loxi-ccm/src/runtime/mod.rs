@@ -411,7 +411,13 @@ pub async fn run(
     });
     let roles = cfg.roles.clone().map(|settings| {
         let (namespace, name) = &cfg.roles_record;
-        Arc::new(Roles::new(ctx.kube.clone(), settings, namespace, name))
+        Arc::new(Roles::new(
+            ctx.kube.clone(),
+            settings,
+            cfg.ha_bgp_hold,
+            namespace,
+            name,
+        ))
     });
     let shared = Arc::new_cyclic(|weak| Shared {
         workers: Workers::new(workers::Settings {
