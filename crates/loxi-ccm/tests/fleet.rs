@@ -958,3 +958,406 @@ async fn discovered_loxilbs_are_reached_over_https() {
     let _ = std::fs::remove_file(&ca_file);
     w.finish().await;
 }
+
+/// Every loxilb of a group is programmed at once for a Service (`service::apply`): with three
+/// loxilbs each taking 1 s per rule write (a real loxilb's pace), a Node deletion reaches all
+/// three in under 1.5 s (one loxilb after the other took about 3 s).
+#[tokio::test]
+async fn a_node_deletion_reaches_every_loxilb_at_once() {
+    let (b, c) = (sim().await, sim().await);
+    let opts = Options {
+        extra_args: vec![
+            format!("--loxilb-url={}", b.url()),
+            format!("--loxilb-url={}", c.url()),
+        ],
+        ..Options::default()
+    };
+    let w = World::with("fleetconcurrent", opts).await;
+    let sims = vec![w.sim.clone(), b, c];
+    w.add_node("fleetcc-a", "10.8.0.1").await;
+    w.add_node("fleetcc-b", "10.8.0.2").await;
+    w.serve_one_port("web", 80).await;
+    let gone: std::net::IpAddr = "10.8.0.2".parse().unwrap();
+    wait_for("the rule on every loxilb", WAIT, || async {
+        sims.iter()
+            .all(|s| s.count_rules_with_endpoint(gone) == 1)
+            .then_some(())
+    })
+    .await;
+    for s in &sims {
+        s.set_rule_write_latency(Duration::from_secs(1));
+    }
+    let started = Instant::now();
+    w.nodes
+        .delete("fleetcc-b", &Default::default())
+        .await
+        .unwrap();
+    wait_for("the Node gone from every loxilb", WAIT, || async {
+        sims.iter()
+            .all(|s| s.count_rules_with_endpoint(gone) == 0)
+            .then_some(())
+    })
+    .await;
+    let took = started.elapsed();
+    eprintln!("a Node deletion reached 3 loxilbs (1 s per rule write) in {took:?}");
+    assert!(
+        took < Duration::from_millis(1500),
+        "a Node deletion reached the three loxilbs in {took:?}"
+    );
+    for s in &sims {
+        s.set_rule_write_latency(Duration::ZERO);
+    }
+    w.finish().await;
+}
+
+/// Among the simulators that are up, `skip` left out: the index of the only MASTER for
+/// `instance` while the others are BACKUP.
+async fn sole_master_without(sims: &[Simulator], instance: &str, skip: usize) -> Option<usize> {
+    let mut master = None;
+    for (i, s) in sims.iter().enumerate() {
+        if i == skip || !s.is_up().await {
+            continue;
+        }
+        match s.cluster_state(instance).as_deref() {
+            Some("MASTER") if master.is_none() => master = Some(i),
+            Some("BACKUP") => {}
+            _ => return None,
+        }
+    }
+    master
+}
+
+/// How long a failover test waits for the new MASTER (`FAILOVER_WAIT_SECS`, default 30):
+/// longer to measure how late an older build is.
+fn failover_wait() -> Duration {
+    std::env::var("FAILOVER_WAIT_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .map_or(WAIT, Duration::from_secs)
+}
+
+/// Waits until the controller on `port` reports `s` down (`loxi_ccm_loxilb_up` 0): the health
+/// check that sees it gone.
+async fn wait_seen_down(port: u16, s: &Simulator, within: Duration) -> Instant {
+    let label = format!("instance=\"{}\"", s.url());
+    wait_for("the loxilb seen down", within, || async {
+        let up = World::metric_sum(port, "loxi_ccm_loxilb_up", &[&label]).await?;
+        (up == 0.0).then_some(())
+    })
+    .await;
+    Instant::now()
+}
+
+/// A failover never waits for a replay (one worker per loxilb): three loxilbs with roles and
+/// BGP, each taking 1 s per rule write (a real loxilb's pace) and its goBGP 9 s late after a
+/// start; a BACKUP restarts, so that its replay of 200 rules runs; the MASTER goes down during
+/// it → another MASTER within 1 s of the health check that sees it gone. (With the replay in
+/// the health tick, the MASTER was not even seen gone until the replay ended.)
+#[tokio::test]
+async fn failover_during_a_replay() {
+    let bgp = || SimConfig {
+        bgp: true,
+        ..SimConfig::default()
+    };
+    let start = || async {
+        Simulator::start("127.0.0.1:0".parse().unwrap(), bgp())
+            .await
+            .unwrap()
+    };
+    let (b, c) = (start().await, start().await);
+    let admin_port = testenv::free_port().unwrap();
+    let opts = Options {
+        admin_port: Some(admin_port),
+        extra_args: vec![
+            format!("--loxilb-url={}", b.url()),
+            format!("--loxilb-url={}", c.url()),
+            "--set-roles=0.0.0.0".into(),
+            "--bgp-local-as=65100".into(),
+            "--bgp-peers=192.0.2.250:65001".into(),
+        ],
+        ..Options::default()
+    };
+    let w = World::with_sim("hareplay", opts, bgp()).await;
+    let sims = vec![w.sim.clone(), b, c];
+    w.add_node("hareplay-a", "10.9.0.1").await;
+    // 200 rules: two Services of 100 ports each.
+    for name in ["many-a", "many-b"] {
+        let ports: Vec<(i32, &str)> = (0..100).map(|p| (8000 + p, "TCP")).collect();
+        w.create(&World::lb_service(name, Some(CLASS), &ports))
+            .await;
+    }
+    wait_for(
+        "200 rules on every loxilb",
+        Duration::from_secs(120),
+        || async { sims.iter().all(|s| s.rules().len() == 200).then_some(()) },
+    )
+    .await;
+    let master = wait_sole_master(&sims, "llb-inst0").await;
+    let backup = (master + 1) % sims.len();
+    for s in &sims {
+        s.set_rule_write_latency(Duration::from_secs(1));
+        s.set_gobgp_delay(Duration::from_secs(9));
+    }
+    sims[backup].restart();
+    wait_for("the BACKUP's replay under way", WAIT, || async {
+        (sims[backup].rules().len() >= 2).then_some(())
+    })
+    .await;
+    let down_at = Instant::now();
+    sims[master].go_down().await;
+    let seen = wait_seen_down(admin_port, &sims[master], failover_wait()).await;
+    let new = wait_for("another MASTER", failover_wait(), || async {
+        sole_master_without(&sims, "llb-inst0", master).await
+    })
+    .await;
+    let (after_seen, after_down) = (seen.elapsed(), down_at.elapsed());
+    let replayed = sims[backup].rules().len();
+    eprintln!(
+        "failover during a replay: new master {after_seen:?} after the master was seen down, \
+         {after_down:?} after it went down ({replayed} of 200 rules replayed on the restarted BACKUP)"
+    );
+    assert_ne!(new, master);
+    assert!(replayed < 200, "the replay was over: {replayed}");
+    assert!(
+        after_seen < Duration::from_secs(1),
+        "new master {after_seen:?} after the failure was seen"
+    );
+    // The metric is polled, so "seen" may be noticed late: bound the whole span too (one
+    // 200 ms interval to notice, then 1 s, with room for a loaded machine).
+    assert!(
+        after_down < Duration::from_millis(2500),
+        "new master {after_down:?} after the master went down"
+    );
+    for s in &sims {
+        s.set_rule_write_latency(Duration::ZERO);
+    }
+    w.finish().await;
+}
+
+/// A MASTER that hangs (accepts connections, never answers) is replaced within one health
+/// interval plus one probe timeout (`--loxilb-timeout`, here 2 s): the probe makes a single
+/// attempt.
+#[tokio::test]
+async fn a_hanging_master_is_replaced_within_one_probe_timeout() {
+    let other = sim().await;
+    let opts = Options {
+        extra_args: vec![
+            format!("--loxilb-url={}", other.url()),
+            "--set-roles=0.0.0.0".into(),
+            "--loxilb-timeout=2s".into(),
+        ],
+        ..Options::default()
+    };
+    let w = World::with("hahang", opts).await;
+    let sims = vec![w.sim.clone(), other];
+    let master = wait_sole_master(&sims, "llb-inst0").await;
+    let frozen = Instant::now();
+    sims[master].set_latency(Duration::from_secs(3600));
+    let new = wait_for("another MASTER", WAIT, || async {
+        sole_master_without(&sims, "llb-inst0", master).await
+    })
+    .await;
+    let took = frozen.elapsed();
+    eprintln!("a hanging MASTER replaced after {took:?} (health interval 200 ms, timeout 2 s)");
+    assert_ne!(new, master);
+    // One interval (200 ms) + one timeout (2 s) + the post, with room for a loaded machine.
+    assert!(
+        took < Duration::from_millis(3200),
+        "replaced after {took:?}"
+    );
+    sims[master].set_latency(Duration::ZERO);
+    w.finish().await;
+}
+
+/// A MASTER that comes back with its state kept (it still says MASTER) is told BACKUP before
+/// anything else, as soon as it answers: never two MASTERs of one instance for longer than
+/// that first call.
+#[tokio::test]
+async fn a_returning_master_is_told_backup_first() {
+    let other = sim().await;
+    let opts = Options {
+        extra_args: vec![
+            format!("--loxilb-url={}", other.url()),
+            "--set-roles=0.0.0.0".into(),
+        ],
+        ..Options::default()
+    };
+    let w = World::with("hareturn", opts).await;
+    w.add_node("hareturn-a", "10.9.1.1").await;
+    w.serve_one_port("web", 80).await;
+    let sims = vec![w.sim.clone(), other];
+    let master = wait_sole_master(&sims, "llb-inst0").await;
+    sims[master].go_down().await;
+    wait_for("another MASTER", WAIT, || async {
+        sole_master_without(&sims, "llb-inst0", master).await
+    })
+    .await;
+    let before = sims[master].write_log().len();
+    assert_eq!(
+        sims[master].cluster_state("llb-inst0").as_deref(),
+        Some("MASTER"),
+        "the state is kept while down"
+    );
+    let back = Instant::now();
+    sims[master].come_up().await.unwrap();
+    wait_for("the old master BACKUP", WAIT, || async {
+        (sims[master].cluster_state("llb-inst0").as_deref() == Some("BACKUP")).then_some(())
+    })
+    .await;
+    let two_masters = back.elapsed();
+    let writes: Vec<String> = sims[master].write_log()[before..]
+        .iter()
+        .map(|w| format!("{} {}", w.method, w.path))
+        .collect();
+    eprintln!("a returning MASTER told BACKUP {two_masters:?} after it answered again: {writes:?}");
+    assert_eq!(
+        writes.first().map(String::as_str),
+        Some("POST /config/cistate"),
+        "{writes:?}"
+    );
+    assert!(
+        two_masters < Duration::from_millis(500),
+        "two MASTERs for {two_masters:?}"
+    );
+    w.finish().await;
+}
+
+/// A controller that takes over places the restart marker once and lists the rules once.
+#[tokio::test]
+async fn a_takeover_places_the_marker_and_lists_once() {
+    let port1 = testenv::free_port().unwrap();
+    let opts = |port: u16| Options {
+        admin_port: Some(port),
+        ..Options::default()
+    };
+    let mut w = World::with("takeover", opts(port1)).await;
+    w.add_node("takeover-a", "10.9.2.1").await;
+    w.serve_one_port("web", 80).await;
+    w.stop_controller().await;
+    let before = w.sim.write_log().len();
+    let port2 = testenv::free_port().unwrap();
+    w.start_controller(&opts(port2)).await;
+    let label = format!("instance=\"{}\"", w.sim.url());
+    wait_for("the first listing", WAIT, || async {
+        World::metric_sum(
+            port2,
+            "loxi_ccm_loxilb_calls_total",
+            &[&label, "op=\"list\""],
+        )
+        .await
+        .filter(|n| *n >= 1.0)
+    })
+    .await;
+    // Whatever follows the take-over comes within a few health intervals.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let markers = w.sim.write_log()[before..]
+        .iter()
+        .filter(|w| w.method == "POST" && w.path.starts_with("/config/cistate"))
+        .count();
+    let lists = World::metric_sum(
+        port2,
+        "loxi_ccm_loxilb_calls_total",
+        &[&label, "op=\"list\""],
+    )
+    .await
+    .unwrap_or_default();
+    eprintln!("take-over: {markers} marker write(s), {lists} listing(s)");
+    assert_eq!(markers, 1, "restart marker writes");
+    assert_eq!(lists, 1.0, "rule listings");
+    w.finish().await;
+}
+
+/// With BGP on, the roles follow reachability: a MASTER whose sessions with the configured
+/// peers are all down, while another loxilb has one ESTABLISHED, is replaced after the hold
+/// time (`--ha-bgp-hold`, here 2 s); a session that goes down and up again within it moves
+/// nothing. A loxilb that stops answering has its sessions reported down at once.
+#[tokio::test]
+async fn roles_follow_bgp_reachability() {
+    let bgp = || SimConfig {
+        bgp: true,
+        ..SimConfig::default()
+    };
+    let other = Simulator::start("127.0.0.1:0".parse().unwrap(), bgp())
+        .await
+        .unwrap();
+    let admin_port = testenv::free_port().unwrap();
+    let peer = "192.0.2.250";
+    let opts = Options {
+        admin_port: Some(admin_port),
+        extra_args: vec![
+            format!("--loxilb-url={}", other.url()),
+            "--set-roles=0.0.0.0".into(),
+            "--bgp-local-as=65100".into(),
+            format!("--bgp-peers={peer}:65001"),
+            "--ha-bgp-hold=2s".into(),
+        ],
+        ..Options::default()
+    };
+    let w = World::with_sim("hareach", opts, bgp()).await;
+    let sims = vec![w.sim.clone(), other];
+    let master = wait_sole_master(&sims, "llb-inst0").await;
+    let backup = 1 - master;
+    for s in &sims {
+        wait_for("the peer configured", WAIT, || async {
+            s.set_bgp_peer_state(peer, "ESTABLISHED", None)
+                .then_some(())
+        })
+        .await;
+    }
+    // A flap shorter than the hold time moves nothing.
+    sims[master].set_bgp_peer_state(peer, "ACTIVE", None);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    sims[master].set_bgp_peer_state(peer, "ESTABLISHED", None);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        sole_master(&sims, "llb-inst0").await,
+        Some(master),
+        "a flap moved the role"
+    );
+    // Down for good: the other loxilb is MASTER after the hold time.
+    let cut = Instant::now();
+    sims[master].set_bgp_peer_state(peer, "ACTIVE", None);
+    wait_for("the reachable loxilb MASTER", WAIT, || async {
+        (sole_master(&sims, "llb-inst0").await == Some(backup)).then_some(())
+    })
+    .await;
+    let took = cut.elapsed();
+    eprintln!("a MASTER cut off from its BGP peers replaced after {took:?} (hold 2 s)");
+    assert!(
+        took >= Duration::from_secs(2),
+        "before the hold time: {took:?}"
+    );
+    assert!(took < Duration::from_secs(5), "replaced after {took:?}");
+    // Its sessions back: the role stays where it went.
+    sims[master].set_bgp_peer_state(peer, "ESTABLISHED", None);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(sole_master(&sims, "llb-inst0").await, Some(backup));
+    // A loxilb that stops answering: its session reported down at once.
+    let gone = Instant::now();
+    sims[backup].go_down().await;
+    let label = format!("loxilb=\"{}\"", sims[backup].url());
+    wait_for(
+        "the session of the dead loxilb reported down",
+        WAIT,
+        || async {
+            let up = World::metric_sum(
+                admin_port,
+                "loxi_ccm_bgp_sessions",
+                &[&label, "state=\"ESTABLISHED\""],
+            )
+            .await?;
+            let down = World::metric_sum(
+                admin_port,
+                "loxi_ccm_bgp_sessions",
+                &[&label, "state=\"UNKNOWN\""],
+            )
+            .await?;
+            (up == 0.0 && down == 1.0).then_some(())
+        },
+    )
+    .await;
+    let reported = gone.elapsed();
+    eprintln!("the sessions of a loxilb that stopped answering reported down after {reported:?}");
+    assert!(reported < Duration::from_secs(2), "{reported:?}");
+    w.finish().await;
+}

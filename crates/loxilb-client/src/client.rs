@@ -230,6 +230,24 @@ impl LoxilbClient {
             .map_err(|e| ClientError::BadResponse(format!("version: {e}")))
     }
 
+    /// `GET /version` in a single attempt (no retry): a liveness probe that takes at most one
+    /// timeout, so a loxilb that accepts connections and never answers is seen down after
+    /// one timeout, not after every retry's (docs/fleet.md#failover-timeline).
+    pub async fn probe_version(&self) -> Result<VersionInfo, ClientError> {
+        let url = self
+            .base
+            .join("version")
+            .map_err(|e| ClientError::Config(format!("path version: {e}")))?;
+        let bytes = match self.send_once::<()>(Method::GET, url, None).await? {
+            Answer::Ok(bytes) => bytes,
+            Answer::Status(status, body) => {
+                return Err(classify(status.as_u16(), body.message, body.result));
+            }
+        };
+        serde_json::from_slice(&bytes)
+            .map_err(|e| ClientError::BadResponse(format!("version: {e}")))
+    }
+
     /// `GET /config/loadbalancer/all`, in loxilb's (unspecified) order.
     pub async fn list_rules(&self) -> Result<Vec<LoadbalanceEntry>, ClientError> {
         Ok(self.list_rules_map(Some).await?.items)

@@ -93,6 +93,7 @@ const DETERMINISTIC_500: &[&str] = &[
     "doesn't have per peer policy",
     "is in use",
     "gobgp is already started",
+    "is already set",
     "hasn't started yet",
     "unsupported type",
 ];

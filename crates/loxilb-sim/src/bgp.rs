@@ -29,6 +29,12 @@ use crate::validate::{parse_cidr, parse_ip};
 
 /// The handler error of every BGP call while BGP is off.
 pub(crate) const DISABLED: &str = "loxilb BGP mode is disabled";
+/// What loxilb answers (500) while its goBGP does not listen yet, for some seconds after
+/// loxilb starts (docs/loxilb-api.md#bgp): the gRPC dial to goBGP is refused.
+pub(crate) const GOBGP_STARTING: &str = "rpc error: code = Unavailable desc = connection error: \
+     desc = \"transport: Error while dialing: dial tcp 127.0.0.1:50052: connect: connection refused\"";
+/// What loxilb answers (500) to a global configuration identical to the one it holds.
+pub(crate) const GLOBAL_ALREADY_SET: &str = "action 3 is already set";
 /// goBGP's name for the global RIB, the only policy-assignment target loxilb's peers allow.
 const GLOBAL: &str = "global";
 /// The states goBGP reports for a session.
@@ -522,11 +528,14 @@ fn wrap_u16(v: i64) -> u16 {
     v as u16
 }
 
+/// BGP is on and its goBGP answers (after the handler's own checks, before goBGP's).
 fn enabled(shared: &Shared) -> Result<(), ApiError> {
-    if shared.bgp_enabled() {
-        Ok(())
-    } else {
+    if !shared.bgp_enabled() {
         Err(ApiError::handler(DISABLED))
+    } else if shared.gobgp_starting() {
+        Err(ApiError::handler(GOBGP_STARTING))
+    } else {
+        Ok(())
     }
 }
 
@@ -615,9 +624,10 @@ fn global(shared: &Shared, bytes: &[u8]) -> Result<Response, ApiError> {
             bgp.add_loxilb_policies(wanted.set_next_hop_self);
             Ok(success())
         }
-        // A repeat: the first configuration stays. Identical, loxilb's answer is taken as
-        // harmless (docs/loxilb-api.md#bgp); a different one is refused.
-        Some(current) if *current == wanted => Ok(success()),
+        // A repeat: the first configuration stays. Identical, loxilb answers 500 `action 3
+        // is already set` (a controller takes it as harmless, docs/loxilb-api.md#bgp); a
+        // different one is refused by goBGP.
+        Some(current) if *current == wanted => Err(ApiError::handler(GLOBAL_ALREADY_SET)),
         Some(_) => Err(rpc("gobgp is already started")),
     }
 }
@@ -1348,5 +1358,7 @@ mod tests {
         assert_eq!(status(rpc("statement s already defined")), 500);
         assert_eq!(status(rpc("bgp server hasn't started yet")), 500);
         assert_eq!(status(ApiError::handler(DISABLED)), 403);
+        assert_eq!(status(ApiError::handler(GOBGP_STARTING)), 500);
+        assert_eq!(status(ApiError::handler(GLOBAL_ALREADY_SET)), 500);
     }
 }

@@ -56,6 +56,11 @@ pub struct SimConfig {
     /// `loxilb-peer-service`): BGP works (as with `bgp`), and every rule, endpoint and
     /// cluster-state call answers 403 `running in bgp only mode` (docs/loxilb-api.md#bgp-peer-only-mode).
     pub bgp_only: bool,
+    /// How long after loxilb (re)starts its goBGP answers: until then every `/config/bgp`
+    /// call that reaches goBGP answers 500 `... connect: connection refused`, as loxilb's
+    /// do (about 9 s on loxilb 0.9.8, docs/loxilb-api.md#bgp). Default 0 (at once); changed
+    /// while running with [`Simulator::set_gobgp_delay`].
+    pub gobgp_delay: Duration,
 }
 
 impl Default for SimConfig {
@@ -66,6 +71,7 @@ impl Default for SimConfig {
             version: "0.9.8-sim".to_string(),
             bgp: false,
             bgp_only: false,
+            gobgp_delay: Duration::ZERO,
         }
     }
 }
@@ -97,6 +103,10 @@ pub(crate) struct Shared {
     /// Extra delay for writes only (everything but GET): lets a test hold a write in flight
     /// while reads go through.
     write_latency_nanos: AtomicU64,
+    /// Time each rule write (`/config/loadbalancer...`, any method but GET) takes, one after
+    /// the other (`rule_writes`), as on a real loxilb (about 1 s each on 0.9.8).
+    rule_write_latency_nanos: AtomicU64,
+    pub(crate) rule_writes: Arc<tokio::sync::Mutex<()>>,
     fault: Mutex<Option<Fault>>,
     fault_seen: AtomicU64,
     faults_injected: AtomicU64,
@@ -112,6 +122,10 @@ pub(crate) struct Shared {
     restarts: AtomicU64,
     /// loxilb runs with BGP: a start option, so a restart keeps it.
     bgp_enabled: AtomicBool,
+    /// goBGP answers this long after loxilb's (re)start (`SimConfig::gobgp_delay`).
+    gobgp_delay_nanos: AtomicU64,
+    /// When loxilb last (re)started: goBGP's delay counts from here.
+    started: Mutex<std::time::Instant>,
     /// The token every API call but `/version` needs (`SimConfig::auth_token` at start);
     /// replaced by [`Simulator::set_auth_token`] (loxilb re-reads its manual token file).
     auth_token: Mutex<Option<String>>,
@@ -162,6 +176,8 @@ impl Shared {
             state: Mutex::new(state::SimState::new(cfg.max_rules)),
             latency_nanos: AtomicU64::new(0),
             write_latency_nanos: AtomicU64::new(0),
+            rule_write_latency_nanos: AtomicU64::new(0),
+            rule_writes: Arc::default(),
             fault: Mutex::new(None),
             fault_seen: AtomicU64::new(0),
             faults_injected: AtomicU64::new(0),
@@ -172,6 +188,10 @@ impl Shared {
             reachability: Mutex::default(),
             restarts: AtomicU64::new(0),
             bgp_enabled: AtomicBool::new(bgp),
+            gobgp_delay_nanos: AtomicU64::new(
+                u64::try_from(cfg.gobgp_delay.as_nanos()).unwrap_or(u64::MAX),
+            ),
+            started: Mutex::new(std::time::Instant::now()),
             auth_token: Mutex::new(cfg.auth_token.clone()),
             cfg,
             write_log: Mutex::default(),
@@ -188,6 +208,17 @@ impl Shared {
 
     fn set_bgp_enabled(&self, on: bool) {
         self.bgp_enabled.store(on, Ordering::Relaxed);
+    }
+
+    /// goBGP is not answering yet: loxilb (re)started less than the goBGP delay ago.
+    pub(crate) fn gobgp_starting(&self) -> bool {
+        let delay = Duration::from_nanos(self.gobgp_delay_nanos.load(Ordering::Relaxed));
+        lock(&self.started).elapsed() < delay
+    }
+
+    fn set_gobgp_delay(&self, d: Duration) {
+        let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.gobgp_delay_nanos.store(nanos, Ordering::Relaxed);
     }
 
     fn bgp_snapshot(&self) -> SimBgp {
@@ -214,6 +245,16 @@ impl Shared {
     fn set_write_latency(&self, d: Duration) {
         let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         self.write_latency_nanos.store(nanos, Ordering::Relaxed);
+    }
+
+    pub(crate) fn rule_write_latency(&self) -> Duration {
+        Duration::from_nanos(self.rule_write_latency_nanos.load(Ordering::Relaxed))
+    }
+
+    fn set_rule_write_latency(&self, d: Duration) {
+        let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.rule_write_latency_nanos
+            .store(nanos, Ordering::Relaxed);
     }
 
     pub(crate) fn count_rule_post(&self) {
@@ -278,6 +319,7 @@ impl Shared {
 
     fn restart(&self) {
         *self.state() = state::SimState::new(self.cfg.max_rules);
+        *lock(&self.started) = std::time::Instant::now();
         lock(&self.write_log).clear();
         self.requests.store(0, Ordering::Relaxed);
         self.fault_seen.store(0, Ordering::Relaxed);
@@ -459,6 +501,14 @@ impl Simulator {
         self.inner.running.lock().await.is_some()
     }
 
+    /// How long goBGP takes to answer after loxilb's start and after every [`restart`]
+    /// (`SimConfig::gobgp_delay`); counted from the last (re)start.
+    ///
+    /// [`restart`]: Simulator::restart
+    pub fn set_gobgp_delay(&self, d: Duration) {
+        self.inner.shared.set_gobgp_delay(d);
+    }
+
     /// Delay added before every API (not admin) call is handled.
     pub fn set_latency(&self, d: Duration) {
         self.inner.shared.set_latency(d);
@@ -468,6 +518,14 @@ impl Simulator {
     /// but GET) is handled.
     pub fn set_write_latency(&self, d: Duration) {
         self.inner.shared.set_write_latency(d);
+    }
+
+    /// Time every rule write (create, update, delete under `/config/loadbalancer`) takes,
+    /// on top of the other latencies, rule writes being handled one at a time as loxilb
+    /// does (about 1 s each on a real loxilb 0.9.8): a replay of many rules then lasts. Other
+    /// writes (HA states, BGP) are not held up.
+    pub fn set_rule_write_latency(&self, d: Duration) {
+        self.inner.shared.set_rule_write_latency(d);
     }
 
     /// `POST /config/loadbalancer` calls received since start (not reset by a restart).

@@ -362,6 +362,18 @@ async fn api_entry(State(app): State<AppState>, req: Request) -> Response {
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
     }
+    // Rule writes one at a time, each taking the rule write latency, as loxilb applies them.
+    let rule_latency = shared.rule_write_latency();
+    let _rule_turn = if req.method() != Method::GET
+        && req.uri().path().contains("/config/loadbalancer")
+        && !rule_latency.is_zero()
+    {
+        let turn = shared.rule_writes.clone().lock_owned().await;
+        tokio::time::sleep(rule_latency).await;
+        Some(turn)
+    } else {
+        None
+    };
     let (parts, body) = req.into_parts();
     let resp = match handle(shared, &parts, body).await {
         Ok(resp) => resp,

@@ -256,8 +256,10 @@ async fn global_needs_an_ipv4_router_id_and_a_local_as() {
         ("192.168.10.5", 64512, true, 179),
         "listenPort 0 means 179"
     );
-    // An identical repeat is harmless; a different one is refused and changes nothing.
-    assert_success(&env.post("/config/bgp/global", &global_body()).await);
+    // A repeat changes nothing: identical, loxilb answers 500 `action 3 is already set`
+    // (seen on loxilb 0.9.8); a different one is refused by goBGP.
+    let r = env.post("/config/bgp/global", &global_body()).await;
+    assert_handler_error(&r, 500, "action 3 is already set");
     let mut other = global_body();
     other["localAs"] = json!(64513);
     let r = env.post("/config/bgp/global", &other).await;
@@ -1125,4 +1127,35 @@ async fn listings_use_only_keys_the_spec_declares() {
         s["actions"]["bgpActions"]["setAsPathPrepend"],
         json!({"as": "65000", "repeatN": 2})
     );
+}
+
+/// goBGP answers some seconds after loxilb starts (about 9 s on loxilb 0.9.8): until then
+/// every BGP call that reaches it answers 500 `... connect: connection refused` and changes
+/// nothing; a restart starts the delay again; the rule routes are not held up.
+#[tokio::test]
+async fn gobgp_answers_only_after_its_start_delay() {
+    let env = start_with(SimConfig {
+        bgp: true,
+        gobgp_delay: std::time::Duration::from_millis(600),
+        ..SimConfig::default()
+    })
+    .await;
+    let refused = |r: &Reply| {
+        assert_eq!(r.0, 500, "{}", r.1);
+        let text = r.1["result"].as_str().unwrap_or_default().to_string();
+        assert!(text.contains("connect: connection refused"), "{text}");
+    };
+    refused(&env.post("/config/bgp/global", &global_body()).await);
+    refused(&env.get("/config/bgp/neigh/all").await);
+    assert!(env.sim.bgp().global.is_none(), "nothing stored");
+    // Rules work meanwhile.
+    assert_success(&env.post_lb(&tcp_rule("10.0.0.1", 80, &["10.1.0.1"])).await);
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    assert_success(&env.post("/config/bgp/global", &global_body()).await);
+    assert_eq!(neighbors(&env).await, Vec::<Value>::new());
+    // A restart: goBGP is late again, and it lost its configuration.
+    env.sim.restart();
+    refused(&env.post("/config/bgp/global", &global_body()).await);
+    env.sim.set_gobgp_delay(std::time::Duration::ZERO);
+    assert_success(&env.post("/config/bgp/global", &global_body()).await);
 }

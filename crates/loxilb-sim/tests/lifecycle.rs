@@ -246,3 +246,36 @@ async fn several_simulators_keep_separate_ha_states() {
     assert!(b.sim.writes_since_restart().is_empty());
     assert_eq!(a.sim.cluster_state("llb-inst0").as_deref(), Some("MASTER"));
 }
+
+/// Rule writes take the rule write latency one after the other, as loxilb applies them;
+/// HA state writes are not held up by them.
+#[tokio::test]
+async fn rule_writes_take_their_latency_one_at_a_time() {
+    let env = start().await;
+    env.sim
+        .set_rule_write_latency(std::time::Duration::from_millis(300));
+    let (rule_a, rule_b) = (
+        tcp_rule("10.0.0.1", 80, &["10.1.0.1"]),
+        tcp_rule("10.0.0.2", 80, &["10.1.0.1"]),
+    );
+    let t = std::time::Instant::now();
+    let (a, b, state) = tokio::join!(env.post_lb(&rule_a), env.post_lb(&rule_b), async {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let body = json!({"instance": "llb-inst0", "state": "MASTER", "vip": "0.0.0.0"});
+        let r = env.post("/config/cistate", &body).await;
+        (r, t.elapsed())
+    });
+    assert_success(&a);
+    assert_success(&b);
+    assert_success(&state.0);
+    assert!(
+        t.elapsed() >= std::time::Duration::from_millis(600),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(
+        state.1 < std::time::Duration::from_millis(300),
+        "the HA state waited: {:?}",
+        state.1
+    );
+}

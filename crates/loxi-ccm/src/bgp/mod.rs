@@ -22,7 +22,6 @@ mod schema;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::Mutex;
-use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -53,6 +52,8 @@ pub const FINALIZER: &str = "loxilb.io/bgp-cleanup";
 
 /// The session state a peer should be in.
 const ESTABLISHED: &str = "ESTABLISHED";
+/// The session state shown for a loxilb that does not answer (goBGP's "unknown").
+const DOWN: &str = "UNKNOWN";
 
 /// The API and the store of one kind.
 struct Kept<K: Resource<DynamicType = ()> + Clone + 'static> {
@@ -241,6 +242,46 @@ impl Bgp {
         }
     }
 
+    /// Whether `a` and `b` want the same BGP settings on the loxilb at `url` (a pass made with
+    /// one stands for the other).
+    pub fn same_settings(a: &Plan, b: &Plan, url: &str) -> bool {
+        desired::config_for(&a.desired.config, &a.mesh, url)
+            == desired::config_for(&b.desired.config, &b.mesh, url)
+    }
+
+    /// The loxilb at `url` stopped answering: its sessions are down with it, reported at once
+    /// (metrics, and the Event or log line of a session leaving ESTABLISHED), not once it is
+    /// back. Its state reads `UNKNOWN` until a pass lists it again.
+    pub fn loxilb_down(&self, plan: &Plan, url: &str) {
+        let now = now();
+        let mut left = Vec::new();
+        {
+            let mut state = self.state();
+            let State {
+                sessions, shown, ..
+            } = &mut *state;
+            for ((loxilb, ip), (current, since)) in sessions.iter_mut() {
+                if loxilb != url || current == DOWN {
+                    continue;
+                }
+                if current == ESTABLISHED {
+                    left.push(*ip);
+                }
+                self.metrics
+                    .set_bgp_session(loxilb, &ip.to_string(), current, false);
+                shown.remove(&(loxilb.clone(), ip.to_string(), current.clone()));
+                *current = DOWN.to_string();
+                *since = now.clone();
+                self.metrics
+                    .set_bgp_session(loxilb, &ip.to_string(), DOWN, true);
+                shown.insert((loxilb.clone(), ip.to_string(), DOWN.to_string()));
+            }
+        }
+        for ip in left {
+            self.session_left(plan, url, ip, DOWN);
+        }
+    }
+
     /// One pass on a reachable loxilb: every loxilb's configuration plus its own mesh
     /// neighbours.
     pub async fn sync(&self, inst: &Instance, plan: &Plan) -> Result<BgpReport, ClientError> {
@@ -248,38 +289,14 @@ impl Bgp {
         inst.ensure_bgp(&config).await
     }
 
-    /// A pass on a loxilb that just (re)started: its goBGP answers errors for a moment after
-    /// loxilb starts, so errors are retried with back-off (100 ms doubling, 5 tries) before
-    /// they count; the caller replays the rules after it either way (the health loop keeps
-    /// trying BGP).
-    pub async fn sync_after_start(
-        &self,
-        inst: &Instance,
-        plan: &Plan,
-    ) -> Result<BgpReport, ClientError> {
-        let mut delay = Duration::from_millis(100);
-        let mut attempt = 1;
-        loop {
-            let result = self.sync(inst, plan).await;
-            let transient = match &result {
-                Ok(report) => !report.refused.is_empty(),
-                Err(e) => e.is_retryable() || matches!(e, ClientError::Server { .. }),
-            };
-            if !transient || attempt == 5 {
-                return result;
-            }
-            tokio::time::sleep(delay).await;
-            delay *= 2;
-            attempt += 1;
-        }
-    }
-
-    /// Writes what this tick's passes (one per loxilb, `None`: not reached) changed:
-    /// session metrics and Events, statuses, finalizers.
+    /// Writes what the latest passes (one per loxilb, `None`: not reached) changed: session
+    /// metrics and Events, and, when every pass was made with this plan's settings
+    /// (`current`), the resources' statuses and finalizers.
     pub async fn publish(
         &self,
         plan: &Plan,
-        passes: &[(String, Option<Result<BgpReport, ClientError>>)],
+        passes: &[(String, Option<&Result<BgpReport, ClientError>>)],
+        current: bool,
     ) {
         let texts: Vec<String> = passes
             .iter()
@@ -301,7 +318,7 @@ impl Bgp {
             })
             .collect();
         let sessions = self.track_sessions(plan, &view);
-        if self.resources.is_none() {
+        if self.resources.is_none() || !current {
             return;
         }
         // A loxilb running without BGP holds nothing a deletion must wait for.
@@ -429,6 +446,19 @@ impl Bgp {
                 state.sessions.insert(key, (current.clone(), since.clone()));
                 shown.insert((url.clone(), ip.to_string(), current.clone()));
                 out.push((url, ip, (current, since)));
+            }
+        }
+        // A loxilb not reached (down) keeps its sessions in the metric as last seen
+        // (`UNKNOWN` once it was seen down: `Bgp::loxilb_down`).
+        let unreached: BTreeSet<&str> = view
+            .iter()
+            .filter(|(_, pass)| pass.is_none())
+            .map(|(url, _)| *url)
+            .collect();
+        for ((url, ip), (current, _)) in &state.sessions {
+            if unreached.contains(url.as_str()) && addresses.contains(ip) {
+                // The metric only: the resources' statuses list the loxilbs reached.
+                shown.insert((url.clone(), ip.to_string(), current.clone()));
             }
         }
         // Peers no longer configured start afresh if they come back.

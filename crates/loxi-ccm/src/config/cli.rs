@@ -509,9 +509,17 @@ pub struct RunArgs {
     )]
     pub exclude_role_list: Vec<String>,
 
+    /// With --set-roles and BGP: how long a MASTER whose BGP sessions with the configured
+    /// peers are all down stays MASTER while another loxilb of its group has one
+    /// ESTABLISHED; then the role moves there (a session that flaps faster moves nothing;
+    /// docs/fleet.md).
+    #[arg(long = "ha-bgp-hold", env = "LOXI_CCM_HA_BGP_HOLD", default_value = "10s", value_parser = parse_duration)]
+    pub ha_bgp_hold: Duration,
+
     /// Number of HA instances (llb-inst0, llb-inst1, ...): each Service is given one (the
     /// least used, or loxilb.io/zoneinstance), recorded on the Service and never changed; its
-    /// rules carry the instance in their name. (kube-loxilb: --numZoneInstances)
+    /// rules carry the instance in their name. Above 1 is refused with BGP on
+    /// (docs/fleet.md). (kube-loxilb: --numZoneInstances)
     #[arg(
         long = "num-zone-instances",
         alias = "numZoneInstances",

@@ -139,6 +139,9 @@ pub struct Config {
     pub zone_instances: u16,
     /// `None`: no HA roles (`--set-roles` unset).
     pub roles: Option<loxi_domain::roles::HaSettings>,
+    /// With BGP: how long a MASTER cut off from its BGP peers keeps the role while another
+    /// loxilb of its group reaches them (`--ha-bgp-hold`).
+    pub ha_bgp_hold: std::time::Duration,
     /// Namespace and name of the ConfigMap recording the HA masters: the leader-election
     /// namespace, `<leader-elect-name>-ha-roles`.
     pub roles_record: (String, String),
@@ -1114,6 +1117,20 @@ impl Config {
                     .to_string(),
             ));
         }
+        if bgp.is_some() && args.num_zone_instances > 1 {
+            // docs/fleet.md#several-ha-instances-and-bgp: seen on loxilb 0.9.8.
+            return Err(ConfigError::invalid(
+                origins.describe("num_zone_instances"),
+                format!(
+                    "{} HA instances with BGP on: loxilb advertises every address with the BGP \
+                     preference (MED) of llb-inst0's role, whatever the HA instance of its rule, \
+                     so the router sends the traffic of the other instances' addresses to a \
+                     loxilb that is not their MASTER and they are unreachable; use one HA \
+                     instance per group (--num-zone-instances=1) with BGP",
+                    args.num_zone_instances
+                ),
+            ));
+        }
         let pool = pools
             .iter()
             .find(|p| p.size(Family::V4) > 0)
@@ -1173,6 +1190,7 @@ impl Config {
                 args.leader_elect_namespace.clone(),
                 format!("{lease_name}-fleet"),
             ),
+            ha_bgp_hold: args.ha_bgp_hold,
             roles_record: (
                 args.leader_elect_namespace.clone(),
                 format!("{lease_name}-ha-roles"),
@@ -1764,12 +1782,32 @@ mod tests {
             ),
             (vec!["--bgp-local-as=x"], "flag --bgp-local-as"),
             (vec!["--bgp-crds"], "flag --bgp-crds"),
+            (
+                vec!["--bgp-local-as=65100", "--num-zone-instances=2"],
+                "flag --num-zone-instances",
+            ),
         ] {
             let mut full = vec![BASE[0], cidr];
             full.extend(argv.iter().copied());
             let e = err(run(&full, &env_of(&[])));
             assert!(e.starts_with(option), "{e}");
         }
+        // Several HA instances with BGP: refused naming loxilb's behaviour, from any layer.
+        let e = err(run(
+            &[BASE[0], cidr, "--setBGP=65100"],
+            &env_of(&[("LOXI_CCM_NUM_ZONE_INSTANCES", "2")]),
+        ));
+        assert!(
+            e.starts_with("environment LOXI_CCM_NUM_ZONE_INSTANCES:")
+                && e.contains("llb-inst0's role"),
+            "{e}"
+        );
+        assert!(
+            ok(&["--setBGP=65100", "--num-zone-instances=1"], &[])
+                .bgp
+                .is_some()
+        );
+        assert_eq!(ok(&["--num-zone-instances=2"], &[]).zone_instances, 2);
     }
 
     #[test]

@@ -93,6 +93,18 @@ fn gobgp_not_started(e: &ClientError) -> bool {
     e.to_string().contains("hasn't started yet")
 }
 
+/// loxilb's answer (500 `action 3 is already set`) to a global configuration identical to
+/// the one it holds (docs/loxilb-api.md#the-global-configuration).
+fn global_already_set(e: &ClientError) -> bool {
+    e.to_string().contains("is already set")
+}
+
+/// loxilb's answer (500 `... connect: connection refused`) while its goBGP does not listen
+/// yet, for some seconds after loxilb starts (docs/loxilb-api.md#bgp): try again later.
+pub fn gobgp_starting(e: &ClientError) -> bool {
+    matches!(e, ClientError::Server { .. }) && e.to_string().contains("connection refused")
+}
+
 fn listed_ip(n: &BgpNeighborStatus) -> Option<IpAddr> {
     n.ip_address.parse::<IpAddr>().ok()
 }
@@ -180,6 +192,14 @@ impl Instance {
                 Ok(()) => {
                     info!(instance = self.url(), %router_id, local_as = global.local_as, "BGP global settings sent");
                 }
+                // An identical repeat (this process restarted, or an earlier answer was
+                // lost): loxilb holds these settings already.
+                Err(e) if global_already_set(&e) => {
+                    info!(
+                        instance = self.url(),
+                        "BGP global settings already in place"
+                    );
+                }
                 // loxilb answers an error to a repeat of the global configuration (this
                 // process restarted, loxilb did not): harmless when goBGP already runs.
                 Err(e) if !is_transport(&e) && !state.known && self.gobgp_configured().await => {
@@ -223,10 +243,19 @@ impl Instance {
                 Err(e) => refused(&id, e)?,
             }
         }
+        // A policy still applied stays until its application is gone (its resource may be
+        // deleted a moment after the policy's): goBGP lets an import policy go while applied,
+        // and the application could then never be removed.
         let gone: Vec<ItemId> = state
             .policies
             .iter()
             .filter(|(id, held)| !config.policies.iter().any(|(i, p)| i == *id && p == *held))
+            .filter(|(_, held)| {
+                !state
+                    .applies
+                    .values()
+                    .any(|a| a.policies.iter().any(|p| *p == held.name))
+            })
             .map(|(id, _)| id.clone())
             .collect();
         for id in gone {

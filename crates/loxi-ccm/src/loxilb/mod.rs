@@ -292,7 +292,13 @@ struct Holdings {
     /// Counts the times room freed, so that a Service whose pass decided without room can
     /// tell whether room freed before it started waiting (`Holdings::wait_for_room`).
     room_freed_count: u64,
+    /// When the table was last listed (`Instance::refresh`).
+    listed_at: Option<Instant>,
 }
+
+/// A listing younger than this is current enough for a whole-instance pass (`converge_all`):
+/// a new leader's first Service pass lists every loxilb, and its replay follows at once.
+const FRESH_LISTING: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The restart marker's state on one instance.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -829,11 +835,16 @@ impl Instance {
     /// answers as if nothing happened, but comes back empty
     /// (docs/loxilb-api.md#detecting-a-restart).
     pub async fn probe(&self, cluster: &ClusterId, metrics: &Metrics) -> Probe {
-        let answer = self.client.version().await;
+        // One attempt while it cannot be reached: a loxilb that hangs is seen down after one
+        // timeout. One that answers with an error is alive: asked again as any call is.
+        let answer = match self.client.probe_version().await {
+            Err(e) if !e.is_transport() => self.client.version().await,
+            answer => answer,
+        };
         self.note_reach(answer.as_ref().map(|_| ()));
         let up = answer.is_ok();
         metrics.set_up(self.url(), up);
-        self.probed.store(true, Ordering::SeqCst);
+        let first = !self.probed.swap(true, Ordering::SeqCst);
         let was = self.healthy.swap(up, Ordering::SeqCst);
         let unannounced = self.down_unannounced.swap(false, Ordering::SeqCst);
         if let Err(error) = answer {
@@ -848,23 +859,35 @@ impl Instance {
             }
             return Probe::Down;
         }
-        let mut h = self.holdings.lock().await;
         if !was {
-            // Whatever it held may be gone, and it may run with another configuration: list
-            // before trusting anything, and let waiting Services try again.
-            h.known = false;
-            h.learned_capacity = None;
-            // A loxilb that was away may have restarted and lost the marker with everything
-            // else: placed again before the replay's listing, or the first probe after the
-            // replay would find it missing and replay a second time. (A refusal stands.)
-            if h.marker == Marker::Placed {
-                h.marker = Marker::NotPlaced;
+            let mut h = self.holdings.lock().await;
+            // A first probe after a Service's pass of this process listed it and placed the
+            // marker (a new leader's reconciles start at once): that listing is what a
+            // replay needs, nothing is listed or placed twice.
+            let fresh = first && h.known && h.marker != Marker::NotPlaced;
+            if !fresh {
+                // Whatever it held may be gone, and it may run with another configuration:
+                // list before trusting anything, and let waiting Services try again.
+                h.known = false;
+                h.learned_capacity = None;
+                // A loxilb that was away may have restarted and lost the marker with
+                // everything else: placed again before the replay's listing, or the first
+                // probe after the replay would find it missing and replay a second time. (A
+                // refusal stands.)
+                if h.marker == Marker::Placed {
+                    h.marker = Marker::NotPlaced;
+                }
             }
             h.room_freed();
             info!(instance = self.url(), "loxilb reachable: replaying rules");
             metrics.replayed(self.url(), "came_back");
             return Probe::CameBack;
         }
+        // A pass holds the table (a replay of thousands of rules may take minutes on a real
+        // loxilb): its calls notice a restart themselves, and the probe stays on time.
+        let Ok(mut h) = self.holdings.try_lock() else {
+            return Probe::Up;
+        };
         if !h.known || h.rules.is_empty() {
             return Probe::Up;
         }
@@ -1006,6 +1029,7 @@ impl Instance {
         h.rules = RuleTable::from_map(rules);
         h.uncounted = uncounted;
         h.known = true;
+        h.listed_at = Some(Instant::now());
         if before.is_some_and(|b| h.held() < b) {
             // Deleted by someone else, or a restart: room for those waiting.
             h.room_freed();
@@ -1374,7 +1398,13 @@ impl Instance {
         I: Iterator<Item = ServiceRules>,
     {
         let mut h = self.holdings.lock().await;
-        let refreshed = self.refresh(&mut h, metrics).await;
+        // A listing made moments ago (a Service's first pass after a take-over) is current:
+        // every write since went through this cache.
+        let refreshed = if h.known && h.listed_at.is_some_and(|t| t.elapsed() < FRESH_LISTING) {
+            Ok(())
+        } else {
+            self.refresh(&mut h, metrics).await
+        };
         let result = match refreshed {
             Ok(()) => {
                 self.apply_locked(&mut h, cluster, namespace, desired(), metrics)
@@ -1820,16 +1850,6 @@ impl Fleet {
         for inst in self.instances().iter() {
             inst.holdings.lock().await.waiters.done(svc);
         }
-    }
-
-    /// Probes every instance of `instances` at once: one that times out must not delay
-    /// noticing that another restarted. In the order given.
-    pub async fn probe_all(
-        instances: &[Arc<Instance>],
-        cluster: &ClusterId,
-        metrics: &Metrics,
-    ) -> Vec<Probe> {
-        futures::future::join_all(instances.iter().map(|i| i.probe(cluster, metrics))).await
     }
 }
 

@@ -27,6 +27,12 @@ impl Instance {
         self.roles.lock().await.clear();
     }
 
+    /// A post of HA states to it is under way (the fleet's role decisions then leave it to
+    /// that post and the next decision).
+    pub fn posting_roles(&self) -> bool {
+        self.roles.try_lock().is_err()
+    }
+
     /// The roles this controller last posted here.
     pub async fn posted_roles(&self) -> BTreeMap<String, Role> {
         self.roles.lock().await.clone()

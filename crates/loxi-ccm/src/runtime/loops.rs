@@ -1,5 +1,6 @@
 //! The controller's background loops: start-up (stores synced, address index rebuilt), the
-//! loxilb health probes with their replays, and the drift check with the claim collection.
+//! fleet's health tick (the loxilbs' own workers probe and replay: `crate::fleet::workers`),
+//! and the drift check with the claim collection.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -11,10 +12,13 @@ use kube::runtime::reflector::{self, ObjectRef};
 use tracing::{info, warn};
 
 use super::{Shared, Stop};
+use crate::fleet::workers::Replay;
 use crate::ipam::claims::ClaimedBy;
+use crate::loxilb::bgp::BgpReport;
 use crate::loxilb::{Fleet, Instance, ServiceRules};
 use crate::service::context::recorded_group;
 use crate::service::plan::{Desired, desired};
+use loxilb_client::ClientError;
 
 /// Waits for the stores, then (on the leader) rebuilds the address index from the claims and
 /// what Services show, before anything is allocated (`docs/architecture.md#invariants`);
@@ -82,94 +86,45 @@ where
     }
 }
 
-/// Probes every loxilb; one that comes back, or that no longer holds rules we know it had
-/// (it restarted between two probes), gets a full replay at once (`Instance::probe`), in
-/// loxilb's order: HA roles, BGP (global, neighbours, policy sets, definitions,
-/// applications), then the rules. With BGP on, every reachable loxilb is brought to the BGP plan at every
-/// tick, and the BGP resources' status follows (`crate::bgp`).
+/// The fleet's health tick: a worker for every loxilb (`crate::fleet::workers`: probes,
+/// replays, BGP, each loxilb in its own task), the BGP plan handed to them and what their
+/// passes found published (`crate::bgp`), the groups' metrics and the fleet record; at every
+/// `--health-interval` and at once when a loxilb changed state. Nothing here waits for a
+/// loxilb's call.
 pub async fn health_loop(shared: Arc<Shared>) {
     let ctx = &shared.service;
     ctx.gate.wait_ready().await;
+    let workers = &shared.workers;
+    let mut changes = workers.changes();
     let mut tick = tokio::time::interval(shared.health_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            changed = changes.changed() => if changed.is_err() { return },
+        }
         let instances = ctx.fleet.instances();
-        // The BGP-peer-only loxilbs are probed with the others and get BGP settings only
-        // (runtime::discovery).
+        // The BGP-peer-only loxilbs get BGP settings only (runtime::discovery).
         let peers = match &shared.bgp {
             Some(_) => shared.members.peer_instances(),
             None => Default::default(),
         };
-        let everyone: Vec<Arc<Instance>> = instances.iter().chain(peers.iter()).cloned().collect();
-        let mut probes = Fleet::probe_all(&everyone, &ctx.cluster, &ctx.report.metrics).await;
-        let peer_probes = probes.split_off(instances.len());
+        workers.follow(&instances, &peers);
         publish_groups(&ctx.fleet, &ctx.report.metrics);
-        // HA roles first: a failover is not held up by replays, and a loxilb that restarted
-        // gets its role before its BGP and rules (docs/loxilb-api.md#replay-order).
-        for (inst, probe) in instances.iter().zip(&probes) {
-            if probe.needs_replay() {
-                // Restarted or back: the HA states it held are gone (or stale).
-                inst.forget_roles().await;
-            }
-        }
-        if let Some(roles) = &shared.roles {
-            roles.tick(&instances, &ctx.gate, &ctx.report.metrics).await;
-        }
-        let plan = shared
-            .bgp
-            .as_ref()
-            .map(|bgp| (bgp, bgp.plan(shared.members.mesh())));
-        let mut passes = Vec::new();
-        let mut joined = false;
-        for (inst, probe) in instances.iter().zip(&probes) {
-            let mut pass = None;
-            if probe.needs_replay() {
-                // loxilb's order after a start: roles (above), BGP, then the rules.
-                inst.forget_bgp().await;
-                if let Some((bgp, plan)) = &plan {
-                    let result = bgp.sync_after_start(inst, plan).await;
-                    if let Err(e) = &result {
-                        warn!(instance = inst.url(), error = %e, "BGP not configured after a loxilb start; trying again");
-                    }
-                    pass = Some(result);
-                }
-                if converge_instance(&shared, inst).await && inst.start_serving() {
-                    // Discovered and now programmed completely: it serves from now on.
-                    info!(
-                        instance = inst.url(),
-                        "loxilb joined: programmed, now serving"
-                    );
-                    joined = true;
-                }
-            } else if let Some((bgp, plan)) = &plan
-                && inst.is_healthy()
-            {
-                let result = bgp.sync(inst, plan).await;
-                if let Err(e) = &result {
-                    warn!(instance = inst.url(), error = %e, "BGP settings not applied; trying again");
-                }
-                pass = Some(result);
-            }
-            passes.push((inst.url().to_string(), pass));
-        }
-        if let Some((bgp, plan)) = &plan {
-            for (inst, probe) in peers.iter().zip(&peer_probes) {
-                let pass = if probe.needs_replay() {
-                    // New, back or restarted: whatever its goBGP held is gone or unknown.
-                    inst.forget_bgp().await;
-                    Some(bgp.sync_after_start(inst, plan).await)
-                } else if inst.is_healthy() {
-                    Some(bgp.sync(inst, plan).await)
-                } else {
-                    None
-                };
-                if let Some(Err(e)) = &pass {
-                    warn!(instance = inst.url(), error = %e, "BGP settings of a BGP-peer-only loxilb not applied; trying again");
-                }
-                passes.push((inst.url().to_string(), pass));
-            }
-            bgp.publish(plan, &passes).await;
+        if let Some(bgp) = &shared.bgp {
+            let plan = Arc::new(bgp.plan(shared.members.mesh()));
+            workers.set_plan(plan.clone());
+            let urls: Vec<String> = instances
+                .iter()
+                .chain(peers.iter())
+                .map(|i| i.url().to_string())
+                .collect();
+            let (passes, current) = workers.bgp_passes(&plan, &urls);
+            let view: Vec<(String, Option<&Result<BgpReport, ClientError>>)> = passes
+                .iter()
+                .map(|(url, pass)| (url.clone(), pass.as_deref()))
+                .collect();
+            bgp.publish(&plan, &view, current).await;
         }
         let masters = match &shared.roles {
             Some(roles) => roles.masters().await,
@@ -184,11 +139,26 @@ pub async fn health_loop(shared: Arc<Shared>) {
                 &ctx.gate,
             )
             .await;
-        // Programmed conditions name the unreachable instances: re-evaluate them.
-        if joined || probes.iter().any(|p| p.changes_status()) {
+        // Programmed conditions name the unreachable instances and count the serving ones:
+        // re-evaluate them.
+        if workers.take_status_changed() {
             ctx.requeue_all_served();
         }
     }
+}
+
+/// The replay of one loxilb for its worker: every rule of its group's Services, from the
+/// stores. Holds the runtime weakly (the workers are part of it).
+pub fn replay(shared: std::sync::Weak<Shared>) -> Replay {
+    Arc::new(move |inst: Arc<Instance>| {
+        let shared = shared.clone();
+        Box::pin(async move {
+            match shared.upgrade() {
+                Some(shared) => converge_instance(&shared, &inst).await,
+                None => false,
+            }
+        })
+    })
 }
 
 /// Each group's loxilbs by state and its capacity, as metrics.

@@ -6,7 +6,6 @@ pub mod fleet_status;
 mod loops;
 pub mod loxiurl;
 pub mod node_watch;
-pub mod roles;
 mod watches;
 
 use std::sync::Arc;
@@ -28,6 +27,8 @@ use tracing::{info, warn};
 
 use crate::bgp::{Bgp, Resources as BgpResources};
 use crate::config::{Config, TokenSource};
+use crate::fleet::roles::Roles;
+use crate::fleet::workers::{self, Workers};
 use crate::ipam::address_pools::{AddressPool, Pools};
 use crate::ipam::claims::AddressClaim;
 use crate::ipam::{self, Ipam};
@@ -58,7 +59,9 @@ pub struct Shared {
     /// `None`: BGP off.
     pub bgp: Option<Arc<Bgp>>,
     /// `None`: no HA roles (`--set-roles` unset).
-    pub roles: Option<roles::Roles>,
+    pub roles: Option<Arc<Roles>>,
+    /// One worker per loxilb (`crate::fleet::workers`).
+    pub workers: Arc<Workers>,
     /// The fleet's members by source (`discovery::Members`).
     pub members: discovery::Members,
     /// The fleet as `kubectl get` shows it (`fleet_status`).
@@ -412,7 +415,25 @@ pub async fn run(
             ctx.report.metrics.clone(),
         ))
     });
-    let shared = Arc::new(Shared {
+    let roles = cfg.roles.clone().map(|settings| {
+        let (namespace, name) = &cfg.roles_record;
+        Arc::new(Roles::new(
+            ctx.kube.clone(),
+            settings,
+            cfg.ha_bgp_hold,
+            namespace,
+            name,
+        ))
+    });
+    let shared = Arc::new_cyclic(|weak| Shared {
+        workers: Workers::new(workers::Settings {
+            cluster: ctx.cluster.clone(),
+            metrics: ctx.report.metrics.clone(),
+            interval: cfg.health_interval,
+            bgp: bgp.clone(),
+            roles: roles.clone(),
+            replay: loops::replay(weak.clone()),
+        }),
         service: ctx.clone(),
         synced: false.into(),
         running: true.into(),
@@ -433,11 +454,10 @@ pub async fn run(
             &cfg.fleet_record.0,
             &cfg.fleet_record.1,
         ),
-        roles: cfg.roles.clone().map(|settings| {
-            let (namespace, name) = &cfg.roles_record;
-            roles::Roles::new(ctx.kube.clone(), settings, namespace, name)
-        }),
+        roles,
     });
+    // The workers are tasks of their own: they stop with this function.
+    let _workers = StopWorkers(shared.workers.clone());
 
     // Everything below ends with this function (dropping the set aborts its tasks): a
     // stopped controller must not keep probing, replaying or repairing from frozen stores.
@@ -504,6 +524,15 @@ pub async fn run(
     }
     tasks.spawn(loxiurl::follow(shared.clone()));
     tasks.spawn(loops::health_loop(shared.clone()));
+    if let Some(roles) = &shared.roles {
+        tasks.spawn(roles.clone().run(
+            ctx.fleet.clone(),
+            shared.workers.clone(),
+            ctx.gate.clone(),
+            ctx.report.metrics.clone(),
+            cfg.health_interval,
+        ));
+    }
     tasks.spawn(loops::drift_loop(shared.clone()));
     let requeues = tokio_stream_from(requeue_rx);
     let reconciling = controller
@@ -560,6 +589,15 @@ pub async fn run(
         anyhow::bail!("lost leadership: exiting so that a restart comes back as a standby");
     }
     Ok(())
+}
+
+/// Stops every loxilb's worker when dropped.
+struct StopWorkers(Arc<Workers>);
+
+impl Drop for StopWorkers {
+    fn drop(&mut self) {
+        self.0.stop();
+    }
 }
 
 /// What the Service watch tells the early rule removal.

@@ -1,5 +1,5 @@
 //! Step 4 of a Service reconcile: its planned rules onto every reachable loxilb instance of
-//! its group, only the difference sent (`crate::loxilb`). What each instance met is collected for the
+//! its group, all of them at once, only the difference sent (`crate::loxilb`). What each instance met is collected for the
 //! report; what it means is decided in `conditions`.
 
 use k8s_openapi::api::core::v1::Service;
@@ -21,39 +21,43 @@ pub async fn apply_everywhere(
 ) -> Programmed {
     let owner = rule_owner(svc);
     let instances = ctx.fleet.instances();
-    let mut results = Vec::with_capacity(instances.len());
-    for inst in instances.iter().filter(|i| i.group() == group) {
-        if !inst.is_serving() {
-            // Joining (discovery): its first replay programs everything, this rule set too.
-            continue;
-        }
-        let url = inst.url().to_string();
-        if !inst.is_healthy() {
-            results.push((url, InstanceResult::Down(inst.tls_refusal())));
-            continue;
-        }
-        let result = inst
-            .apply_service(
-                &ctx.cluster,
-                &owner.namespace,
-                &owner.name,
-                rules,
-                &ctx.report.metrics,
-                Some(&ctx.room_requeue),
-            )
-            .await;
-        results.push((
-            url,
-            match result {
-                Ok(report) => InstanceResult::Applied(report),
-                // It went away during the call (or refused TLS): it is now marked down, and
-                // gets every rule replayed when it is back.
-                Err(e @ ClientError::Tls { .. }) => InstanceResult::Down(Some(e.to_string())),
-                Err(e) if e.is_transport() => InstanceResult::Down(None),
-                Err(e) => InstanceResult::Failed(e),
-            },
-        ));
-    }
+    // Every loxilb of the group at once: a real loxilb takes about a second per rule write,
+    // and one after the other the last of N loxilbs would hear of a change N seconds late
+    // (docs/fleet.md). The results stay in the fleet's order.
+    let calls = instances
+        .iter()
+        .filter(|i| i.group() == group)
+        // Joining (discovery): its first replay programs everything, this rule set too.
+        .filter(|i| i.is_serving())
+        .map(|inst| {
+            let owner = &owner;
+            async move {
+                let url = inst.url().to_string();
+                if !inst.is_healthy() {
+                    return (url, InstanceResult::Down(inst.tls_refusal()));
+                }
+                let result = inst
+                    .apply_service(
+                        &ctx.cluster,
+                        &owner.namespace,
+                        &owner.name,
+                        rules,
+                        &ctx.report.metrics,
+                        Some(&ctx.room_requeue),
+                    )
+                    .await;
+                let result = match result {
+                    Ok(report) => InstanceResult::Applied(report),
+                    // It went away during the call (or refused TLS): it is now marked down,
+                    // and gets every rule replayed when it is back.
+                    Err(e @ ClientError::Tls { .. }) => InstanceResult::Down(Some(e.to_string())),
+                    Err(e) if e.is_transport() => InstanceResult::Down(None),
+                    Err(e) => InstanceResult::Failed(e),
+                };
+                (url, result)
+            }
+        });
+    let results = futures::future::join_all(calls).await;
     let mut programmed = conditions::programmed(&results, rules.len());
     if results.is_empty() {
         programmed.condition.message = format!("no loxilb of group {group} serves (yet)");

@@ -96,20 +96,25 @@ pub async fn cleanup(svc: &Service, ctx: &Context) -> Result<(), ReconcileError>
 /// in the replay when it is back).
 async fn remove_rules(svc: &Service, ctx: &Context) -> Result<(), ReconcileError> {
     let owner = rule_owner(svc);
-    let mut removed = 0;
-    for inst in ctx.fleet.instances().iter() {
-        if !inst.is_healthy() {
-            continue;
+    let instances = ctx.fleet.instances();
+    // Every loxilb at once (as a Service's pass programs them).
+    let calls = instances.iter().filter(|i| i.is_healthy()).map(|inst| {
+        let owner = &owner;
+        async move {
+            let result = inst
+                .remove_service(
+                    &ctx.cluster,
+                    &owner.namespace,
+                    &owner.name,
+                    &ctx.report.metrics,
+                )
+                .await;
+            (inst, result)
         }
-        match inst
-            .remove_service(
-                &ctx.cluster,
-                &owner.namespace,
-                &owner.name,
-                &ctx.report.metrics,
-            )
-            .await
-        {
+    });
+    let mut removed = 0;
+    for (inst, result) in futures::future::join_all(calls).await {
+        match result {
             Ok(r) => removed += r.changes,
             Err(e) => {
                 let message = format!("{}: {e}", inst.url());

@@ -169,20 +169,25 @@ fn wants_early_removal(ctx: &Context, svc: &Service) -> bool {
 /// cleanup would have (`cleanup::rules_removed`).
 async fn remove_now(ctx: &Context, svc: &Service) {
     let owner = rule_owner(svc);
-    let mut removed = 0;
-    for inst in ctx.fleet.instances().iter() {
-        if !inst.is_healthy() {
-            continue;
+    let instances = ctx.fleet.instances();
+    // Every loxilb at once (as a Service's pass programs them).
+    let calls = instances.iter().filter(|i| i.is_healthy()).map(|inst| {
+        let owner = &owner;
+        async move {
+            let result = inst
+                .remove_service(
+                    &ctx.cluster,
+                    &owner.namespace,
+                    &owner.name,
+                    &ctx.report.metrics,
+                )
+                .await;
+            (inst, result)
         }
-        match inst
-            .remove_service(
-                &ctx.cluster,
-                &owner.namespace,
-                &owner.name,
-                &ctx.report.metrics,
-            )
-            .await
-        {
+    });
+    let mut removed = 0;
+    for (inst, result) in futures::future::join_all(calls).await {
+        match result {
             Ok(r) => removed += r.changes,
             Err(e) => {
                 debug!(instance = inst.url(), service = ?owner, error = %e, "early rule removal failed; left to the cleanup");
