@@ -23,18 +23,7 @@ async fn sim() -> Simulator {
 /// Among the simulators that are up: the index of the only one that is MASTER for
 /// `instance` while every other one is BACKUP, else `None`.
 async fn sole_master(sims: &[Simulator], instance: &str) -> Option<usize> {
-    let mut master = None;
-    for (i, s) in sims.iter().enumerate() {
-        if !s.is_up().await {
-            continue;
-        }
-        match s.cluster_state(instance).as_deref() {
-            Some("MASTER") if master.is_none() => master = Some(i),
-            Some("BACKUP") => {}
-            _ => return None,
-        }
-    }
-    master
+    sole_master_without(sims, instance, usize::MAX).await
 }
 
 async fn wait_sole_master(sims: &[Simulator], instance: &str) -> usize {
@@ -1027,6 +1016,25 @@ async fn sole_master_without(sims: &[Simulator], instance: &str, skip: usize) ->
     master
 }
 
+/// A world with a second loxilb, `--set-roles` and `extra` flags: the world, its two
+/// simulators, and which of them is MASTER of `llb-inst0`.
+async fn two_with_roles(name: &str, extra: &[&str]) -> (World, Vec<Simulator>, usize) {
+    let other = sim().await;
+    let mut extra_args = vec![
+        format!("--loxilb-url={}", other.url()),
+        "--set-roles=0.0.0.0".to_string(),
+    ];
+    extra_args.extend(extra.iter().map(|s| s.to_string()));
+    let opts = Options {
+        extra_args,
+        ..Options::default()
+    };
+    let w = World::with(name, opts).await;
+    let sims = vec![w.sim.clone(), other];
+    let master = wait_sole_master(&sims, "llb-inst0").await;
+    (w, sims, master)
+}
+
 /// How long a failover test waits for the new MASTER (`FAILOVER_WAIT_SECS`, default 30):
 /// longer to measure how late an older build is.
 fn failover_wait() -> Duration {
@@ -1139,18 +1147,7 @@ async fn failover_during_a_replay() {
 /// attempt.
 #[tokio::test]
 async fn a_hanging_master_is_replaced_within_one_probe_timeout() {
-    let other = sim().await;
-    let opts = Options {
-        extra_args: vec![
-            format!("--loxilb-url={}", other.url()),
-            "--set-roles=0.0.0.0".into(),
-            "--loxilb-timeout=2s".into(),
-        ],
-        ..Options::default()
-    };
-    let w = World::with("hahang", opts).await;
-    let sims = vec![w.sim.clone(), other];
-    let master = wait_sole_master(&sims, "llb-inst0").await;
+    let (w, sims, master) = two_with_roles("hahang", &["--loxilb-timeout=2s"]).await;
     let frozen = Instant::now();
     sims[master].set_latency(Duration::from_secs(3600));
     let new = wait_for("another MASTER", WAIT, || async {
@@ -1174,19 +1171,9 @@ async fn a_hanging_master_is_replaced_within_one_probe_timeout() {
 /// that first call.
 #[tokio::test]
 async fn a_returning_master_is_told_backup_first() {
-    let other = sim().await;
-    let opts = Options {
-        extra_args: vec![
-            format!("--loxilb-url={}", other.url()),
-            "--set-roles=0.0.0.0".into(),
-        ],
-        ..Options::default()
-    };
-    let w = World::with("hareturn", opts).await;
+    let (w, sims, master) = two_with_roles("hareturn", &[]).await;
     w.add_node("hareturn-a", "10.9.1.1").await;
     w.serve_one_port("web", 80).await;
-    let sims = vec![w.sim.clone(), other];
-    let master = wait_sole_master(&sims, "llb-inst0").await;
     sims[master].go_down().await;
     wait_for("another MASTER", WAIT, || async {
         sole_master_without(&sims, "llb-inst0", master).await

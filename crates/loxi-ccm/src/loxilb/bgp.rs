@@ -254,7 +254,7 @@ impl Instance {
                 !state
                     .applies
                     .values()
-                    .any(|a| a.policies.iter().any(|p| *p == held.name))
+                    .any(|a| a.policies.contains(&held.name))
             })
             .map(|(id, _)| id.clone())
             .collect();

@@ -96,24 +96,8 @@ pub async fn cleanup(svc: &Service, ctx: &Context) -> Result<(), ReconcileError>
 /// in the replay when it is back).
 async fn remove_rules(svc: &Service, ctx: &Context) -> Result<(), ReconcileError> {
     let owner = rule_owner(svc);
-    let instances = ctx.fleet.instances();
-    // Every loxilb at once (as a Service's pass programs them).
-    let calls = instances.iter().filter(|i| i.is_healthy()).map(|inst| {
-        let owner = &owner;
-        async move {
-            let result = inst
-                .remove_service(
-                    &ctx.cluster,
-                    &owner.namespace,
-                    &owner.name,
-                    &ctx.report.metrics,
-                )
-                .await;
-            (inst, result)
-        }
-    });
     let mut removed = 0;
-    for (inst, result) in futures::future::join_all(calls).await {
+    for (inst, result) in remove_everywhere(ctx, &owner).await {
         match result {
             Ok(r) => removed += r.changes,
             Err(e) => {
@@ -131,6 +115,33 @@ async fn remove_rules(svc: &Service, ctx: &Context) -> Result<(), ReconcileError
     }
     rules_removed(svc, ctx, removed);
     Ok(())
+}
+
+/// The rules of `owner` off every reachable loxilb, all at once (as a Service's pass
+/// programs them), with what each answered.
+pub async fn remove_everywhere(
+    ctx: &Context,
+    owner: &crate::loxilb::RuleOwner,
+) -> Vec<(
+    std::sync::Arc<crate::loxilb::Instance>,
+    Result<crate::loxilb::ApplyReport, loxilb_client::ClientError>,
+)> {
+    let instances = ctx.fleet.instances();
+    let calls = instances
+        .iter()
+        .filter(|i| i.is_healthy())
+        .map(|inst| async move {
+            let result = inst
+                .remove_service(
+                    &ctx.cluster,
+                    &owner.namespace,
+                    &owner.name,
+                    &ctx.report.metrics,
+                )
+                .await;
+            (inst.clone(), result)
+        });
+    futures::future::join_all(calls).await
 }
 
 /// Says that `removed` rules of the Service left loxilb: a `RulesDeleted` Event on a Service

@@ -169,24 +169,8 @@ fn wants_early_removal(ctx: &Context, svc: &Service) -> bool {
 /// cleanup would have (`cleanup::rules_removed`).
 async fn remove_now(ctx: &Context, svc: &Service) {
     let owner = rule_owner(svc);
-    let instances = ctx.fleet.instances();
-    // Every loxilb at once (as a Service's pass programs them).
-    let calls = instances.iter().filter(|i| i.is_healthy()).map(|inst| {
-        let owner = &owner;
-        async move {
-            let result = inst
-                .remove_service(
-                    &ctx.cluster,
-                    &owner.namespace,
-                    &owner.name,
-                    &ctx.report.metrics,
-                )
-                .await;
-            (inst, result)
-        }
-    });
     let mut removed = 0;
-    for (inst, result) in futures::future::join_all(calls).await {
+    for (inst, result) in super::cleanup::remove_everywhere(ctx, &owner).await {
         match result {
             Ok(r) => removed += r.changes,
             Err(e) => {
