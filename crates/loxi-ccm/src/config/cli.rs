@@ -283,8 +283,9 @@ pub struct RunArgs {
     )]
     pub lb_mode: String,
 
-    /// Ask loxilb to health-check endpoints by default (loxilb.io/liveness overrides).
-    /// (kube-loxilb: --monitor)
+    /// Ask loxilb to health-check the endpoints of every Service. As in kube-loxilb,
+    /// loxilb.io/liveness: yes turns it on for one Service without this flag, and
+    /// loxilb.io/liveness: no cannot turn it off with it. (kube-loxilb: --monitor)
     #[arg(
         long,
         env = "LOXI_CCM_MONITOR",
