@@ -503,7 +503,9 @@ pub struct RunArgs {
     )]
     pub bgp_crds: bool,
 
-    /// Address of the admin HTTP server (/metrics, /healthz, /readyz).
+    /// Address of the admin HTTP server (/metrics, /healthz, /readyz). run refuses to start
+    /// (exit 1, before it asks for the Lease) when it cannot listen there, e.g. when the
+    /// port is in use.
     #[arg(
         long = "admin-addr",
         env = "LOXI_CCM_ADMIN_ADDR",
