@@ -70,24 +70,51 @@ fn slots(svc: &Service, pools: &PoolSet, who: &Requester<'_>) -> Result<Slots, A
     Ok(Slots { vips, secondaries })
 }
 
-/// A pool named by the Service that does not exist is its annotation's fault.
-fn unknown_pool(svc: &Service, role: Role, name: String) -> AnnotationError {
-    let named_secondary = svc
-        .annotations()
-        .get(ANN_POOL_SELECT_SECONDARY)
-        .is_some_and(|v| !v.trim().is_empty());
-    let (annotation, reason) = match role {
-        Role::Vip => (ANN_POOL_SELECT, "no pool with this name"),
-        Role::Secondary if named_secondary => (ANN_POOL_SELECT_SECONDARY, "no pool with this name"),
-        Role::Secondary => (
+/// A pool named by the Service that does not exist is its annotation's fault. The error
+/// quotes the annotation's value as the Service gives it; `secondary_blocks` is the number of
+/// `--external-secondary-cidrs` blocks (the pools `num-secondary-networks` takes from).
+fn unknown_pool(
+    svc: &Service,
+    role: Role,
+    name: String,
+    secondary_blocks: usize,
+) -> AnnotationError {
+    let value_of = |annotation: &str| {
+        svc.annotations()
+            .get(annotation)
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+    };
+    let named_secondary = value_of(ANN_POOL_SELECT_SECONDARY);
+    let (annotation, value, reason) = match (role, named_secondary) {
+        (Role::Vip, _) => (
+            ANN_POOL_SELECT,
+            value_of(ANN_POOL_SELECT).unwrap_or_else(|| name.clone()),
+            "no pool with this name".to_string(),
+        ),
+        (Role::Secondary, Some(value)) => (
+            ANN_POOL_SELECT_SECONDARY,
+            value.clone(),
+            if value == name {
+                "no pool with this name".to_string()
+            } else {
+                format!("no pool named {}", loxi_domain::text::shown(&name))
+            },
+        ),
+        (Role::Secondary, None) => (
             ANN_NUM_SECONDARY,
-            "no such secondary pool: --external-secondary-cidrs has fewer blocks",
+            value_of(ANN_NUM_SECONDARY).unwrap_or_default(),
+            format!(
+                "one address is taken from each of the pools secondary0, secondary1, ...; \
+                 there is no pool {name} (--external-secondary-cidrs gives \
+                 {secondary_blocks} block(s))"
+            ),
         ),
     };
     AnnotationError {
         annotation,
-        value: name,
-        reason: reason.into(),
+        value,
+        reason,
     }
 }
 
@@ -167,7 +194,8 @@ impl Ipam {
                 Err(EnsureError::Problem(AddressProblem::Allocation(AllocError::UnknownPool(
                     name,
                 )))) if slot.pool.as_deref() == Some(name.as_str()) => {
-                    return Err(AddressProblem::from(unknown_pool(svc, role, name)).into());
+                    let blocks = self.settings.secondary_pools.len();
+                    return Err(AddressProblem::from(unknown_pool(svc, role, name, blocks)).into());
                 }
                 other => other?,
             };
@@ -398,5 +426,46 @@ impl Ipam {
                 .is_ok(),
             None => true,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn annotated(pairs: &[(&str, &str)]) -> Service {
+        let annotations: serde_json::Map<String, serde_json::Value> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), (*v).into()))
+            .collect();
+        let metadata =
+            serde_json::json!({"name": "sctp", "namespace": "ns", "annotations": annotations});
+        serde_json::from_value(serde_json::json!({ "metadata": metadata })).unwrap()
+    }
+
+    /// A missing secondary pool is reported with the annotation's value as the Service
+    /// gives it, and the pool that is missing named in the reason.
+    #[test]
+    fn a_missing_secondary_pool_quotes_the_value_given() {
+        let svc = annotated(&[(ANN_NUM_SECONDARY, " 1 ")]);
+        let e = unknown_pool(&svc, Role::Secondary, "secondary0".into(), 0);
+        assert_eq!(e.annotation, ANN_NUM_SECONDARY);
+        assert_eq!(e.value, "1");
+        assert_eq!(
+            e.to_string(),
+            "annotation loxilb.io/num-secondary-networks=\"1\" is invalid: one address is \
+             taken from each of the pools secondary0, secondary1, ...; there is no pool \
+             secondary0 (--external-secondary-cidrs gives 0 block(s))"
+        );
+        let svc = annotated(&[(ANN_POOL_SELECT_SECONDARY, "a, b")]);
+        let e = unknown_pool(&svc, Role::Secondary, "b".into(), 0);
+        assert_eq!(e.value, "a, b");
+        assert!(e.to_string().ends_with("no pool named \"b\""), "{e}");
+        let svc = annotated(&[(ANN_POOL_SELECT, "web ")]);
+        let e = unknown_pool(&svc, Role::Vip, "web".into(), 0);
+        assert_eq!(
+            (e.value.as_str(), e.reason.as_str()),
+            ("web", "no pool with this name")
+        );
     }
 }
