@@ -115,3 +115,38 @@ fn every_option_has_an_environment_variable_and_a_file_key() {
         }
     }
 }
+
+/// The refusal of a kube-loxilb setting loxi-ccm does not support yet names a section of the
+/// documentation: that section exists and says something about every such setting.
+#[test]
+fn refused_kube_loxilb_settings_are_documented_where_the_refusal_points() {
+    use loxi_ccm::config::{NOT_YET_SUPPORTED, NOT_YET_SUPPORTED_DOC};
+    let (file, anchor) = NOT_YET_SUPPORTED_DOC
+        .split_once('#')
+        .expect("a file and an anchor");
+    let path = format!("{}/../../{file}", env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(&path).unwrap();
+    // GitHub's anchor of a heading: lower case, spaces to '-', punctuation dropped.
+    let anchor_of = |heading: &str| -> String {
+        heading
+            .trim()
+            .to_lowercase()
+            .chars()
+            .filter_map(|c| match c {
+                ' ' => Some('-'),
+                c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+                _ => None,
+            })
+            .collect()
+    };
+    let mut sections = doc.split("\n## ").skip(1);
+    let section = sections
+        .find(|s| anchor_of(s.lines().next().unwrap_or_default()) == anchor)
+        .unwrap_or_else(|| panic!("{file} has no section #{anchor}"));
+    for name in NOT_YET_SUPPORTED {
+        assert!(
+            section.contains(&format!("`--{name}`")),
+            "{file}#{anchor} says nothing about --{name}"
+        );
+    }
+}

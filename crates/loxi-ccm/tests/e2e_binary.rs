@@ -51,16 +51,8 @@ async fn shipped_manifests_and_rbac_run_the_binary_end_to_end() {
     let log_path = cp.dir().join("loxi-ccm.log");
     let admin_port = testenv::free_port().unwrap();
     let mut ccm = KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_loxi-ccm"))
-            .args(["run", "--kubeconfig"])
-            .arg(&sa_kc)
+        loxi_ccm_run(&sa_kc, &sim, &format!("127.0.0.1:{admin_port}"))
             .args([
-                "--loxiURL",
-                &sim.url(),
-                "--externalCIDR",
-                "198.51.100.0/24",
-                "--admin-addr",
-                &format!("127.0.0.1:{admin_port}"),
                 "--log-format",
                 "json",
                 // A tight client-side limit: start-up's lists and watches exceed the burst,
@@ -171,16 +163,7 @@ async fn shipped_manifests_and_rbac_run_the_binary_end_to_end() {
     unsafe {
         libc_kill(ccm.0.id() as i32, 15);
     }
-    let status = loop {
-        if let Some(s) = ccm.0.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "loxi-ccm ignored SIGTERM"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let status = exit_of(&mut ccm.0, "loxi-ccm ignored SIGTERM").await;
     eprintln!(
         "loxi-ccm exited {status} {:?} after SIGTERM",
         started.elapsed()
@@ -215,6 +198,34 @@ async fn audit_clean(admin: &kube::Client, sim: &Simulator) {
 }
 
 /// Kills the child when dropped, so a failing assertion leaves no controller running.
+/// `loxi-ccm run` of this build with kube-loxilb's spellings, as the user of `kubeconfig`:
+/// the simulator's URL, the pool 198.51.100.0/24 and the admin server on `admin`. The
+/// caller adds the rest.
+fn loxi_ccm_run(kubeconfig: &Path, sim: &Simulator, admin: &str) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_loxi-ccm"));
+    command.args(["run", "--kubeconfig"]).arg(kubeconfig).args([
+        "--loxiURL",
+        &sim.url(),
+        "--externalCIDR",
+        "198.51.100.0/24",
+        "--admin-addr",
+        admin,
+    ]);
+    command
+}
+
+/// How `child` exits, within 30 s; `stuck` says what it means when it does not.
+async fn exit_of(child: &mut std::process::Child, stuck: &str) -> std::process::ExitStatus {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "{stuck}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 struct KillOnDrop(std::process::Child);
 
 impl Drop for KillOnDrop {
@@ -884,4 +895,52 @@ async fn a_promoted_standby_never_brings_back_services_deleted_while_it_stood_by
     let ips: Vec<String> = sim.rules().into_iter().map(|r| r.external_ip).collect();
     assert_eq!(ips, vec![ip], "rules for deleted Services");
     audit_clean(&admin, &sim).await;
+}
+
+/// An admin address that cannot be listened on (the port is taken) stops `loxi-ccm run` at
+/// once, before it asks for the Lease: exit 1 and a message naming the flag, the address and
+/// the system's answer. Leading without `/healthz`, `/readyz` and `/metrics` would make the
+/// kubelet's probes fail for a reason nobody sees.
+#[tokio::test]
+async fn an_admin_address_in_use_stops_the_binary_before_it_leads() {
+    let cp = testenv::ControlPlane::start().await.expect("control plane");
+    let sa_kc = apply_shipped_manifests(&cp).await;
+    let admin = cp.admin_client().await.unwrap();
+    let sim = Simulator::start("127.0.0.1:0".parse().unwrap(), SimConfig::default())
+        .await
+        .unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+
+    let mut ccm = KillOnDrop(
+        loxi_ccm_run(&sa_kc, &sim, &addr.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let started = Instant::now();
+    let status = exit_of(
+        &mut ccm.0,
+        &format!("loxi-ccm still runs 30 s after it could not listen on {addr}"),
+    )
+    .await;
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(ccm.0.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    println!("exit {status} after {:?}: {stderr}", started.elapsed());
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "error: --admin-addr {addr}: cannot listen for /healthz, /readyz and /metrics: "
+        )) && stderr.contains("in use"),
+        "{stderr}"
+    );
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(admin, "kube-system");
+    assert!(
+        leases.get_opt("loxi-ccm").await.unwrap().is_none(),
+        "no Lease was asked for"
+    );
+    assert!(sim.rules().is_empty());
+    drop(taken);
 }

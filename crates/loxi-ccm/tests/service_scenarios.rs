@@ -32,7 +32,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, ObjectRef, store::Writer};
 use kube::runtime::watcher;
-use loxi_ccm::ipam::address_pools::Pools;
+use loxi_ccm::ipam::address_pools::{AddressPool, Pools};
 use loxi_ccm::ipam::claims::{AddressClaim, AddressClaimSpec, ClaimedBy, claim_name};
 use loxi_ccm::ipam::{self, Ipam, service_sharing};
 use loxi_ccm::k8s::events::EventRecorder;
@@ -318,6 +318,17 @@ impl ApiServer {
         Some(serde_json::from_value(value).unwrap())
     }
 
+    /// The Events written, as the API server stores them.
+    fn stored_events(&self) -> Vec<Value> {
+        let objects = self.objects.lock().unwrap();
+        objects
+            .by_path
+            .iter()
+            .filter(|(path, _)| path.starts_with(EVENTS_PREFIX))
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
+
     fn claims(&self) -> Vec<AddressClaim> {
         let objects = self.objects.lock().unwrap();
         objects
@@ -350,6 +361,7 @@ struct Scenario {
     _nodes: Writer<Node>,
     _slices: Writer<EndpointSlice>,
     _namespaces: Writer<PartialObjectMeta<Namespace>>,
+    _pools: Writer<AddressPool>,
     _requeue: mpsc::UnboundedReceiver<ObjectRef<Service>>,
     _inject: mpsc::UnboundedReceiver<Injected>,
 }
@@ -358,6 +370,16 @@ impl Scenario {
     /// The context as `loxi_ccm::runtime::run` builds it, over one simulator, one ready Node
     /// and the pool [`CIDR`]; the gate still closed.
     async fn start() -> Scenario {
+        Scenario::start_with(vec![Pool::new(POOL, vec![CIDR.parse().unwrap()])]).await
+    }
+
+    /// As [`Scenario::start`], with these pools (from the command line) instead.
+    async fn start_with(pools: Vec<Pool>) -> Scenario {
+        Scenario::start_with_resources(pools, Vec::new()).await
+    }
+
+    /// As [`Scenario::start_with`], with `AddressPool` resources besides.
+    async fn start_with_resources(pools: Vec<Pool>, resources: Vec<AddressPool>) -> Scenario {
         let sim = Simulator::start("127.0.0.1:0".parse().unwrap(), SimConfig::default())
             .await
             .unwrap();
@@ -372,17 +394,21 @@ impl Scenario {
         let (claim_store, claims) = reflector::store::<AddressClaim>();
         let (namespace_store, namespaces) = reflector::store::<PartialObjectMeta<Namespace>>();
         nodes.apply_watcher_event(&watcher::Event::Apply(ready_node("node-1", NODE_IP)));
+        let (pool_store, mut pool_writer) = reflector::store::<AddressPool>();
+        for resource in resources {
+            pool_writer.apply_watcher_event(&watcher::Event::Apply(resource));
+        }
 
         let (requeue_tx, requeue_rx) = mpsc::unbounded_channel();
         let (inject_tx, inject_rx) = mpsc::unbounded_channel();
         let metrics = Metrics::new();
         let ipam = Arc::new(Ipam::new(
             ipam::Settings {
-                pools: vec![Pool::new(POOL, vec![CIDR.parse().unwrap()])],
+                pools,
                 zone: "llb".into(),
                 ..ipam::Settings::default()
             },
-            Pools::new(Api::all(client.clone()), None, namespace_store),
+            Pools::new(Api::all(client.clone()), Some(pool_store), namespace_store),
             claim_store,
             Api::all(client.clone()),
             requeue_tx.clone(),
@@ -422,6 +448,7 @@ impl Scenario {
             _nodes: nodes,
             _slices: slices,
             _namespaces: namespaces,
+            _pools: pool_writer,
             _requeue: requeue_rx,
             _inject: inject_rx,
         }
@@ -584,6 +611,15 @@ fn served_service() -> Service {
     svc
 }
 
+/// `svc` naming `pool` in `loxilb.io/poolSelect`.
+fn selecting(pool: &str, mut svc: Service) -> Service {
+    svc.metadata.annotations = Some(BTreeMap::from([(
+        "loxilb.io/poolSelect".to_string(),
+        pool.to_string(),
+    )]));
+    svc
+}
+
 /// The claim of `ip` listing `svc`, as its reconcile wrote it.
 fn claim_for(svc: &Service, ip: IpAddr) -> AddressClaim {
     let me = ClaimedBy::new(NS, NAME, UID, &service_sharing(svc, "llb").unwrap());
@@ -605,7 +641,11 @@ fn claim_for(svc: &Service, ip: IpAddr) -> AddressClaim {
 
 /// A Service holding [`VIP`] with its claim and its rule on the simulator; the gate open.
 async fn served() -> (Scenario, Service) {
-    let mut s = Scenario::start().await;
+    served_with(Scenario::start().await).await
+}
+
+/// As [`served`], in the scenario `s`.
+async fn served_with(mut s: Scenario) -> (Scenario, Service) {
     let svc = served_service();
     let vip: IpAddr = VIP.parse().unwrap();
     s.seed_service(&svc);
@@ -746,6 +786,115 @@ async fn invalid_annotation_keeps_the_rule_warns_once_and_calls_no_loxilb() {
         claim_name(&VIP.parse().unwrap())
     ));
     assert!(claim.is_some(), "the claim stays");
+}
+
+/// The message of the Service's condition `type_` as the API server holds it.
+fn condition_message(s: &Scenario, type_: &str) -> String {
+    let svc: Service = s.api.get(SERVICE_PATH).expect("the Service exists");
+    svc.status
+        .and_then(|st| st.conditions)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| c.message)
+        .unwrap_or_default()
+}
+
+/// Two overlapping pools, the Service naming the inner one: its address lies in both, and
+/// the claim, the condition and the Event credit the pool it named, not merely the first
+/// pool holding the address.
+#[tokio::test]
+async fn an_address_in_two_pools_is_credited_to_the_pool_named() {
+    let mut s = Scenario::start_with(vec![
+        Pool::new(POOL, vec![CIDR.parse().unwrap()]),
+        Pool::new("inner", vec!["192.0.2.128/25".parse().unwrap()]),
+    ])
+    .await;
+    let svc = selecting("inner", new_service());
+    s.seed_service(&svc);
+    s.ready();
+
+    s.reconcile(&svc).await.expect("the pass succeeds");
+    s.flush_events().await;
+
+    let claims = s.api.claims();
+    assert_eq!(claims.len(), 1, "{claims:?}");
+    assert_eq!(claims[0].spec.address, "192.0.2.129");
+    assert_eq!(claims[0].spec.pool, "inner", "the pool the Service named");
+    let message = condition_message(&s, "loxilb.io/AddressAllocated");
+    assert_eq!(message, "192.0.2.129 from pool inner");
+    let notes: Vec<String> = s
+        .api
+        .stored_events()
+        .iter()
+        .filter(|e| e["reason"] == "AddressAllocated")
+        .map(|e| e["note"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(notes, ["allocated 192.0.2.129 from pool inner"]);
+}
+
+/// An `AddressPool` resource over `cidr`, as `kubectl apply` would give it.
+fn address_pool(name: &str, cidr: &str, priority: i32, retain: Option<&str>) -> AddressPool {
+    let mut spec = json!({"addresses": [cidr], "priority": priority});
+    if let Some(retain) = retain {
+        spec["retainAddresses"] = json!(retain);
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "ipam.loxilb.io/v1alpha1",
+        "kind": "AddressPool",
+        "metadata": {"name": name, "uid": format!("pool-{name}"), "resourceVersion": "1"},
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+/// Overlapping pools, the Service naming the one that retains addresses (not the first
+/// holding its address): deleted, its address is retained as that pool says.
+#[tokio::test]
+async fn a_deleted_service_keeps_its_address_as_the_pool_it_named_says() {
+    let mut s = Scenario::start_with_resources(
+        vec![Pool::new(POOL, vec!["10.9.0.0/24".parse().unwrap()])],
+        vec![
+            address_pool("wide", "192.0.2.0/24", 10, None),
+            address_pool("narrow", "192.0.2.128/25", 0, Some("1h")),
+        ],
+    )
+    .await;
+    let svc = selecting("narrow", new_service());
+    s.seed_service(&svc);
+    s.ready();
+    s.reconcile(&svc).await.expect("the pass succeeds");
+    let claims = s.api.claims();
+    assert_eq!(claims.len(), 1, "{claims:?}");
+    assert_eq!(
+        (
+            claims[0].spec.address.as_str(),
+            claims[0].spec.pool.as_str()
+        ),
+        ("192.0.2.129", "narrow")
+    );
+
+    s.deliver_watch_events();
+    let mut deleting = s
+        .ctx
+        .inputs
+        .service(&svc)
+        .expect("in the store")
+        .as_ref()
+        .clone();
+    deleting.metadata.resource_version = Some("99".into());
+    deleting.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+    s.seed_service(&deleting);
+    s.reconcile(&deleting).await.expect("the cleanup succeeds");
+
+    let claims = s.api.claims();
+    assert_eq!(claims.len(), 1, "retained, not deleted: {claims:?}");
+    assert!(
+        claims[0].spec.retain_until.is_some(),
+        "kept until the pool's retention ends: {:?}",
+        claims[0].spec
+    );
+    assert!(s.sim.rules().is_empty());
 }
 
 /// A deleted Service: its rule leaves loxilb before its claim is deleted, and taking our

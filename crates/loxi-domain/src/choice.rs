@@ -144,6 +144,37 @@ pub fn choose_address(
     Ok((grant.ip, Source::Allocated))
 }
 
+/// The pool an address of `slot` is credited to (what its claim records as its `pool`, and
+/// messages name): pools may overlap, and then the address lies in several. The pool the
+/// Service selected (`loxilb.io/poolSelect`) when it holds the address; else the first
+/// pool, in preference order, the Service may take addresses from automatically; else the
+/// first pool holding it. `None` outside every pool.
+pub fn credited_pool<'p>(
+    slot: &AddressSlot,
+    pools: &'p PoolSet,
+    who: &Requester<'_>,
+    ip: &IpAddr,
+) -> Option<&'p str> {
+    let holds = |name: &str| pools.get(name).is_some_and(|d| d.pool.contains(ip));
+    if let Some(selected) = slot.pool.as_deref()
+        && let Some(def) = pools.get(selected)
+        && def.pool.contains(ip)
+    {
+        return Some(def.name());
+    }
+    let family = Family::of(ip);
+    if let Ok(names) = pools.candidates(None, who, family)
+        && let Some(name) = names.into_iter().find(|n| holds(n))
+    {
+        return pools.get(name).map(|d| d.name());
+    }
+    pools
+        .defs
+        .iter()
+        .find(|d| d.pool.contains(ip))
+        .map(|d| d.name())
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -307,6 +338,49 @@ mod tests {
             case.choose(&set, &mut index).unwrap(),
             (ip("10.0.0.4"), Source::Indexed)
         );
+    }
+
+    fn two_pools(outer: &str, inner: &str) -> PoolSet {
+        let p = |name: &str, cidr: &str| {
+            Pool::new(name, vec![AddressBlock::parse(cidr, true).unwrap()])
+        };
+        merge_pools(&[p("outer", outer), p("inner", inner)], &[], Vec::new())
+    }
+
+    /// Overlapping pools: an address in both is credited to the pool the Service selected,
+    /// not merely to the first one holding it.
+    #[test]
+    fn an_address_in_two_pools_is_credited_to_the_selected_one() {
+        let set = two_pools("10.0.0.0/24", "10.0.0.128/25");
+        let labels = BTreeMap::new();
+        let who = Requester {
+            namespace_labels: &labels,
+            service_labels: &labels,
+        };
+        let mut index = Allocator::new(set.pools());
+        let mut case = Case::new("ns/a");
+        case.slot.pool = Some("inner".into());
+        let (got, _) = case.choose(&set, &mut index).unwrap();
+        assert_eq!(got, ip("10.0.0.129"));
+        assert_eq!(
+            index.pool_containing(&got),
+            "outer",
+            "the first pool holding it"
+        );
+        assert_eq!(credited_pool(&case.slot, &set, &who, &got), Some("inner"));
+        // Without a selection: the first pool it may take addresses from.
+        let plain = slot(None);
+        assert_eq!(credited_pool(&plain, &set, &who, &got), Some("outer"));
+        assert_eq!(
+            credited_pool(&plain, &set, &who, &ip("10.0.0.5")),
+            Some("outer")
+        );
+        // A selected pool that does not hold the address is not credited.
+        assert_eq!(
+            credited_pool(&case.slot, &set, &who, &ip("10.0.0.5")),
+            Some("outer")
+        );
+        assert_eq!(credited_pool(&plain, &set, &who, &ip("192.0.2.1")), None);
     }
 
     #[test]

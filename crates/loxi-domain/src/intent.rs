@@ -49,7 +49,8 @@ const MAX_WEIGHTS: usize = 32;
 pub struct Defaults {
     /// `--setLBMode`; overridden by `loxilb.io/lbmode`.
     pub mode: NatMode,
-    /// `--monitor`; overridden by `loxilb.io/liveness`.
+    /// `--monitor`: every Service's endpoints are probed. As in kube-loxilb,
+    /// `loxilb.io/liveness` can turn probing on for a Service, never off while this is set.
     pub monitor: bool,
     /// `--usePodNetwork`; overridden by `loxilb.io/usepodnetwork`.
     pub use_pod_network: bool,
@@ -327,7 +328,7 @@ pub fn parse_intent(
             ),
         ));
     }
-    intent.monitor = liveness.unwrap_or(defaults.monitor) || intent.probe.kind.forces_monitor();
+    intent.monitor = monitored(defaults.monitor, liveness, intent.probe.kind);
 
     let pod_network = yes_no(annotations, ANN_USE_POD_NETWORK)?;
     if let Some(v) = get(annotations, ANN_MULTUS_NETS) {
@@ -352,6 +353,14 @@ pub fn parse_intent(
     intent.prefer_local_pod = yes_no(annotations, ANN_PREF_LOCAL_POD)?.unwrap_or(false);
     intent.proxy_protocol_v2 = yes_no(annotations, ANN_PROXY_PROTOCOL_V2)?.unwrap_or(false);
     Ok(intent)
+}
+
+/// Whether the Service's endpoints are probed. kube-loxilb's rule, so that manifests move
+/// over unchanged: `--monitor` probes every Service and `loxilb.io/liveness` can only add
+/// probing (`yes`), never take it away (`no` counts only without `--monitor`); an explicit
+/// probe type other than `none` always probes (loxilb turns monitoring on for it).
+pub fn monitored(flag: bool, liveness: Option<bool>, probe: ProbeType) -> bool {
+    flag || liveness == Some(true) || probe.forces_monitor()
 }
 
 fn parse_weights(v: &str) -> Result<Vec<u8>, AnnotationError> {
@@ -618,8 +627,28 @@ mod tests {
         .unwrap();
         assert_eq!(i.mode, NatMode::Dsr);
         assert_eq!(i.selection, EndpointSelection::Hash);
-        assert!(!i.monitor);
         assert!(!i.use_pod_network);
+    }
+
+    /// kube-loxilb's rule: `--monitor` probes every Service whatever `loxilb.io/liveness`
+    /// says; the annotation turns probing on, and off only where `--monitor` is not set.
+    #[test]
+    fn liveness_no_does_not_turn_monitor_off() {
+        let with = |monitor: bool, liveness: &str| {
+            let d = Defaults {
+                monitor,
+                ..Defaults::default()
+            };
+            parse_intent(&ann(&[(ANN_LIVENESS, liveness)]), d)
+                .unwrap()
+                .monitor
+        };
+        assert!(with(true, "no"), "--monitor wins over liveness: no");
+        assert!(with(true, "yes"));
+        assert!(with(false, "yes"));
+        assert!(!with(false, "no"));
+        assert!(monitored(false, None, ProbeType::Ping));
+        assert!(!monitored(false, None, ProbeType::Default));
     }
 
     #[test]

@@ -47,12 +47,14 @@ pub enum PlacementError {
     },
     /// `loxilb.io/zoneselect` names a group no loxilb belongs to.
     #[error(
-        "annotation loxilb.io/zoneselect={value:?} names no group of loxilbs (groups: {known}); the Service waits until a loxilb of that group joins"
+        "annotation loxilb.io/zoneselect={} names no group of loxilbs (groups: {known}); the Service waits until a loxilb of that group joins",
+        crate::text::shown(.value)
     )]
     UnknownGroup { value: String, known: String },
     /// `loxilb.io/zoneselect` is not a group name.
     #[error(
-        "annotation loxilb.io/zoneselect={value:?} is invalid: expected a group name (lower-case letters, digits and '-', at most 50 characters)"
+        "annotation loxilb.io/zoneselect={} is invalid: expected a group name (lower-case letters, digits and '-', at most 50 characters)",
+        crate::text::shown(.value)
     )]
     InvalidName { value: String },
 }
@@ -190,6 +192,38 @@ mod tests {
                 "InvalidAnnotation",
                 "{bad:?}"
             );
+        }
+    }
+
+    /// A 5,000-character value is shown cut (its start and its size); the reason stays
+    /// whole, so an Event note (1,024 bytes) still says what is wrong.
+    #[test]
+    fn a_long_value_is_cut_and_the_reason_kept() {
+        let long = "z".repeat(5000);
+        let groups = [g("east", 10, 0)];
+        let invalid = parse_group(&long, &groups).unwrap_err().to_string();
+        assert!(
+            invalid.ends_with(
+                "is invalid: expected a group name (lower-case letters, digits and '-', at most \
+                 50 characters)"
+            ),
+            "{invalid}"
+        );
+        let unknown = PlacementError::UnknownGroup {
+            value: long.clone(),
+            known: "east".into(),
+        }
+        .to_string();
+        assert!(
+            unknown.ends_with(
+                "names no group of loxilbs (groups: east); the Service waits until a loxilb of \
+                 that group joins"
+            ),
+            "{unknown}"
+        );
+        for text in [invalid, unknown] {
+            assert!(text.contains("…\" (5000 bytes)"), "{text}");
+            assert!(text.len() < 300, "{} bytes: {text}", text.len());
         }
     }
 

@@ -177,7 +177,8 @@ pub fn role_of(masters: &Masters, instance: &str, id: &str) -> Role {
 /// Why an HA instance given by a Service (`loxilb.io/zoneinstance`) is not usable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "annotation loxilb.io/zoneinstance={value:?} is invalid: not an HA instance of this controller (one of {known})"
+    "annotation loxilb.io/zoneinstance={} is invalid: not an HA instance of this controller (one of {known})",
+    crate::text::shown(.value)
 )]
 pub struct UnknownInstance {
     pub value: String,
@@ -317,6 +318,18 @@ mod tests {
              this controller (one of llb-inst0, llb-inst1)"
         );
         assert!(parse_instance("7", &inst).is_err());
+        // A 5,000-character value is cut, the reason kept whole.
+        let text = parse_instance(&"i".repeat(5000), &inst)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            text.ends_with(
+                "\" (5000 bytes) is invalid: not an HA instance of this controller (one of \
+                 llb-inst0, llb-inst1)"
+            ),
+            "{text}"
+        );
+        assert!(text.len() < 250, "{} bytes: {text}", text.len());
     }
 
     #[test]

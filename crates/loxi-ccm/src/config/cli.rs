@@ -81,7 +81,9 @@ pub enum LogFormat {
     Json,
 }
 
+/// The options of `run` (and `check`, `audit`). Those of [`GO_BOOLS`] are Go-style booleans.
 #[derive(Debug, Clone, Args)]
+#[command(mut_args(go_bools))]
 pub struct RunArgs {
     /// YAML config file: keys are the options in camelCase (e.g. externalCidr), and
     /// kube-loxilb's and loxi-ccm's (Go) spellings. Flags and environment variables override it.
@@ -113,6 +115,19 @@ pub struct RunArgs {
     /// annotation and never moved. (kube-loxilb: --zone)
     #[arg(long = "zone", env = "LOXI_CCM_ZONE", default_value = "llb")]
     pub zone: String,
+
+    /// Accepted so that kube-loxilb's arguments work as they are; it changes nothing. With it,
+    /// kube-loxilb publishes a Service's address as an ip instead of its <zone>-<ip>
+    /// hostname; loxi-ccm publishes the ip (with ipMode) already, with or without this flag,
+    /// and a hostname only when a Service asks for it (loxilb.io/ingress-mode: hostname,
+    /// always llb-<ip>). Rule names keep their HA instance (<zone>-inst<N>) either way.
+    /// (kube-loxilb: --noZoneName)
+    #[arg(
+        long = "no-zone-name",
+        alias = "noZoneName",
+        env = "LOXI_CCM_NO_ZONE_NAME"
+    )]
+    pub no_zone_name: bool,
 
     /// Without --loxilb-url: the Service whose ready EndpointSlice addresses are the loxilbs
     /// (kube-loxilb's in-cluster loxilb Service), followed by a watch; a loxilb that appears
@@ -241,12 +256,7 @@ pub struct RunArgs {
     #[arg(
         long = "set-unique-ip",
         alias = "setUniqueIP",
-        env = "LOXI_CCM_SET_UNIQUE_IP",
-        default_value_t = false,
-        num_args = 0..=1,
-        require_equals = true,
-        default_missing_value = "true",
-        action = ArgAction::Set
+        env = "LOXI_CCM_SET_UNIQUE_IP"
     )]
     pub set_unique_ip: bool,
 
@@ -272,15 +282,7 @@ pub struct RunArgs {
 
     /// Also serve LoadBalancer Services without a class, as the cluster's cloud provider does
     /// (finalizer service.kubernetes.io/load-balancer-cleanup).
-    #[arg(
-        long = "ccm-mode",
-        env = "LOXI_CCM_CCM_MODE",
-        default_value_t = false,
-        num_args = 0..=1,
-        require_equals = true,
-        default_missing_value = "true",
-        action = ArgAction::Set
-    )]
+    #[arg(long = "ccm-mode", env = "LOXI_CCM_CCM_MODE")]
     pub ccm_mode: bool,
 
     /// Default loxilb NAT mode for Services without loxilb.io/lbmode: default, onearm,
@@ -293,17 +295,10 @@ pub struct RunArgs {
     )]
     pub lb_mode: String,
 
-    /// Ask loxilb to health-check endpoints by default (loxilb.io/liveness overrides).
-    /// (kube-loxilb: --monitor)
-    #[arg(
-        long,
-        env = "LOXI_CCM_MONITOR",
-        default_value_t = false,
-        num_args = 0..=1,
-        require_equals = true,
-        default_missing_value = "true",
-        action = ArgAction::Set
-    )]
+    /// Ask loxilb to health-check the endpoints of every Service. As in kube-loxilb,
+    /// loxilb.io/liveness: yes turns it on for one Service without this flag, and
+    /// loxilb.io/liveness: no cannot turn it off with it. (kube-loxilb: --monitor)
+    #[arg(long, env = "LOXI_CCM_MONITOR")]
     pub monitor: bool,
 
     /// Whether loxilb rules carry spec.loadBalancerSourceRanges as allowed sources: enforce or
@@ -325,27 +320,14 @@ pub struct RunArgs {
     #[arg(
         long = "use-pod-network",
         alias = "usePodNetwork",
-        env = "LOXI_CCM_USE_POD_NETWORK",
-        default_value_t = false,
-        num_args = 0..=1,
-        require_equals = true,
-        default_missing_value = "true",
-        action = ArgAction::Set
+        env = "LOXI_CCM_USE_POD_NETWORK"
     )]
     pub use_pod_network: bool,
 
     /// Watch Pod metadata to read Multus' k8s.v1.cni.cncf.io/network-status, so Services with
     /// loxilb.io/multus-nets forward to the pods' secondary-network addresses. Off by default:
     /// it keeps every Pod's metadata in memory.
-    #[arg(
-        long = "multus",
-        env = "LOXI_CCM_MULTUS",
-        default_value_t = false,
-        num_args = 0..=1,
-        require_equals = true,
-        default_missing_value = "true",
-        action = ArgAction::Set
-    )]
+    #[arg(long = "multus", env = "LOXI_CCM_MULTUS")]
     pub multus: bool,
 
     /// Cluster identity written into every rule name so clusters can share a loxilb.
@@ -389,12 +371,7 @@ pub struct RunArgs {
     /// tests only; logged as a warning at start-up and by check.
     #[arg(
         long = "loxilb-insecure-skip-tls-verify",
-        env = "LOXI_CCM_LOXILB_INSECURE_SKIP_TLS_VERIFY",
-        default_value_t = false,
-        num_args = 0..=1,
-        require_equals = true,
-        default_missing_value = "true",
-        action = ArgAction::Set
+        env = "LOXI_CCM_LOXILB_INSECURE_SKIP_TLS_VERIFY"
     )]
     pub loxilb_insecure_skip_tls_verify: bool,
 
@@ -544,7 +521,9 @@ pub struct RunArgs {
     )]
     pub bgp_crds: bool,
 
-    /// Address of the admin HTTP server (/metrics, /healthz, /readyz).
+    /// Address of the admin HTTP server (/metrics, /healthz, /readyz). run refuses to start
+    /// (exit 1, before it asks for the Lease) when it cannot listen there, e.g. when the
+    /// port is in use.
     #[arg(
         long = "admin-addr",
         env = "LOXI_CCM_ADMIN_ADDR",
@@ -597,6 +576,33 @@ pub struct RunArgs {
     pub node_init: crate::node_init::NodeInitArgs,
 }
 
+/// The boolean options (by clap id) written as kube-loxilb's Go flags: `--flag` (true),
+/// `--flag=true`, `--flag=false`; false when absent. The value must follow `=`, so the next
+/// argument is never taken for it.
+const GO_BOOLS: &[&str] = &[
+    "no_zone_name",
+    "set_unique_ip",
+    "ccm_mode",
+    "monitor",
+    "use_pod_network",
+    "multus",
+    "loxilb_insecure_skip_tls_verify",
+];
+
+/// Makes the options of [`GO_BOOLS`] Go-style booleans, leaving the others (and their order)
+/// as they are.
+fn go_bools(arg: clap::Arg) -> clap::Arg {
+    if !GO_BOOLS.contains(&arg.get_id().as_str()) {
+        return arg;
+    }
+    arg.action(ArgAction::Set)
+        .value_parser(clap::value_parser!(bool))
+        .num_args(0..=1)
+        .require_equals(true)
+        .default_value("false")
+        .default_missing_value("true")
+}
+
 /// A secret given as an option (the loxilb token): `Debug` never shows it, so dumping the
 /// options (`RunArgs`, `Loaded`) cannot leak it.
 #[derive(Clone, PartialEq, Eq)]
@@ -647,6 +653,19 @@ mod tests {
     }
 
     #[test]
+    fn go_booleans_name_options_of_run() {
+        let cmd = command();
+        let run = cmd.find_subcommand("run").unwrap();
+        for id in GO_BOOLS {
+            let arg = run.get_arguments().find(|a| a.get_id() == *id);
+            assert!(
+                arg.is_some_and(|a| a.is_require_equals_set()),
+                "{id} is not a Go-style boolean of run"
+            );
+        }
+    }
+
+    #[test]
     fn check_takes_the_options_of_run() {
         let cmd = command();
         let ids = |name: &str| -> Vec<String> {
@@ -675,6 +694,7 @@ mod tests {
             "--setLBMode=2",
             "--monitor=true",
             "--loxilbLoadBalancerClass=example.com/lb",
+            "--noZoneName",
         ])
         .unwrap();
         let Command::Run(args) = cli.command;
@@ -691,6 +711,22 @@ mod tests {
         assert!(args.monitor);
         assert_eq!(args.lb_mode, "2");
         assert_eq!(args.load_balancer_class, "example.com/lb");
+        assert!(args.no_zone_name);
+    }
+
+    /// kube-loxilb's `--noZoneName`, both ways it is written (a Go boolean flag).
+    #[test]
+    fn no_zone_name_is_accepted() {
+        for (flag, want) in [
+            ("--noZoneName", true),
+            ("--noZoneName=true", true),
+            ("--noZoneName=false", false),
+            ("--no-zone-name", true),
+        ] {
+            let cli = Cli::try_parse_from(["loxi-ccm", "run", flag]).unwrap();
+            let Command::Run(args) = cli.command;
+            assert_eq!(args.no_zone_name, want, "{flag}");
+        }
     }
 
     #[test]

@@ -278,19 +278,75 @@ fn split_group<'a>(entry: &'a str, default: &'a str) -> (&'a str, &'a str) {
     }
 }
 
-/// kube-loxilb / loxi-ccm (Go) settings that have no equivalent here. Refused with an
-/// explanation rather than ignored: silently dropping e.g. `setRoles` would change behaviour.
-const UNSUPPORTED_KEYS: &[&str] = &[
+/// kube-loxilb settings (flags and config-file keys) whose feature loxi-ccm does not have
+/// yet. Refused with an explanation rather than ignored: silently dropping e.g.
+/// `privateCIDR` would change what loxilb is told. What each did and what to do meanwhile:
+/// [`NOT_YET_SUPPORTED_DOC`].
+pub const NOT_YET_SUPPORTED: &[&str] = &[
     "externalSecondaryCIDRs6",
     "privateCIDR",
     "appendEPs",
     "gatewayAPI",
     "loxilbGatewayClass",
+];
+
+/// The section of the documentation the refusal of a [`NOT_YET_SUPPORTED`] setting names.
+pub const NOT_YET_SUPPORTED_DOC: &str = "docs/migration.md#what-is-not-supported-yet";
+
+/// kube-loxilb / loxi-ccm (Go) config-file keys that mean nothing here (its own process
+/// settings); refused by name as well, so that a reused file is read knowingly.
+const WITHOUT_MEANING: &[&str] = &[
     "hostProcPathPrefix",
     "withNamespace",
     "nodePortServiceVirtIP",
     "clientConnection",
 ];
+
+/// Why the kube-loxilb / loxi-ccm (Go) setting `name` is refused, if it is one loxi-ccm
+/// knows and does not take.
+fn unsupported(name: &str) -> Option<String> {
+    if NOT_YET_SUPPORTED.contains(&name) {
+        return Some(format!(
+            "kube-loxilb's {name} is not supported by loxi-ccm yet: remove it \
+             ({NOT_YET_SUPPORTED_DOC} says what it did and what to do instead)"
+        ));
+    }
+    WITHOUT_MEANING.contains(&name).then(|| {
+        format!(
+            "{name} is a kube-loxilb / loxi-ccm (Go) setting that means nothing to loxi-ccm: \
+             remove it (docs/migration.md#from-kube-loxilb)"
+        )
+    })
+}
+
+/// A command line refused by clap because of an argument that is a [`NOT_YET_SUPPORTED`]
+/// kube-loxilb flag (or a [`WITHOUT_MEANING`] key written as a flag): the error that says
+/// so, naming the flag, instead of clap's "unexpected argument".
+fn unsupported_flag(e: &clap::Error, argv: &[OsString]) -> Option<LoadError> {
+    if e.kind() != ErrorKind::UnknownArgument {
+        return None;
+    }
+    let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) else {
+        return None;
+    };
+    let name = arg.strip_prefix("--")?;
+    let name = name.split_once('=').map_or(name, |(n, _)| n);
+    let message = unsupported(name)?;
+    let mode = match argv
+        .iter()
+        .skip(1)
+        .find(|a| !a.to_string_lossy().starts_with('-'))
+        .and_then(|a| a.to_str())
+    {
+        Some(CHECK) => Mode::Check,
+        Some(AUDIT) => Mode::Audit,
+        _ => Mode::Run,
+    };
+    Some(LoadError::Invalid {
+        mode,
+        error: ConfigError::invalid(format!("flag --{name}"), message),
+    })
+}
 
 /// Where the loxilbs are found in the cluster (docs/fleet.md#discovery).
 #[derive(Debug, Clone)]
@@ -401,14 +457,10 @@ fn parse_file(path: &Path, text: &str, args: &[&Arg]) -> Result<FileLayer, Confi
     };
     for (key, value) in map {
         let Some(arg) = by_key.get(key.as_str()) else {
-            if UNSUPPORTED_KEYS.contains(&key.as_str()) {
+            if let Some(why) = unsupported(&key) {
                 return Err(ConfigError::invalid(
-                    &at,
-                    format!(
-                        "key {} is a kube-loxilb / loxi-ccm (Go) setting that loxi-ccm does \
-                         not support: remove it (see docs/migration.md)",
-                        shown(&key)
-                    ),
+                    format!("{at}: key {}", shown(&key)),
+                    why,
                 ));
             }
             let hint = suggest(&key, by_key.keys().map(String::as_str))
@@ -583,6 +635,9 @@ where
                 }
                 _ => e,
             };
+            if let Some(refused) = unsupported_flag(&e, &argv) {
+                return Err(refused);
+            }
             return Err(LoadError::Clap(e));
         }
     };
@@ -1603,6 +1658,68 @@ mod tests {
         assert_eq!(cfg.pool.name, "default");
     }
 
+    /// kube-loxilb's flags for features loxi-ccm does not have yet are refused by name,
+    /// pointing at the section of docs/migration.md about them, not with clap's bare
+    /// "unexpected argument"; `check` reports the same.
+    #[test]
+    fn unsupported_kube_loxilb_flags_name_the_docs_section() {
+        for (argv, flag) in [
+            (vec!["--privateCIDR=10.10.0.0/16"], "privateCIDR"),
+            (vec!["--privateCIDR", "10.10.0.0/16"], "privateCIDR"),
+            (vec!["--appendEPs"], "appendEPs"),
+            (vec!["--appendEPs=true"], "appendEPs"),
+            (
+                vec!["--externalSecondaryCIDRs6=2001:db8::/64"],
+                "externalSecondaryCIDRs6",
+            ),
+        ] {
+            let e = err(run(&[BASE, &argv[..]].concat(), &env_of(&[])));
+            assert_eq!(
+                e,
+                format!(
+                    "flag --{flag}: kube-loxilb's {flag} is not supported by loxi-ccm yet: \
+                     remove it (docs/migration.md#what-is-not-supported-yet says what it did \
+                     and what to do instead)"
+                ),
+                "{argv:?}"
+            );
+        }
+        let checked = load(["loxi-ccm", "check", "--appendEPs", BASE[0]], &env_of(&[]));
+        assert!(
+            matches!(
+                checked,
+                Err(LoadError::Invalid {
+                    mode: Mode::Check,
+                    ..
+                })
+            ),
+            "{checked:?}"
+        );
+        // Other unknown flags keep clap's message (with its suggestions).
+        let e = err(run(&[BASE[0], "--externalCIDRR=10.0.0.0/8"], &env_of(&[])));
+        assert!(e.contains("unexpected argument"), "{e}");
+    }
+
+    /// kube-loxilb's `noZoneName`, as a flag and as a config-file key.
+    #[test]
+    fn no_zone_name_from_a_flag_or_the_file() {
+        let l = run(
+            &[BASE[0], "--noZoneName", "--externalCIDR=192.0.2.0/24"],
+            &env_of(&[]),
+        )
+        .unwrap();
+        assert!(l.args.no_zone_name);
+        assert!(l.config().is_ok(), "{:?}", l.config().err());
+        let file = temp_file("nozonename", "noZoneName: true\n");
+        let l = run(
+            BASE,
+            &env_of(&[("LOXI_CCM_CONFIG", file.to_str().unwrap())]),
+        )
+        .unwrap();
+        assert!(l.args.no_zone_name);
+        assert!(matches!(l.origins.of("no_zone_name"), Origin::File { .. }));
+    }
+
     #[test]
     fn unknown_and_unsupported_keys_name_the_file() {
         let file = temp_file("unknown", "externalCidrr: 192.0.2.0/24\n");
@@ -1622,8 +1739,23 @@ mod tests {
             BASE,
             &env_of(&[("LOXI_CCM_CONFIG", file.to_str().unwrap())]),
         ));
+        assert_eq!(
+            e,
+            format!(
+                "config file {}: key \"privateCIDR\": kube-loxilb's privateCIDR is not \
+                 supported by loxi-ccm yet: remove it (docs/migration.md#what-is-not-supported-yet \
+                 says what it did and what to do instead)",
+                file.display()
+            )
+        );
+        let file = temp_file("meaningless", "hostProcPathPrefix: /host\n");
+        let e = err(run(
+            BASE,
+            &env_of(&[("LOXI_CCM_CONFIG", file.to_str().unwrap())]),
+        ));
         assert!(
-            e.contains("key \"privateCIDR\"") && e.contains("not support"),
+            e.contains("key \"hostProcPathPrefix\": hostProcPathPrefix is a kube-loxilb")
+                && e.contains("docs/migration.md#from-kube-loxilb"),
             "{e}"
         );
         let file = temp_file(

@@ -1,5 +1,6 @@
 //! Every address a Service asks for, each backed by its durable claim before it is used.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::Service;
@@ -8,7 +9,7 @@ use loxi_domain::addressing::{
     ANN_NUM_SECONDARY, ANN_POOL_SELECT, ANN_POOL_SELECT_SECONDARY, AddressInput, AddressSlot,
     address_slots, secondary_slots, selected_pool,
 };
-use loxi_domain::choice::{Choice, Role, Source, choose_address};
+use loxi_domain::choice::{Choice, Role, Source, choose_address, credited_pool};
 use loxi_domain::ipam::{Family, Sharing};
 use loxi_domain::pools::{PoolSet, Requester};
 use loxi_domain::{AllocError, AnnotationError};
@@ -27,6 +28,16 @@ pub struct Held {
     pub secondaries: Vec<IpAddr>,
     /// Those of both newly allocated by this pass.
     pub newly: Vec<IpAddr>,
+    /// The pool each address is credited to, as its claim records it (none: outside every
+    /// pool).
+    pub pools: BTreeMap<IpAddr, String>,
+}
+
+impl Held {
+    /// The pool `ip` is credited to, when its claim names one.
+    pub fn pool_of(&self, ip: &IpAddr) -> Option<&str> {
+        self.pools.get(ip).map(String::as_str)
+    }
 }
 
 /// A claim write the API server will refuse again as it is (unlike a conflict, a throttle or
@@ -70,24 +81,51 @@ fn slots(svc: &Service, pools: &PoolSet, who: &Requester<'_>) -> Result<Slots, A
     Ok(Slots { vips, secondaries })
 }
 
-/// A pool named by the Service that does not exist is its annotation's fault.
-fn unknown_pool(svc: &Service, role: Role, name: String) -> AnnotationError {
-    let named_secondary = svc
-        .annotations()
-        .get(ANN_POOL_SELECT_SECONDARY)
-        .is_some_and(|v| !v.trim().is_empty());
-    let (annotation, reason) = match role {
-        Role::Vip => (ANN_POOL_SELECT, "no pool with this name"),
-        Role::Secondary if named_secondary => (ANN_POOL_SELECT_SECONDARY, "no pool with this name"),
-        Role::Secondary => (
+/// A pool named by the Service that does not exist is its annotation's fault. The error
+/// quotes the annotation's value as the Service gives it; `secondary_blocks` is the number of
+/// `--external-secondary-cidrs` blocks (the pools `num-secondary-networks` takes from).
+fn unknown_pool(
+    svc: &Service,
+    role: Role,
+    name: String,
+    secondary_blocks: usize,
+) -> AnnotationError {
+    let value_of = |annotation: &str| {
+        svc.annotations()
+            .get(annotation)
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+    };
+    let named_secondary = value_of(ANN_POOL_SELECT_SECONDARY);
+    let (annotation, value, reason) = match (role, named_secondary) {
+        (Role::Vip, _) => (
+            ANN_POOL_SELECT,
+            value_of(ANN_POOL_SELECT).unwrap_or_else(|| name.clone()),
+            "no pool with this name".to_string(),
+        ),
+        (Role::Secondary, Some(value)) => (
+            ANN_POOL_SELECT_SECONDARY,
+            value.clone(),
+            if value == name {
+                "no pool with this name".to_string()
+            } else {
+                format!("no pool named {}", loxi_domain::text::shown(&name))
+            },
+        ),
+        (Role::Secondary, None) => (
             ANN_NUM_SECONDARY,
-            "no such secondary pool: --external-secondary-cidrs has fewer blocks",
+            value_of(ANN_NUM_SECONDARY).unwrap_or_default(),
+            format!(
+                "one address is taken from each of the pools secondary0, secondary1, ...; \
+                 there is no pool {name} (--external-secondary-cidrs gives \
+                 {secondary_blocks} block(s))"
+            ),
         ),
     };
     AnnotationError {
         annotation,
-        value: name,
-        reason: reason.into(),
+        value,
+        reason,
     }
 }
 
@@ -163,17 +201,21 @@ impl Ipam {
                 taken,
                 published: &published,
             };
-            let (ip, new) = match self.ensure_one(svc, &choice, &owner).await {
+            let (ip, new, pool) = match self.ensure_one(svc, &choice, &owner).await {
                 Err(EnsureError::Problem(AddressProblem::Allocation(AllocError::UnknownPool(
                     name,
                 )))) if slot.pool.as_deref() == Some(name.as_str()) => {
-                    return Err(AddressProblem::from(unknown_pool(svc, role, name)).into());
+                    let blocks = self.settings.secondary_pools.len();
+                    return Err(AddressProblem::from(unknown_pool(svc, role, name, blocks)).into());
                 }
                 other => other?,
             };
             match role {
                 Role::Vip => held.addresses.push(ip),
                 Role::Secondary => held.secondaries.push(ip),
+            }
+            if !pool.is_empty() {
+                held.pools.insert(ip, pool);
             }
             if new {
                 held.newly.push(ip);
@@ -189,18 +231,23 @@ impl Ipam {
     /// an adopted or requested one is reported as in use. In shared mode the Service joins a
     /// claim whose owners it is compatible with; when its own ports change onto a sharer's,
     /// it moves to another address (the sharer was there first), and the old one is let go
-    /// once rules are on the new one. Returns the address and whether it is new.
+    /// once rules are on the new one. Returns the address, whether it is new, and the pool
+    /// its claim credits it to ("" outside every pool).
     async fn ensure_one(
         &self,
         svc: &Service,
         choice: &Choice<'_, '_>,
         owner: &Owner,
-    ) -> Result<(IpAddr, bool), EnsureError> {
+    ) -> Result<(IpAddr, bool, String), EnsureError> {
         if choice.role == Role::Vip
             && let Some(shown) = self.shown_and_claimed(svc, choice.slot)
             && self.confirm_shown(svc, &shown, owner).await?
         {
-            return Ok((shown, false));
+            let pool = self
+                .claim_of(&shown)
+                .map(|c| c.spec.pool.clone())
+                .unwrap_or_default();
+            return Ok((shown, false, pool));
         }
         // Bounded: each lost race marks one more address as taken.
         for _ in 0..32 {
@@ -209,7 +256,7 @@ impl Ipam {
                 choose_address(choice, &mut state.index).map_err(AddressProblem::from)?
             };
             match self.claim(svc, ip, source, choice, owner).await? {
-                Some(new) => return Ok((ip, new)),
+                Some((new, pool)) => return Ok((ip, new, pool)),
                 None => continue,
             }
         }
@@ -272,8 +319,10 @@ impl Ipam {
         })
     }
 
-    /// Backs the chosen address with a claim. `Some(new)` once claimed; `None` when someone
-    /// else claimed it first and another address should be chosen.
+    /// Backs the chosen address with a claim. `Some((new, pool))` once claimed, with the pool
+    /// the claim credits it to; `None` when someone else claimed it first and another address
+    /// should be chosen. A new claim credits the pool the Service selected when the address
+    /// lies in several (`loxi_domain::choice::credited_pool`).
     async fn claim(
         &self,
         svc: &Service,
@@ -281,16 +330,18 @@ impl Ipam {
         source: Source,
         choice: &Choice<'_, '_>,
         owner: &Owner,
-    ) -> Result<Option<bool>, EnsureError> {
+    ) -> Result<Option<(bool, String)>, EnsureError> {
         // Fast path: the claim is already in the store and lists this Service as it is.
         if let Some(c) = self.claim_of(&ip)
             && c.owner(&owner.me.namespace, &owner.me.name) == Some(&owner.me)
             && c.spec.retain_until.is_none()
             && self.index_self(&c, &owner.key, &owner.occupies)
         {
-            return Ok(Some(false));
+            return Ok(Some((false, c.spec.pool.clone())));
         }
-        let pool = self.state().index.pool_containing(&ip).to_string();
+        let pool = credited_pool(choice.slot, choice.pools, choice.who, &ip)
+            .unwrap_or_default()
+            .to_string();
         // Never in unique mode; a specific address only by a shared key (sharing docs).
         let may_join = choice.role == Role::Vip
             && loxi_domain::sharing::may_join(
@@ -329,7 +380,10 @@ impl Ipam {
                     info!(%ip, ?owners, "address shared");
                 }
                 self.publish_metrics();
-                Ok(Some(source == Source::Allocated))
+                Ok(Some((
+                    source == Source::Allocated,
+                    written.spec.pool.clone(),
+                )))
             }
             ClaimResult::Taken(other) => {
                 self.index_from_claim(&other, &owner.key);
@@ -407,5 +461,46 @@ impl Ipam {
                 .is_ok(),
             None => true,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn annotated(pairs: &[(&str, &str)]) -> Service {
+        let annotations: serde_json::Map<String, serde_json::Value> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), (*v).into()))
+            .collect();
+        let metadata =
+            serde_json::json!({"name": "sctp", "namespace": "ns", "annotations": annotations});
+        serde_json::from_value(serde_json::json!({ "metadata": metadata })).unwrap()
+    }
+
+    /// A missing secondary pool is reported with the annotation's value as the Service
+    /// gives it, and the pool that is missing named in the reason.
+    #[test]
+    fn a_missing_secondary_pool_quotes_the_value_given() {
+        let svc = annotated(&[(ANN_NUM_SECONDARY, " 1 ")]);
+        let e = unknown_pool(&svc, Role::Secondary, "secondary0".into(), 0);
+        assert_eq!(e.annotation, ANN_NUM_SECONDARY);
+        assert_eq!(e.value, "1");
+        assert_eq!(
+            e.to_string(),
+            "annotation loxilb.io/num-secondary-networks=\"1\" is invalid: one address is \
+             taken from each of the pools secondary0, secondary1, ...; there is no pool \
+             secondary0 (--external-secondary-cidrs gives 0 block(s))"
+        );
+        let svc = annotated(&[(ANN_POOL_SELECT_SECONDARY, "a, b")]);
+        let e = unknown_pool(&svc, Role::Secondary, "b".into(), 0);
+        assert_eq!(e.value, "a, b");
+        assert!(e.to_string().ends_with("no pool named \"b\""), "{e}");
+        let svc = annotated(&[(ANN_POOL_SELECT, "web ")]);
+        let e = unknown_pool(&svc, Role::Vip, "web".into(), 0);
+        assert_eq!(
+            (e.value.as_str(), e.reason.as_str()),
+            ("web", "no pool with this name")
+        );
     }
 }

@@ -138,15 +138,21 @@ impl Ipam {
         let ns = svc.namespace().unwrap_or_default();
         let name = svc.name_any();
         let uid = svc.uid().unwrap_or_default();
-        let retain = retention
-            .or_else(|| {
-                let pool = self.state().index.pool_containing(ip).to_string();
-                self.pool_set().get(&pool).and_then(|d| d.retain)
-            })
-            .filter(|d| !d.is_zero());
         let Some(claim) = self.claim_listing(ip, &ns, &name).await? else {
             return Ok(false);
         };
+        // The pool the claim credits the address to (the Service's selection when pools
+        // overlap), else the first pool holding it (a claim written without one).
+        let retain = retention
+            .or_else(|| {
+                let pool = if claim.spec.pool.is_empty() {
+                    self.state().index.pool_containing(ip).to_string()
+                } else {
+                    claim.spec.pool.clone()
+                };
+                self.pool_set().get(&pool).and_then(|d| d.retain)
+            })
+            .filter(|d| !d.is_zero());
         let ours = claim
             .owner(&ns, &name)
             .is_some_and(|o| o.uid.is_empty() || o.uid == uid);

@@ -12,16 +12,29 @@ use axum::routing::get;
 
 use super::Shared;
 
-pub async fn serve(addr: SocketAddr, ctx: Arc<Shared>) -> std::io::Result<()> {
+/// Binds `--admin-addr`, before anything else starts: a controller that cannot serve
+/// `/healthz`, `/readyz` and `/metrics` must not run (the kubelet's probes would fail for a
+/// reason nobody sees, and it would lead meanwhile). The error names the flag, the address
+/// and the system's answer.
+pub async fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+        anyhow::anyhow!(
+            "--admin-addr {addr}: cannot listen for /healthz, /readyz and /metrics: {e}; \
+             free the address or set --admin-addr to another one"
+        )
+    })
+}
+
+pub async fn serve(listener: tokio::net::TcpListener, ctx: Arc<Shared>) -> std::io::Result<()> {
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .with_state(ctx);
-    let listener = tokio::net::TcpListener::bind(addr).await?;
     // The bound address: with port 0 the system picked one, and this line is how to find it.
-    let addr = listener.local_addr().unwrap_or(addr);
-    tracing::info!(%addr, "admin server listening");
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "admin server listening");
+    }
     axum::serve(listener, app).await
 }
 

@@ -83,13 +83,19 @@ impl Stop {
 
 /// Runs the controller until `shutdown` resolves. Returns an error when this replica lost
 /// its leadership (the process then exits and restarts as a standby, so no two replicas
-/// ever write at once).
+/// ever write at once), and, before anything else, when `admin_addr` cannot be listened on.
 pub async fn run(
     client: kube::Client,
     cfg: Config,
     admin_addr: Option<std::net::SocketAddr>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) -> anyhow::Result<()> {
+    // First of all: without its admin address the controller does not start (no Lease is
+    // taken, nothing is written).
+    let admin = match admin_addr {
+        Some(addr) => Some(admin::bind(addr).await?),
+        None => None,
+    };
     // Rule names and the restart marker carry this controller's name too, so that several
     // controllers in one cluster never take each other's rules for their own orphans.
     let cluster = crate::k8s::api::cluster_id(&client, cfg.cluster_id.as_ref())
@@ -462,10 +468,10 @@ pub async fn run(
     // Everything below ends with this function (dropping the set aborts its tasks): a
     // stopped controller must not keep probing, replaying or repairing from frozen stores.
     let mut tasks = tokio::task::JoinSet::new();
-    if let Some(addr) = admin_addr {
+    if let Some(listener) = admin {
         let shared = shared.clone();
         tasks.spawn(async move {
-            if let Err(e) = admin::serve(addr, shared).await {
+            if let Err(e) = admin::serve(listener, shared).await {
                 warn!(error = %e, "admin server stopped");
             }
         });

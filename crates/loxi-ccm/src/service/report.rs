@@ -203,17 +203,26 @@ fn retention_warning(svc: &Service) -> Option<String> {
     Some(format!("{e}; ignored: {RETAIN_IGNORED}"))
 }
 
+/// Where `ip` comes from, for messages: the pool its claim credits it to (the one the
+/// Service selected when pools overlap), else the first pool holding it.
+fn origin(ctx: &Context, held: &Held, ip: &IpAddr) -> String {
+    match held.pool_of(ip) {
+        Some(pool) => format!(" from pool {pool}"),
+        None => ctx.ipam.origin(ip),
+    }
+}
+
 /// The address condition of a Service holding `held`.
 fn address_condition(svc: &Service, ctx: &Context, held: &Held) -> Cond {
     let mut described: Vec<String> = held
         .addresses
         .iter()
-        .map(|ip| format!("{ip}{}", ctx.ipam.origin(ip)))
+        .map(|ip| format!("{ip}{}", origin(ctx, held, ip)))
         .collect();
     described.extend(
         held.secondaries
             .iter()
-            .map(|ip| format!("secondary {ip}{}", ctx.ipam.origin(ip))),
+            .map(|ip| format!("secondary {ip}{}", origin(ctx, held, ip))),
     );
     let mut text = described.join(", ");
     if let Some(warning) = retention_warning(svc) {
@@ -251,7 +260,7 @@ pub fn addresses(svc: &Service, ctx: &Context, held: &Held) {
             } else {
                 ""
             };
-            format!("{role}{ip}{}", ctx.ipam.origin(ip))
+            format!("{role}{ip}{}", origin(ctx, held, ip))
         })
         .collect();
     ctx.report.event(
