@@ -1221,11 +1221,8 @@ impl Config {
             },
             loxilb_max_rules: args.loxilb_max_rules,
             leader: args.leader_elect.then(|| {
-                let mut lease = LeaseConfig::new(
-                    &args.leader_elect_namespace,
-                    &lease_name,
-                    identity.clone(),
-                );
+                let mut lease =
+                    LeaseConfig::new(&args.leader_elect_namespace, &lease_name, identity.clone());
                 lease.lease_duration = args.leader_elect_lease_duration;
                 // client-go's proportions: renew within 2/3 of the lease, retry at 2/15.
                 lease.renew_deadline = args.leader_elect_lease_duration * 2 / 3;
