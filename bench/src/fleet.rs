@@ -811,6 +811,7 @@ mod tests {
             method: method.into(),
             path: path.into(),
             status,
+            caller: None,
         }
     }
 
