@@ -71,8 +71,14 @@ async fn global_and_neighbors_round_trip() {
         (g.router_id.as_str(), g.local_as, g.listen_port),
         ("192.168.10.5", 64512, 179)
     );
-    // Repeating the same configuration is harmless.
-    client.set_bgp_global(&global()).await.unwrap();
+    // Repeating the same configuration changes nothing, and loxilb says so with a 500
+    // "action 3 is already set" (docs/loxilb-api.md), which the controller takes as in place.
+    let again = client.set_bgp_global(&global()).await;
+    assert!(
+        matches!(&again, Err(e) if format!("{e:?}").contains("already set")),
+        "{again:?}"
+    );
+    assert_eq!(sim.bgp().global.expect("global stored").local_as, 64512);
 
     let v4 = BgpNeighbor {
         remote_port: 1179,
