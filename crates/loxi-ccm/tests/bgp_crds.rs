@@ -660,3 +660,52 @@ async fn errors_right_after_a_restart_are_retried_not_reported() {
     }
     w.finish().await;
 }
+
+/// The four BGP CRDs.
+const BGP_CRDS: [&str; 4] = [
+    "bgppeerservices.bgppeer.loxilb.io",
+    "bgppolicydefinedsetsservices.bgppolicydefinedsets.loxilb.io",
+    "bgppolicydefinitionservices.bgppolicydefinition.loxilb.io",
+    "bgppolicyapplyservices.bgppolicyapply.loxilb.io",
+];
+
+/// BGP CRDs installed while the controller runs with `--bgp-crds` are followed without a
+/// restart (docs/bgp.md#installing-the-crds): the controller starts in a cluster without them
+/// (and serves Services and the flags' BGP meanwhile), the CRDs shipped in
+/// `deploy/optional/bgp-crds.yaml` are installed, then a peer, which reaches loxilb and gets
+/// its status.
+#[tokio::test]
+async fn bgp_crds_installed_while_running_are_followed() {
+    let mut w = World::with_sim("bgplate", options(None), bgp_sim()).await;
+    // A cluster without the CRDs: deleted while the controller still runs, so that it lets
+    // go of any resource a failed test left behind.
+    delete_crds(&w.client, &BGP_CRDS).await;
+    w.stop_controller().await;
+    w.start_controller(&options(None)).await;
+    w.add_node("node-a", "10.7.0.1").await;
+    let ip = w.serve_one_port("web", 80).await;
+    assert_eq!(w.rules_for(&ip).len(), 1);
+
+    install_shipped_crds(&w.client, "optional/bgp-crds.yaml").await;
+    apply_yaml(&w.client, PEER).await.unwrap();
+    wait_for("the peer on loxilb", WAIT, || async {
+        w.sim
+            .bgp()
+            .neighbors
+            .iter()
+            .any(|n| n.ip == "123.123.123.2")
+            .then_some(())
+    })
+    .await;
+    wait_for("the peer Programmed", WAIT, || async {
+        let s = status_of(&w.client, PEER).await?;
+        (condition(&s, "Programmed")?.0 == "True").then_some(())
+    })
+    .await;
+    delete_yaml(&w.client, PEER).await;
+    wait_for("the peer gone", WAIT, || async {
+        gone(&w.client, PEER).await.then_some(())
+    })
+    .await;
+    w.finish().await;
+}

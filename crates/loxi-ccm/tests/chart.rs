@@ -105,6 +105,8 @@ fn deploy_is_the_chart_rendered() {
         "06-crd-addresspools.yaml",
         "40-deployment.yaml",
         "optional/multus-rbac.yaml",
+        "optional/bgp-crds.yaml",
+        "optional/loxiurl-crd.yaml",
     ] {
         assert!(
             names.contains(&&PathBuf::from(expected)),
@@ -776,4 +778,98 @@ async fn check_as(
         .expect("loxi-ccm check stops within 60 s")
         .expect("the loxi-ccm binary runs");
     String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr)
+}
+
+/// The plain manifests' directory.
+fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
+}
+
+/// kube-loxilb's LoxiURL examples (manifest/crds/loxilb-url.yaml, loxilb-cidr-pool.yaml and
+/// loxilb-hostcidr.yaml, written out from their fields), unchanged.
+const LOXIURL_EXAMPLES: &str = r#"apiVersion: "loxiurl.loxilb.io/v1"
+kind: LoxiURL
+metadata:
+  name: llb
+spec:
+  loxiURL: http://10.10.10.1:11111
+---
+apiVersion: "loxiurl.loxilb.io/v1"
+kind: LoxiURL
+metadata:
+  name: pool5
+spec:
+  loxiURL: 12.12.12.0/24
+  zone: llb
+  type: cidrpool
+---
+apiVersion: "loxiurl.loxilb.io/v1"
+kind: LoxiURL
+metadata:
+  name: llb-10.10.10.1
+spec:
+  loxiURL: 10.10.10.1
+  zone: llb
+  type: hostcidr
+"#;
+
+fn established(cp: &testenv::ControlPlane, crds: &[&str]) {
+    let mut args = vec!["wait", "--for=condition=established", "--timeout=60s"];
+    args.extend_from_slice(crds);
+    let (ok, out) = kubectl(cp, &args, None);
+    assert!(ok, "{out}");
+}
+
+/// `kubectl apply` of kube-loxilb's own LoxiURL examples fails without the CRD (`no matches
+/// for kind "LoxiURL"`) and works with the one shipped in `deploy/optional/loxiurl-crd.yaml`:
+/// every example, types loxi-ccm refuses included (the controller says so in an Event), with
+/// strict validation, and the fields read back as written.
+#[tokio::test]
+async fn kube_loxilbs_loxiurl_examples_apply_with_the_shipped_crd() {
+    let cp = testenv::ControlPlane::start().await.expect("control plane");
+    let (ok, out) = kubectl(&cp, &["apply", "-f", "-"], Some(LOXIURL_EXAMPLES));
+    assert!(
+        !ok && out.contains(r#"no matches for kind "LoxiURL""#),
+        "{out}"
+    );
+    let crd = deploy_dir().join("optional/loxiurl-crd.yaml");
+    let (ok, out) = kubectl(
+        &cp,
+        &["apply", "--validate=strict", "-f", crd.to_str().unwrap()],
+        None,
+    );
+    assert!(ok, "{out}");
+    established(&cp, &["crd/loxiurls.loxiurl.loxilb.io"]);
+    let (ok, out) = kubectl(
+        &cp,
+        &["apply", "--validate=strict", "-f", "-"],
+        Some(LOXIURL_EXAMPLES),
+    );
+    assert!(ok, "{out}");
+    let (ok, out) = kubectl(&cp, &["get", "loxiurls", "-o", "json"], None);
+    assert!(ok, "{out}");
+    let list: Value = serde_json::from_str(&out).unwrap();
+    let specs: BTreeMap<String, Value> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| {
+            (
+                o["metadata"]["name"].as_str().unwrap().to_string(),
+                o["spec"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        specs["pool5"],
+        serde_json::json!({"loxiURL": "12.12.12.0/24", "zone": "llb", "type": "cidrpool"})
+    );
+    assert_eq!(specs["llb"]["loxiURL"], "http://10.10.10.1:11111");
+    assert_eq!(specs["llb-10.10.10.1"]["type"], "hostcidr");
+    // The printer columns show the fields.
+    let (_, out) = kubectl(&cp, &["get", "loxiurls"], None);
+    assert!(
+        out.lines().next().unwrap_or_default().contains("URL"),
+        "{out}"
+    );
 }

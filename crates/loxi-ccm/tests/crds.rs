@@ -1,5 +1,6 @@
-//! The CRD manifests of the Helm chart (charts/loxi-ccm/crds, and files/bgp-crds.yaml) are exactly what the code
-//! generates; deploy/ is rendered from the chart (tests/chart.rs keeps it so).
+//! The CRD manifests of the Helm chart (charts/loxi-ccm/crds, files/bgp-crds.yaml and
+//! files/loxiurl-crd.yaml) are exactly what the code generates; deploy/ is rendered from the
+//! chart (tests/chart.rs keeps it so).
 
 use std::path::Path;
 
@@ -7,15 +8,17 @@ use std::path::Path;
 fn checked_in_crds_match_the_code() {
     let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../charts/loxi-ccm");
     let update = std::env::var("UPDATE_CRDS").is_ok_and(|v| v == "1");
-    // The project's own CRDs are always installed (crds/); kube-loxilb's BGP ones only when
-    // asked (files/, rendered by templates/optional/bgp-crds.yaml).
+    // The project's own CRDs are always installed (crds/); kube-loxilb's BGP and LoxiURL ones
+    // only when asked (files/, rendered by templates/optional/bgp-crds.yaml and
+    // loxiurl-crd.yaml).
     let ours = loxi_ccm::ipam::crds::rendered()
         .into_iter()
         .map(|(file, yaml)| (chart.join("crds").join(file), yaml));
-    let bgp = loxi_ccm::bgp::crds::rendered()
+    let optional = loxi_ccm::bgp::crds::rendered()
         .into_iter()
+        .chain(loxi_ccm::config::fleet::rendered())
         .map(|(file, yaml)| (chart.join("files").join(file), yaml));
-    for (path, yaml) in ours.chain(bgp) {
+    for (path, yaml) in ours.chain(optional) {
         if update {
             std::fs::write(&path, &yaml).unwrap();
             continue;
@@ -60,6 +63,7 @@ fn every_field_of_every_crd_has_a_description() {
     for crd in [
         loxi_ccm::ipam::claims::AddressClaim::crd(),
         loxi_ccm::ipam::address_pools::AddressPool::crd(),
+        loxi_ccm::config::fleet::LoxiURL::crd(),
     ] {
         let name = crd.metadata.name.clone().unwrap_or_default();
         for version in &crd.spec.versions {

@@ -535,6 +535,56 @@ async fn loxiurl_resources_add_and_remove_loxilbs() {
     w.finish().await;
 }
 
+/// A `LoxiURL` CRD installed while the controller runs is followed without a restart
+/// (docs/fleet.md#loxiurl-resources): the controller starts in a cluster without it, the CRD
+/// shipped in `deploy/optional/loxiurl-crd.yaml` is installed, then a resource naming a second
+/// loxilb, which gets the Service's rule.
+#[tokio::test]
+async fn a_loxiurl_crd_installed_while_running_is_followed() {
+    use kube::api::{DeleteParams, PostParams};
+    use loxi_ccm::runtime::loxiurl::{LoxiURL, LoxiURLSpec};
+    let extra = sim().await;
+    let mut w = World::with("loxiurllate", Options::default()).await;
+    // A cluster without the CRD (another test of this binary may have installed it).
+    delete_crds(&w.client, &["loxiurls.loxiurl.loxilb.io"]).await;
+    w.stop_controller().await;
+    w.start_controller(&Options::default()).await;
+    w.add_node("node-a", "10.7.0.1").await;
+    // Served on the world's loxilb: the controller runs, and has looked for the CRD.
+    let ip = w.serve_one_port("web", 80).await;
+
+    install_shipped_crds(&w.client, "optional/loxiurl-crd.yaml").await;
+    let resources: Api<LoxiURL> = Api::all(w.client.clone());
+    let name = format!("{}-late", w.ns);
+    resources
+        .create(
+            &PostParams::default(),
+            &LoxiURL::new(
+                &name,
+                LoxiURLSpec {
+                    loxi_url: extra.url(),
+                    kind: None,
+                    zone: None,
+                },
+            ),
+        )
+        .await
+        .unwrap();
+    wait_for("the LoxiURL's loxilb programmed", WAIT, || async {
+        extra
+            .rules()
+            .iter()
+            .any(|r| r.external_ip == ip)
+            .then_some(())
+    })
+    .await;
+    resources
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    w.finish().await;
+}
+
 /// The BGP neighbours of each simulator, as (address, remote AS).
 fn neighbours(s: &Simulator) -> Vec<(String, u32)> {
     s.bgp()

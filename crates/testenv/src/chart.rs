@@ -32,6 +32,10 @@ pub const RELEASE: &str = "loxi-ccm";
 const OPTIONAL: &[(&str, &str)] = &[
     ("templates/optional/multus-rbac.yaml", "multus.enabled=true"),
     ("templates/optional/bgp-crds.yaml", "bgpCrds.enabled=true"),
+    (
+        "templates/optional/loxiurl-crd.yaml",
+        "loxiurlCrd.enabled=true",
+    ),
 ];
 
 /// `(path under deploy/, text)` for every plain manifest, in path order.

@@ -21,12 +21,13 @@ mod schema;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::{self, Store, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -55,10 +56,48 @@ const ESTABLISHED: &str = "ESTABLISHED";
 /// The session state shown for a loxilb that does not answer (goBGP's "unknown").
 const DOWN: &str = "UNKNOWN";
 
+/// Where the watch of one kind is: its CRD not served (yet), its first listing under way, or
+/// listed. A kind that is not served has no resources: its empty store is the truth. One
+/// being listed is not known yet: no pass is made from it (it could remove what its
+/// resources configured).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Phase {
+    Waiting = 0,
+    Listing = 1,
+    Listed = 2,
+}
+
+/// A kind's phase, shared between its watch and the plan.
+#[derive(Clone)]
+struct SharedPhase(Arc<AtomicU8>);
+
+impl SharedPhase {
+    fn new(phase: Phase) -> SharedPhase {
+        SharedPhase(Arc::new(AtomicU8::new(phase as u8)))
+    }
+
+    fn set(&self, phase: Phase) {
+        self.0.store(phase as u8, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> Phase {
+        match self.0.load(Ordering::Relaxed) {
+            0 => Phase::Waiting,
+            1 => Phase::Listing,
+            _ => Phase::Listed,
+        }
+    }
+}
+
+/// Where the CRDs come from, for the log line of a kind that is not served.
+const CRD_HINT: &str = "install the CRDs with kubectl apply -f deploy/optional/bgp-crds.yaml (Helm: bgpCrds.enabled=true) and grant the RBAC in deploy/20-clusterrole.yaml";
+
 /// The API and the store of one kind.
 struct Kept<K: Resource<DynamicType = ()> + Clone + 'static> {
     api: Api<K>,
     store: Store<K>,
+    phase: SharedPhase,
 }
 
 /// The four kinds' APIs and stores (with `--bgp-crds`).
@@ -69,8 +108,10 @@ pub struct Resources {
     applies: Kept<BGPPolicyApplyService>,
 }
 
-/// Watches one kind into a store; the future runs the watch.
-fn kept<K>(client: &kube::Client) -> (Kept<K>, futures::future::BoxFuture<'static, ()>)
+/// Watches one kind into a store; the future runs the watch. A kind not served now is waited
+/// for (`crate::k8s::served`): CRDs installed while the controller runs are followed without
+/// a restart.
+async fn kept<K>(client: &kube::Client) -> (Kept<K>, futures::future::BoxFuture<'static, ()>)
 where
     K: Resource<DynamicType = ()>
         + Clone
@@ -82,47 +123,49 @@ where
 {
     let api: Api<K> = Api::all(client.clone());
     let (store, writer) = reflector::store::<K>();
-    let run = reflector(writer, watcher(api.clone(), watcher::Config::default()))
-        .default_backoff()
-        .for_each(|event| async move {
-            if let Err(e) = event {
-                warn!(kind = %K::kind(&()), error = %e, "BGP resource watch error");
+    let served = crate::k8s::served::probe(&api).await.is_ok();
+    let phase = SharedPhase::new(if served {
+        Phase::Listing
+    } else {
+        Phase::Waiting
+    });
+    let run = {
+        let api = api.clone();
+        let phase = phase.clone();
+        async move {
+            if !served {
+                crate::k8s::served::until_served(&api, &K::kind(&()), CRD_HINT).await;
+                phase.set(Phase::Listing);
             }
-        });
-    (Kept { api, store }, Box::pin(run))
+            reflector(writer, watcher(api, watcher::Config::default()))
+                .backoff(crate::k8s::served::backoff())
+                .for_each(|event| {
+                    match event {
+                        Ok(watcher::Event::InitDone) => phase.set(Phase::Listed),
+                        Ok(_) => {}
+                        Err(e) => {
+                            warn!(kind = %K::kind(&()), error = %e, "BGP resource watch error");
+                        }
+                    }
+                    futures::future::ready(())
+                })
+                .await;
+        }
+    };
+    (Kept { api, store, phase }, Box::pin(run))
 }
 
 impl Resources {
-    /// The four watches (to be spawned). `Err` names the CRD that is not served.
+    /// The four watches (to be spawned). A kind whose CRD is not served yet is followed once
+    /// it is (the log says so).
     pub async fn watch(
         client: &kube::Client,
-    ) -> anyhow::Result<(Resources, Vec<futures::future::BoxFuture<'static, ()>>)> {
-        let (peers, a) = kept::<BGPPeerService>(client);
-        let (sets, b) = kept::<BGPPolicyDefinedSetsService>(client);
-        let (definitions, c) = kept::<BGPPolicyDefinitionService>(client);
-        let (applies, d) = kept::<BGPPolicyApplyService>(client);
-        let probe = ListParams::default().limit(1);
-        let served = [
-            (Kind::Peer, peers.api.list_metadata(&probe).await.err()),
-            (
-                Kind::DefinedSets,
-                sets.api.list_metadata(&probe).await.err(),
-            ),
-            (
-                Kind::Definition,
-                definitions.api.list_metadata(&probe).await.err(),
-            ),
-            (Kind::Apply, applies.api.list_metadata(&probe).await.err()),
-        ];
-        for (kind, err) in served {
-            if let Some(e) = err {
-                anyhow::bail!(
-                    "--bgp-crds: cannot list {} resources ({e}); install the CRDs (kubectl apply -f deploy/optional/bgp-crds.yaml) and grant the RBAC in deploy/20-clusterrole.yaml",
-                    kind.name()
-                );
-            }
-        }
-        Ok((
+    ) -> (Resources, Vec<futures::future::BoxFuture<'static, ()>>) {
+        let (peers, a) = kept::<BGPPeerService>(client).await;
+        let (sets, b) = kept::<BGPPolicyDefinedSetsService>(client).await;
+        let (definitions, c) = kept::<BGPPolicyDefinitionService>(client).await;
+        let (applies, d) = kept::<BGPPolicyApplyService>(client).await;
+        (
             Resources {
                 peers,
                 sets,
@@ -130,7 +173,16 @@ impl Resources {
                 applies,
             },
             vec![a, b, c, d],
-        ))
+        )
+    }
+
+    fn phases(&self) -> [Phase; 4] {
+        [
+            self.peers.phase.get(),
+            self.sets.phase.get(),
+            self.definitions.phase.get(),
+            self.applies.phase.get(),
+        ]
     }
 }
 
@@ -198,8 +250,16 @@ impl Bgp {
     }
 
     /// This tick's plan, from the stores, with the loxilbs of the fleet now (`mesh`: they
-    /// become each other's neighbours).
-    pub fn plan(&self, mesh: Vec<MeshMember>) -> Plan {
+    /// become each other's neighbours). `None` while a kind whose CRD was just installed is
+    /// being listed (its resources are not known yet).
+    pub fn plan(&self, mesh: Vec<MeshMember>) -> Option<Plan> {
+        if self
+            .resources
+            .as_ref()
+            .is_some_and(|r| r.phases().contains(&Phase::Listing))
+        {
+            return None;
+        }
         let mut snap = Snapshot::default();
         let mut meta = BTreeMap::new();
         if let Some(r) = &self.resources {
@@ -235,11 +295,11 @@ impl Bgp {
         let mut state = self.state();
         let desired = desired::desired(&self.settings, &snap, &state.last_good);
         state.last_good = desired.last_good.clone();
-        Plan {
+        Some(Plan {
             desired,
             mesh,
             meta,
-        }
+        })
     }
 
     /// Whether `a` and `b` want the same BGP settings on the loxilb at `url` (a pass made with

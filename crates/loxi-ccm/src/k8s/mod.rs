@@ -1,8 +1,10 @@
 //! Kubernetes helpers shared by the subsystems: the API client, Events, trimmed watch
-//! objects, reconcile triggers that wait for the store, and plain views of Services, Nodes and EndpointSlices.
+//! objects, reconcile triggers that wait for the store, plain views of Services, Nodes and
+//! EndpointSlices, and the watches of kinds whose CRD may be installed later (`served`).
 
 pub mod api;
 pub mod events;
+pub mod served;
 pub mod triggers;
 pub mod trim;
 pub mod view;

@@ -13,14 +13,14 @@
 //! HA call (docs/loxilb-api.md#bgp-peer-only-mode), so they are kept apart from the fleet,
 //! where nothing that programs rules or roles can reach them; the health loop gives them BGP
 //! settings only. Every loxilb known here is a member of the BGP mesh ([`Members::mesh`]).
+//!
+//! Which loxilbs a Service's EndpointSlices name, and in which group, is decided in
+//! `crate::config::fleet` (`loxi-ccm check` and `audit` read the same).
 
-use std::collections::BTreeSet;
-use std::net::IpAddr;
 use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::Api;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use loxilb_client::{ClientConfig, LoxilbClient};
 use tracing::{info, warn};
@@ -29,84 +29,6 @@ use super::Shared;
 use crate::bgp::desired::{MeshMember, MeshRole};
 use crate::config::Discovery;
 use crate::loxilb::{Instance, Member};
-
-/// The label the EndpointSlice controller puts on a Service's slices.
-const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
-
-/// The API port of a slice's loxilbs: the slice's port numbered `default` when it lists one,
-/// else its only port, else `default`.
-fn api_port(slice: &EndpointSlice, default: u16) -> u16 {
-    let ports: Vec<u16> = slice
-        .ports
-        .iter()
-        .flatten()
-        .filter_map(|p| p.port.and_then(|n| u16::try_from(n).ok()))
-        .collect();
-    match ports.as_slice() {
-        [only] if !ports.contains(&default) => *only,
-        _ => default,
-    }
-}
-
-/// One ready loxilb of an EndpointSlice.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Found {
-    pub address: IpAddr,
-    /// Its API port.
-    pub port: u16,
-    /// The topology zone the EndpointSlice gives it (its Node's), if any.
-    pub zone: Option<String>,
-}
-
-/// The ready loxilbs of `slices` (an endpoint without a `ready` condition counts as ready,
-/// as Kubernetes defines it), sorted, without duplicates.
-pub fn ready_loxilbs<'a>(
-    slices: impl Iterator<Item = &'a EndpointSlice>,
-    default_port: u16,
-) -> Vec<Found> {
-    let mut out = BTreeSet::new();
-    for slice in slices {
-        let port = api_port(slice, default_port);
-        for ep in slice.endpoints.iter().flatten() {
-            let ready = ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
-            if !ready {
-                continue;
-            }
-            out.extend(
-                ep.addresses
-                    .iter()
-                    .filter_map(|a| a.parse::<IpAddr>().ok())
-                    .map(|address| Found {
-                        address,
-                        port,
-                        zone: ep.zone.clone(),
-                    }),
-            );
-        }
-    }
-    out.into_iter().collect()
-}
-
-/// The group of loxilbs named after topology zone `zone` (`--loxilb-discovery-zones`): the
-/// zone lower-cased, other characters than letters, digits and `-` made `-`, at most 50
-/// characters (`us-east-1a` stays, `Zone_A` becomes `zone-a`); `None` when nothing is left.
-pub fn zone_group(zone: &str) -> Option<String> {
-    let mapped: String = zone
-        .trim()
-        .to_ascii_lowercase()
-        .chars()
-        .map(|c| {
-            if c.is_ascii_lowercase() || c.is_ascii_digit() {
-                c
-            } else {
-                '-'
-            }
-        })
-        .collect();
-    let cut: String = mapped.trim_matches('-').chars().take(50).collect();
-    let name = cut.trim_matches('-').to_string();
-    loxi_domain::placement::is_group_name(&name).then_some(name)
-}
 
 /// Where fleet members come from, besides `--loxilb-url`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -277,17 +199,14 @@ impl Members {
 /// Follows the loxilb Service's EndpointSlices and keeps the fleet's members in step, each
 /// in the default group or, with `--loxilb-discovery-zones`, its topology zone's.
 pub async fn follow(shared: Arc<Shared>, discovery: Discovery) {
-    let by_zone = discovery.by_zone;
-    follow_slices(&shared, &discovery, |found| {
-        let members = found
+    follow_slices(&shared, &discovery, |slices| {
+        let members = discovery
+            .loxilbs(
+                slices.iter().map(|s| s.as_ref()),
+                &shared.service.settings.zone,
+            )
             .into_iter()
-            .map(|(url, zone)| {
-                let group = zone
-                    .filter(|_| by_zone)
-                    .and_then(|z| zone_group(&z))
-                    .unwrap_or_else(|| shared.service.settings.zone.clone());
-                Member::new(&group, &url)
-            })
+            .map(|(url, group)| Member::new(&group, &url))
             .collect();
         shared
             .members
@@ -299,26 +218,26 @@ pub async fn follow(shared: Arc<Shared>, discovery: Discovery) {
 /// Follows the BGP-peer-only loxilbs' Service (`--loxilb-peer-service`) and keeps them in
 /// step (module docs).
 pub async fn follow_peers(shared: Arc<Shared>, discovery: Discovery) {
-    follow_slices(&shared, &discovery, |found| {
-        let urls = found.into_iter().map(|(url, _)| url).collect();
+    follow_slices(&shared, &discovery, |slices| {
+        let urls = discovery
+            .loxilbs(slices.iter().map(|s| s.as_ref()), "")
+            .into_iter()
+            .map(|(url, _)| url)
+            .collect();
         shared.members.set_peers(&shared, urls);
     })
     .await;
 }
 
-/// Watches the EndpointSlices of `discovery`'s Service; `found` gets the URLs of its ready
-/// loxilbs, each with its topology zone, after every change.
+/// Watches the EndpointSlices of `discovery`'s Service; `found` gets them all after every
+/// change.
 async fn follow_slices(
     shared: &Shared,
     discovery: &Discovery,
-    found: impl Fn(Vec<(String, Option<String>)>),
+    found: impl Fn(Vec<Arc<EndpointSlice>>),
 ) {
-    let ctx = &shared.service;
-    let api: Api<EndpointSlice> = match &discovery.namespace {
-        Some(ns) => Api::namespaced(ctx.kube.clone(), ns),
-        None => Api::all(ctx.kube.clone()),
-    };
-    let selector = format!("{SERVICE_NAME_LABEL}={}", discovery.service);
+    let api = discovery.slices_api(&shared.service.kube);
+    let selector = discovery.selector();
     let (store, writer) = reflector::store::<EndpointSlice>();
     let events = reflector(
         writer,
@@ -335,89 +254,6 @@ async fn follow_slices(
                 continue;
             }
         }
-        let slices = store.state();
-        let loxilbs = ready_loxilbs(slices.iter().map(|s| s.as_ref()), discovery.port)
-            .into_iter()
-            .map(|f| (discovery.url(&f.address, f.port), f.zone))
-            .collect();
-        found(loxilbs);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort};
-
-    fn ep(addr: &str, ready: Option<bool>) -> Endpoint {
-        Endpoint {
-            addresses: vec![addr.to_string()],
-            conditions: Some(EndpointConditions {
-                ready,
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn only_ready_addresses_count() {
-        let a = EndpointSlice {
-            endpoints: Some(vec![
-                ep("10.0.0.2", Some(true)),
-                ep("10.0.0.1", None),
-                ep("10.0.0.3", Some(false)),
-            ]),
-            ..Default::default()
-        };
-        let b = EndpointSlice {
-            endpoints: Some(vec![ep("10.0.0.2", Some(true)), ep("fd00::1", Some(true))]),
-            ..Default::default()
-        };
-        let got: Vec<String> = ready_loxilbs([&a, &b].into_iter(), 11111)
-            .iter()
-            .map(|f| format!("{} {}", f.address, f.port))
-            .collect();
-        assert_eq!(got, ["10.0.0.1 11111", "10.0.0.2 11111", "fd00::1 11111"]);
-    }
-
-    #[test]
-    fn topology_zones_name_groups() {
-        assert_eq!(zone_group("us-east-1a").as_deref(), Some("us-east-1a"));
-        assert_eq!(zone_group(" Zone_A ").as_deref(), Some("zone-a"));
-        assert_eq!(zone_group("rack/7").as_deref(), Some("rack-7"));
-        assert_eq!(zone_group("--").as_deref(), None);
-        assert_eq!(zone_group("").as_deref(), None);
-        assert_eq!(zone_group(&"z".repeat(80)).unwrap().len(), 50);
-        let ep = Endpoint {
-            zone: Some("rack1".into()),
-            ..ep("10.0.0.1", Some(true))
-        };
-        let slice = EndpointSlice {
-            endpoints: Some(vec![ep]),
-            ..Default::default()
-        };
-        let found = ready_loxilbs([&slice].into_iter(), 11111);
-        assert_eq!(found[0].zone.as_deref(), Some("rack1"));
-    }
-
-    #[test]
-    fn the_api_port_comes_from_the_slice() {
-        let with_ports = |ports: &[i32]| EndpointSlice {
-            ports: Some(
-                ports
-                    .iter()
-                    .map(|p| EndpointPort {
-                        port: Some(*p),
-                        ..Default::default()
-                    })
-                    .collect(),
-            ),
-            ..Default::default()
-        };
-        assert_eq!(api_port(&with_ports(&[]), 11111), 11111);
-        assert_eq!(api_port(&with_ports(&[20000]), 11111), 20000);
-        assert_eq!(api_port(&with_ports(&[179, 11111]), 11111), 11111);
-        assert_eq!(api_port(&with_ports(&[179, 20000]), 11111), 11111);
+        found(store.state());
     }
 }

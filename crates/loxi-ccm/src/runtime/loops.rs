@@ -111,8 +111,12 @@ pub async fn health_loop(shared: Arc<Shared>) {
         };
         workers.follow(&instances, &peers);
         publish_groups(&ctx.fleet, &ctx.report.metrics);
-        if let Some(bgp) = &shared.bgp {
-            let plan = Arc::new(bgp.plan(shared.members.mesh()));
+        // No plan while a BGP kind whose CRD was just installed is being listed: the workers
+        // keep the last one.
+        if let Some(bgp) = &shared.bgp
+            && let Some(plan) = bgp.plan(shared.members.mesh())
+        {
+            let plan = Arc::new(plan);
             workers.set_plan(plan.clone());
             let urls: Vec<String> = instances
                 .iter()

@@ -6,7 +6,8 @@
 //! pool set (`crate::ipam::address_pools::cidrpool_spec`) like an `AddressPool`, and taken
 //! out of it when the resource goes (addresses already given stay). A resource that gives
 //! nothing (a URL that is not one, a bad CIDR, a pool name already taken, another type) gets
-//! a Warning Event saying why. Without kube-loxilb's CRD nothing is watched.
+//! a Warning Event saying why. Without the CRD (kube-loxilb's, or ours:
+//! `deploy/optional/loxiurl-crd.yaml`) the watch waits for it.
 
 use std::sync::Arc;
 
@@ -14,54 +15,15 @@ use futures::StreamExt;
 use kube::api::Api;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
-use kube::{CustomResource, Resource, ResourceExt};
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
-use tracing::{info, warn};
+use kube::{Resource, ResourceExt};
+use tracing::warn;
 
 use super::Shared;
 use super::discovery::Source;
+pub use crate::config::fleet::{LoxiURL, LoxiURLSpec, group_of, urls_of};
 use crate::ipam::address_pools::cidrpool_spec;
 use crate::loxilb::Member;
 use loxi_domain::pools::PoolSpec;
-
-/// kube-loxilb's `LoxiURL` spec. Its CRD keeps unknown fields, so nothing else is read.
-#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
-#[kube(
-    group = "loxiurl.loxilb.io",
-    version = "v1",
-    kind = "LoxiURL",
-    plural = "loxiurls",
-    doc = "kube-loxilb's LoxiURL: loxilb API URLs (type default) or an address pool (type cidrpool)."
-)]
-pub struct LoxiURLSpec {
-    /// Comma-separated loxilb API URLs (type default), or a CIDR (type cidrpool).
-    #[serde(rename = "loxiURL")]
-    pub loxi_url: String,
-    /// `default` (or absent): URLs; `cidrpool`: an address pool named after the resource.
-    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
-    pub kind: Option<String>,
-    /// kube-loxilb's zone of the URLs: the group of loxilbs they join (absent: the default
-    /// group, `--zone`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub zone: Option<String>,
-}
-
-/// The group the resource's loxilbs join: its `zone`, else `default`.
-pub fn group_of(spec: &LoxiURLSpec, default: &str) -> Result<String, String> {
-    match spec
-        .zone
-        .as_deref()
-        .map(str::trim)
-        .filter(|z| !z.is_empty())
-    {
-        None => Ok(default.to_string()),
-        Some(zone) if loxi_domain::placement::is_group_name(zone) => Ok(zone.to_string()),
-        Some(zone) => Err(format!(
-            "zone {zone:?} is not a group name: lower-case letters, digits and '-', at most 50 characters"
-        )),
-    }
-}
 
 /// What one resource gives.
 #[derive(Debug, Clone, PartialEq)]
@@ -88,50 +50,21 @@ pub fn given(name: &str, spec: &LoxiURLSpec) -> Result<Given, String> {
     urls_of(spec).map(Given::Urls)
 }
 
-/// The URLs of a resource of type default, or why it gives none.
-pub fn urls_of(spec: &LoxiURLSpec) -> Result<Vec<String>, String> {
-    match spec.kind.as_deref().map(str::trim).unwrap_or("") {
-        "" | "default" => {}
-        "cidrpool" => return Err("type cidrpool names address pools, not loxilbs".into()),
-        other => {
-            return Err(format!(
-                "unknown type {other:?}: expected default or cidrpool"
-            ));
-        }
-    }
-    let mut urls = Vec::new();
-    for url in spec
-        .loxi_url
-        .split(',')
-        .map(str::trim)
-        .filter(|u| !u.is_empty())
-    {
-        if !(url.starts_with("http://") || url.starts_with("https://")) {
-            return Err(format!(
-                "loxiURL {url:?} is not a loxilb API URL (http://... or https://...)"
-            ));
-        }
-        urls.push(url.trim_end_matches('/').to_string());
-    }
-    if urls.is_empty() {
-        return Err("loxiURL names no URL".into());
-    }
-    Ok(urls)
-}
-
-/// Follows the `LoxiURL` resources and keeps their URLs in the fleet.
+/// Follows the `LoxiURL` resources and keeps their URLs in the fleet. Without kube-loxilb's
+/// CRD it waits for it (`crate::k8s::served`): a CRD installed while the controller runs is
+/// followed from then on.
 pub async fn follow(shared: Arc<Shared>) {
     let ctx = &shared.service;
     let api: Api<LoxiURL> = Api::all(ctx.kube.clone());
-    if let Err(e) = api
-        .list_metadata(&kube::api::ListParams::default().limit(1))
-        .await
-    {
-        info!(error = %e, "LoxiURL resources not served (kube-loxilb's CRD absent): not followed");
-        return;
-    }
+    crate::k8s::served::until_served(
+        &api,
+        "LoxiURL",
+        "install it with kubectl apply -f deploy/optional/loxiurl-crd.yaml (Helm: loxiurlCrd.enabled=true)",
+    )
+    .await;
     let (store, writer) = reflector::store::<LoxiURL>();
-    let events = reflector(writer, watcher(api, watcher::Config::default())).default_backoff();
+    let events = reflector(writer, watcher(api, watcher::Config::default()))
+        .backoff(crate::k8s::served::backoff());
     futures::pin_mut!(events);
     let mut refused: std::collections::BTreeMap<String, String> = Default::default();
     while let Some(event) = events.next().await {
@@ -211,31 +144,13 @@ mod tests {
     }
 
     #[test]
-    fn urls_and_refusals() {
-        assert_eq!(
-            urls_of(&spec("http://a:11111, http://b:11111/", None)).unwrap(),
-            ["http://a:11111", "http://b:11111"]
-        );
-        assert_eq!(
-            urls_of(&spec("http://a:11111", Some("default"))).unwrap(),
-            ["http://a:11111"]
-        );
-        assert!(
-            urls_of(&spec("12.12.12.0/24", Some("cidrpool")))
-                .unwrap_err()
-                .contains("cidrpool")
-        );
+    fn a_default_loxiurl_gives_urls() {
         assert_eq!(
             given("x", &spec("http://a:11111", None)).unwrap(),
             Given::Urls(vec!["http://a:11111".into()])
         );
         assert!(
-            urls_of(&spec("10.0.0.1:11111", None))
-                .unwrap_err()
-                .contains("not a loxilb API URL")
-        );
-        assert!(
-            urls_of(&spec("x", Some("zone")))
+            given("x", &spec("x", Some("zone")))
                 .unwrap_err()
                 .contains("unknown type")
         );
@@ -260,19 +175,5 @@ mod tests {
         assert!(bad.contains("not a pool of CIDRs"), "{bad}");
         let none = given("pool3", &spec(" , ", Some("cidrpool"))).unwrap_err();
         assert!(none.contains("at least one"), "{none}");
-    }
-
-    #[test]
-    fn the_zone_is_the_group() {
-        let mut s = spec("http://a:11111", None);
-        assert_eq!(group_of(&s, "llb").unwrap(), "llb");
-        s.zone = Some(" east ".into());
-        assert_eq!(group_of(&s, "llb").unwrap(), "east");
-        s.zone = Some("East_1".into());
-        assert!(
-            group_of(&s, "llb")
-                .unwrap_err()
-                .contains("not a group name")
-        );
     }
 }

@@ -356,9 +356,9 @@ pub async fn run(
     )
     .default_backoff();
 
-    // kube-loxilb's BGP resources (--bgp-crds): without their CRDs, say so at once.
+    // kube-loxilb's BGP resources (--bgp-crds): CRDs not installed yet are waited for.
     let (bgp_resources, bgp_watches) = if cfg.bgp.is_some() && cfg.bgp_crds {
-        let (resources, watches) = BgpResources::watch(&client).await?;
+        let (resources, watches) = BgpResources::watch(&client).await;
         (Some(resources), watches)
     } else {
         (None, Vec::new())

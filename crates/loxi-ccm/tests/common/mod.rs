@@ -79,6 +79,56 @@ pub async fn install_crds(client: &kube::Client) {
     }
 }
 
+/// The CRDs of one file shipped in `deploy/` (e.g. `optional/loxiurl-crd.yaml`), created
+/// (or left as they are when they exist) and waited for until Established.
+pub async fn install_shipped_crds(client: &kube::Client, file: &str) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../deploy")
+        .join(file);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for doc in text.split("\n---\n") {
+        let value: serde_json::Value = serde_saphyr::from_str(doc).unwrap();
+        if value.is_null() {
+            continue;
+        }
+        let crd: CustomResourceDefinition = serde_json::from_value(value).unwrap();
+        let name = crd.metadata.name.clone().unwrap();
+        match crds.create(&PostParams::default(), &crd).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => panic!("CRD {name} refused: {e}"),
+        }
+        wait_for("CRD established", WAIT, || async {
+            let c = crds.get(&name).await.ok()?;
+            c.status?
+                .conditions?
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+                .then_some(())
+        })
+        .await;
+    }
+}
+
+/// Deletes the CRDs `names` (with every resource of their kinds) and waits until they are
+/// gone.
+pub async fn delete_crds(client: &kube::Client, names: &[&str]) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for name in names {
+        let _ = crds.delete(name, &DeleteParams::default()).await;
+    }
+    for name in names {
+        // The API server deletes the resources first, which can take a while.
+        wait_for(&format!("CRD {name} gone"), 3 * WAIT, || async {
+            matches!(crds.get_opt(name).await, Ok(None)).then_some(())
+        })
+        .await;
+    }
+}
+
 /// Stores `object` straight into etcd at `/registry/<path>` (the API server's default prefix;
 /// for a cluster-scoped custom resource `<group>/<plural>/<name>`), as an object written
 /// before the CRD's validation rules existed: the API server serves it as it is, so only the
