@@ -279,3 +279,137 @@ async fn planted_violations_are_reported() {
     );
     world.finish().await;
 }
+
+/// `loxi-ccm audit` and `check` cover every loxilb of the fleet, as the controller finds them
+/// (docs/fleet.md): here one discovered from the loxilb Service's EndpointSlices and one
+/// named by a `LoxiURL` resource, no `--loxilb-url`. An owned orphan planted on each is
+/// reported, naming the loxilb, and the binary exits 1; `check` has a line for each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_loxilb_of_the_fleet_is_audited_and_checked() {
+    use common::{install_shipped_crds, test_namespace, wait_for};
+    use loxi_ccm::runtime::loxiurl::{LoxiURL, LoxiURLSpec};
+    use loxilb_sim::{SimConfig, Simulator};
+
+    let host = common::host_address();
+    let discovered = Simulator::start((host, 0).into(), SimConfig::default())
+        .await
+        .unwrap();
+    let listed = Simulator::start("127.0.0.1:0".parse().unwrap(), SimConfig::default())
+        .await
+        .unwrap();
+    let ns = test_namespace("auditfleet");
+    let opts = Options {
+        discovery: true,
+        // Only this test's loxilbs, whatever other tests left behind.
+        extra_args: vec![format!("--loxilb-service-namespace={ns}")],
+        ..Options::default()
+    };
+    let mut world = World::with("auditfleet", opts.clone()).await;
+    install_shipped_crds(&world.client, "optional/loxiurl-crd.yaml").await;
+    let resources: Api<LoxiURL> = Api::all(world.client.clone());
+    let name = format!("{ns}-listed");
+    resources
+        .create(
+            &PostParams::default(),
+            &LoxiURL::new(
+                &name,
+                LoxiURLSpec {
+                    loxi_url: listed.url(),
+                    kind: None,
+                    zone: None,
+                },
+            ),
+        )
+        .await
+        .unwrap();
+    world
+        .set_loxilb_slice(
+            "loxilb-lb-service",
+            "loxilb-a",
+            &host.to_string(),
+            discovered.addr().port(),
+            true,
+        )
+        .await;
+    world.add_node("audit-n1", "10.0.0.1").await;
+    world
+        .create(&World::lb_service("web", Some(CLASS), &[(80, "TCP")]))
+        .await;
+    let ip = world.wait_for_ip("web").await;
+    wait_for("web's rule on both loxilbs", SETTLE, || async {
+        [&discovered, &listed]
+            .iter()
+            .all(|s| s.rules().iter().any(|r| r.external_ip == ip))
+            .then_some(())
+    })
+    .await;
+    // Settled: web programmed on both loxilbs (the loxilb Service is not a load balancer).
+    world
+        .settle(&opts, SETTLE, |s| {
+            s.metadata.name.as_deref() != Some("web")
+                || World::condition(s, "loxilb.io/Programmed")
+                    .is_some_and(|c| c.0 == "True" && c.2.contains(" on 2/2 "))
+        })
+        .await;
+    let clean = world.audit(&opts).await;
+    assert!(clean.clean(), "{clean}");
+    assert_eq!(clean.instances, 2, "{}", clean.summary());
+
+    // An owned orphan on each, with the controller stopped.
+    world.stop_controller().await;
+    for (sim, port) in [(&discovered, 8080), (&listed, 8081)] {
+        let loxilb = LoxilbClient::new(ClientConfig::new(&sim.url())).unwrap();
+        let mut orphan = loxilb.list_rules().await.unwrap().remove(0);
+        orphan.service_arguments.external_ip = "192.0.2.200".into();
+        orphan.service_arguments.port = port;
+        orphan.service_arguments.name = format!("ccm-test_{}_ghost_{port}_tcp:llb-inst0", world.ns);
+        loxilb.apply_rule(&orphan).await.unwrap();
+    }
+    let found = world.audit(&opts).await;
+    for (sim, port) in [(&discovered, 8080), (&listed, 8081)] {
+        let needles = [format!("192.0.2.200:{port}/tcp"), sim.url()];
+        assert!(
+            found
+                .of_kind(Kind::OwnedOrphan)
+                .iter()
+                .any(|v| needles.iter().all(|n| v.to_string().contains(n.as_str()))),
+            "{found}"
+        );
+    }
+
+    // The binary says the same and exits 1; `check` looks at both loxilbs.
+    let kubeconfig = common::control_plane().kubeconfig_path();
+    let flags = [
+        format!("--kubeconfig={}", kubeconfig.display()),
+        format!("--external-cidr={}", opts.cidr),
+        format!("--namespace={}", world.ns),
+        "--cluster-id=test".into(),
+        format!("--loxilb-service-namespace={ns}"),
+    ];
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_loxi-ccm"))
+        .arg("audit")
+        .args(&flags)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains(&listed.url()), "{stdout}");
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_loxi-ccm"))
+        .arg("check")
+        .args(&flags)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    for sim in [&discovered, &listed] {
+        let line = format!("OK   loxilb {}: reachable", sim.url());
+        assert!(stdout.contains(&line), "no {line:?} in\n{stdout}");
+    }
+
+    resources
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    world.finish().await;
+}

@@ -1,6 +1,8 @@
 //! The audit's I/O: one read-only [`Snapshot`] of the cluster (Services, Nodes,
-//! EndpointSlices, AddressClaims, AddressPools) and of every loxilb (its rule listing, and
-//! the BGP advertisement counts where the loxilb exposes them). Nothing is written: the
+//! EndpointSlices, AddressClaims, AddressPools) and of every loxilb of the fleet, as the
+//! controller finds them (`crate::config::fleet`: `--loxilb-url`, discovered, `LoxiURL`
+//! resources): its rule listing, and the BGP advertisement counts where the loxilb exposes
+//! them. Nothing is written: the
 //! loxilb clients carry a write gate that refuses every write.
 
 use std::collections::HashMap;
@@ -124,8 +126,10 @@ pub async fn snapshot(client: &kube::Client, cfg: &Config) -> anyhow::Result<Sna
     let resources = with_cidrpools(resources, &cidrpools(client).await);
     let pools = merge_pools(&cfg.pools, &cfg.secondary_pools, resources);
 
+    // Every loxilb of the fleet: --loxilb-url, discovered, LoxiURL resources.
+    let loxilbs = crate::config::fleet::loxilbs(client, cfg).await?;
     let mut instances = Vec::new();
-    for c in &cfg.loxilb {
+    for c in &loxilbs {
         let mut snapshot = instance(c.client.clone(), cfg.bgp.is_some()).await;
         snapshot.group = c.group.clone();
         instances.push(snapshot);

@@ -8,8 +8,10 @@
 //!    (named); only a connection failure or a timeout is "unreachable".
 //! 3. The node-initialization inventory (`--inventory-file` / `--inventory-configmap`),
 //!    loaded and validated by the code node initialization uses.
-//! 4. Every loxilb: `GET /version` (reachable) and a rule listing (which, unlike `/version`,
-//!    needs the token when loxilb runs with authentication).
+//! 4. Every loxilb of the fleet (`--loxilb-url`, the discovered ones and those of `LoxiURL`
+//!    resources, as the controller finds them: `crate::config::fleet`): `GET /version`
+//!    (reachable) and a rule listing (which, unlike `/version`, needs the token when loxilb
+//!    runs with authentication).
 //!
 //! One line per check, `OK` or `FAIL` with the reason; [`Report::passed`] decides the exit code.
 //! Nothing is written anywhere.
@@ -119,38 +121,49 @@ pub async fn run(loaded: &Loaded) -> Report {
     };
     report.pass("configuration", describe_config(&cfg, loaded));
     report.pass("fleet", describe_fleet(&cfg));
-    let kube_and_inventory = async {
-        let (mut lines, api) = kube_checks(loaded.args.kubeconfig.as_deref(), &cfg).await;
-        lines
-            .lines
-            .extend(inventory_check(api.as_ref(), &cfg).await);
-        lines.lines.extend(roles_check(api.as_ref(), &cfg).await);
-        (lines, api)
-    };
-    let (kube_lines, loxilb_lines) = match &cfg.loxilb_token_source {
-        // The token is in a Secret: read it first, so the loxilb checks prove it.
-        crate::config::TokenSource::Secret(secret) => {
-            let (mut lines, api) = kube_and_inventory.await;
-            if let Some(api) = api {
-                match crate::config::token::read_secret(&api, secret).await {
-                    Ok(Some(value)) => {
-                        cfg.loxilb_token.set(Some(&value));
-                        lines.pass("loxilb token", format!("Secret {secret} holds a token"));
-                    }
-                    Ok(None) => lines.fail(
-                        "loxilb token",
-                        format!("Secret {secret} or its key does not exist: no token is sent"),
-                    ),
-                    Err(e) => lines.fail("loxilb token", e),
-                }
+    let (mut kube_lines, api) = kube_checks(loaded.args.kubeconfig.as_deref(), &cfg).await;
+    kube_lines
+        .lines
+        .extend(inventory_check(api.as_ref(), &cfg).await);
+    kube_lines
+        .lines
+        .extend(roles_check(api.as_ref(), &cfg).await);
+    // The token is in a Secret: read it first, so the loxilb checks prove it.
+    if let (crate::config::TokenSource::Secret(secret), Some(api)) =
+        (&cfg.loxilb_token_source, &api)
+    {
+        match crate::config::token::read_secret(api, secret).await {
+            Ok(Some(value)) => {
+                cfg.loxilb_token.set(Some(&value));
+                kube_lines.pass("loxilb token", format!("Secret {secret} holds a token"));
             }
-            (lines, loxilb_checks(&cfg).await)
+            Ok(None) => kube_lines.fail(
+                "loxilb token",
+                format!("Secret {secret} or its key does not exist: no token is sent"),
+            ),
+            Err(e) => kube_lines.fail("loxilb token", e),
         }
-        _ => {
-            let (kube, loxilb) = tokio::join!(kube_and_inventory, loxilb_checks(&cfg));
-            (kube.0, loxilb)
-        }
+    }
+    // Every loxilb of the fleet, as the controller finds them: --loxilb-url, the discovered
+    // ones, those of LoxiURL resources (crate::config::fleet).
+    let loxilbs = match &api {
+        Some(api) => match crate::config::fleet::loxilbs(api, &cfg).await {
+            Ok(all) if all.is_empty() => {
+                kube_lines.fail(
+                    "fleet members",
+                    "no loxilb found: nothing can be programmed",
+                );
+                all
+            }
+            Ok(all) => all,
+            Err(e) => {
+                kube_lines.fail("fleet members", format!("{e:#}"));
+                cfg.loxilb.clone()
+            }
+        },
+        None => cfg.loxilb.clone(),
     };
+    let loxilb_lines = loxilb_checks(&cfg, &loxilbs).await;
     report.lines.extend(kube_lines.lines);
     report.lines.extend(loxilb_lines.lines);
     report
@@ -472,6 +485,10 @@ fn needs(cfg: &Config) -> Vec<Need> {
         needs.push(Need::new(verb, "discovery.k8s.io", "endpointslices").ns(ns));
     }
     needs.push(Need::new("patch", "ipam.loxilb.io", "addresspools").sub("status"));
+    // kube-loxilb's LoxiURL resources (docs/fleet.md#loxiurl-resources), followed always.
+    for verb in ["list", "watch"] {
+        needs.push(Need::new(verb, "loxiurl.loxilb.io", "loxiurls"));
+    }
     if cfg.multus {
         for verb in ["list", "watch"] {
             needs.push(Need::new(verb, "", "pods").ns(ns));
@@ -804,8 +821,8 @@ async fn inventory_check(api: Option<&kube::Client>, cfg: &Config) -> Option<Che
     Some(line)
 }
 
-async fn loxilb_checks(cfg: &Config) -> Report {
-    let checks = cfg.loxilb.iter().cloned().map(|c| async move {
+async fn loxilb_checks(cfg: &Config, loxilbs: &[crate::config::ConfiguredLoxilb]) -> Report {
+    let checks = loxilbs.iter().cloned().map(|c| async move {
         let (line, rules) = one_loxilb(c.client.clone()).await;
         let mut lines = vec![line];
         if let Some(bgp) = &cfg.bgp {
