@@ -713,9 +713,7 @@ fn error_policy(node: Arc<Node>, err: &NodeInitError, ctx: Arc<Ctx>) -> Action {
         }
         Err(_) => 1,
     };
-    let delay = Duration::from_millis(500)
-        .saturating_mul(1u32 << (n - 1).min(10))
-        .min(Duration::from_secs(300));
+    let delay = loxi_domain::duration::retry_delay(n);
     warn!(node = %name, error = %err, retry_in = ?delay, "node initialization failed");
     Action::requeue(delay)
 }

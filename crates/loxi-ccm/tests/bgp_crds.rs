@@ -709,3 +709,125 @@ async fn bgp_crds_installed_while_running_are_followed() {
     .await;
     w.finish().await;
 }
+
+/// POSTs of policy applications the simulator received (since its start or last restart).
+fn apply_posts(sim: &loxilb_sim::Simulator) -> usize {
+    sim.write_log()
+        .iter()
+        .filter(|e| e.method == "POST" && e.path.starts_with("/config/bgp/policy/apply"))
+        .count()
+}
+
+/// A BGP item loxilb refuses is not sent again at every health tick (200 ms here): kube-
+/// loxilb's example application to a peer address, which loxilb refuses, is retried with a
+/// delay that doubles from 0.5 s, its refusal kept in `Programmed` meanwhile; an edit of the
+/// resource retries it at once, and so does a loxilb restart.
+#[tokio::test]
+async fn a_refusal_is_retried_with_back_off_not_at_every_tick() {
+    let w = World::with_sim("bgprefused", options(None), bgp_sim()).await;
+    apply_yaml(&w.client, APPLY_EXAMPLE).await.unwrap();
+    let refused = || async {
+        let s = status_of(&w.client, APPLY_EXAMPLE).await?;
+        let (status, reason, message) = condition(&s, "Programmed")?;
+        (status == "False" && reason == "LoxilbRefused" && message.contains("10.10.10.254"))
+            .then_some(())
+    };
+    wait_for("the refusal in Programmed", WAIT, refused).await;
+
+    // 10 s, 50 health ticks: without back-off one POST per tick.
+    let before = apply_posts(&w.sim);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let sent = apply_posts(&w.sim) - before;
+    eprintln!("{sent} POSTs of the refused application in 10 s");
+    assert!(
+        (1..=6).contains(&sent),
+        "{sent} POSTs of the refused application in 10 s"
+    );
+    assert!(
+        refused().await.is_some(),
+        "the refusal is kept in the status"
+    );
+
+    // An edit is tried at once (the next back-off retry is more than 5 s away).
+    let manifest: Value = serde_saphyr::from_str(APPLY_EXAMPLE).unwrap();
+    let before = apply_posts(&w.sim);
+    api_of(&w.client, &manifest)
+        .patch(
+            "policy-apply",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"routeAction": "reject"}})),
+        )
+        .await
+        .unwrap();
+    let started = Instant::now();
+    wait_for(
+        "the edited application sent",
+        Duration::from_secs(3),
+        || async { (apply_posts(&w.sim) > before).then_some(()) },
+    )
+    .await;
+    eprintln!("edit sent after {:?}", started.elapsed());
+
+    // A loxilb restart: tried again at once with the replay. After the edit the retries come
+    // 0.5, 1.5, 3.5, 7.5 and 15.5 s later: the restart falls between the last two.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    w.sim.restart();
+    wait_for(
+        "the application sent after the restart",
+        Duration::from_secs(3),
+        || async { (apply_posts(&w.sim) > 0).then_some(()) },
+    )
+    .await;
+
+    delete_yaml(&w.client, APPLY_EXAMPLE).await;
+    wait_for("removed", WAIT, || async {
+        gone(&w.client, APPLY_EXAMPLE).await.then_some(())
+    })
+    .await;
+    w.finish().await;
+}
+
+/// A policy whose definition is deleted while an application still names it stays on loxilb
+/// until the application goes: loxilb would delete it from under the (import) application,
+/// whose removal it then refuses for good ("not found policy"). Then both are removed.
+#[tokio::test]
+async fn a_policy_deleted_before_its_application_goes_after_it() {
+    let w = World::with_sim("bgporder", options(None), bgp_sim()).await;
+    let all = [PREFIX_SET_PS1, NEIGHBOR_SET, DEFINITION, APPLY_GLOBAL];
+    for yaml in all {
+        apply_yaml(&w.client, yaml).await.unwrap();
+    }
+    let applied = || {
+        w.sim
+            .bgp()
+            .assignments
+            .iter()
+            .any(|a| a.target == "global" && a.policies == ["poltest"])
+    };
+    let policy = || w.sim.bgp().policies.iter().any(|p| p.name == "poltest");
+    wait_for("the policy applied", WAIT, || async {
+        (applied() && policy()).then_some(())
+    })
+    .await;
+    delete_yaml(&w.client, DEFINITION).await;
+    // A few health ticks (200 ms): the policy stays, the application names it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(policy() && applied(), "{:?}", w.sim.bgp());
+    delete_yaml(&w.client, APPLY_GLOBAL).await;
+    wait_for(
+        "the application, then the policy, removed",
+        WAIT,
+        || async { (!applied() && !policy()).then_some(()) },
+    )
+    .await;
+    for yaml in all {
+        delete_yaml(&w.client, yaml).await;
+    }
+    for yaml in all {
+        wait_for("removed", WAIT, || async {
+            gone(&w.client, yaml).await.then_some(())
+        })
+        .await;
+    }
+    w.finish().await;
+}

@@ -24,9 +24,33 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(secs).map_err(|_| format!("{s:?} is not a valid duration"))
 }
 
+/// The delay before the next try after `failures` failures in a row (at least 1): 0.5 s,
+/// doubling, at most 5 minutes. How the controller backs off a Service, a Node, and an item
+/// loxilb refused.
+pub fn retry_delay(failures: u32) -> Duration {
+    Duration::from_millis(500)
+        .saturating_mul(1u32 << failures.saturating_sub(1).min(10))
+        .min(Duration::from_secs(300))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retries_double_from_half_a_second_to_five_minutes() {
+        let delays: Vec<u64> = (1..=12)
+            .map(|n| retry_delay(n).as_millis() as u64)
+            .collect();
+        assert_eq!(
+            delays,
+            [
+                500, 1000, 2000, 4000, 8000, 16000, 32000, 64000, 128000, 256000, 300000, 300000
+            ]
+        );
+        assert_eq!(retry_delay(0), Duration::from_millis(500));
+        assert_eq!(retry_delay(u32::MAX), Duration::from_secs(300));
+    }
 
     #[test]
     fn units() {

@@ -21,6 +21,13 @@
 //! reads the names loxilb holds, so that existing ones are not sent again (a policy POSTed
 //! twice appends its statements, which loxilb refuses); after a restart it holds none. A
 //! changed item is removed and added again.
+//!
+//! An item loxilb refuses (kube-loxilb's own example applies a policy to a peer address,
+//! which loxilb never takes) is not sent again at every pass: each refusal is retried after a
+//! delay that doubles, 0.5 s to 5 minutes ([`Refusals`]), and reported with its last error
+//! meanwhile (the resource's `Programmed` condition keeps it). Any change of the
+//! configuration (a resource edited, added or deleted, a loxilb joining the mesh) and a
+//! loxilb that restarts or comes back retry every refused item at once.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr};
@@ -75,6 +82,100 @@ pub struct BgpReport {
     pub sessions: Vec<BgpNeighborStatus>,
 }
 
+/// The items one loxilb refused, each with its error and when to try again.
+#[derive(Debug, Default)]
+pub(super) struct Refusals {
+    /// The configuration the refusals were met under: another one retries them all at once.
+    under: Option<BgpConfig>,
+    items: BTreeMap<ItemId, Refusal>,
+}
+
+#[derive(Debug)]
+struct Refusal {
+    error: String,
+    /// Refusals in a row.
+    failures: u32,
+    /// Not sent again before this.
+    retry_at: tokio::time::Instant,
+}
+
+/// What one pass met: the report, and the refusals it keeps.
+struct Outcomes<'a> {
+    report: BgpReport,
+    refusals: &'a mut Refusals,
+}
+
+impl Outcomes<'_> {
+    /// `id` was refused and its back-off has not ended: it is reported with its last
+    /// error and not sent.
+    fn held_back(&mut self, id: &str) -> bool {
+        match self.refusals.waiting(id) {
+            Some(error) => {
+                self.report
+                    .refused
+                    .insert(id.to_string(), error.to_string());
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// loxilb took `id`.
+    fn taken(&mut self, id: &str) {
+        self.refusals.taken(id);
+    }
+
+    /// loxilb answered `e` for `id`. A transport failure ends the pass, and so does a goBGP
+    /// without its global configuration (`ensure_bgp` starts over); anything else is that
+    /// item's refusal, not sent again before its back-off ends.
+    fn refused(&mut self, id: &str, e: ClientError) -> Result<(), ClientError> {
+        if is_transport(&e) || gobgp_not_started(&e) {
+            return Err(e);
+        }
+        self.report.refused.insert(id.to_string(), e.to_string());
+        self.refusals.refused(id, e.to_string());
+        Ok(())
+    }
+}
+
+impl Refusals {
+    /// A pass under `config`: refusals met under another configuration are tried again.
+    fn under(&mut self, config: &BgpConfig) {
+        if self.under.as_ref() != Some(config) {
+            self.items.clear();
+            self.under = Some(config.clone());
+        }
+    }
+
+    /// The last refusal of `id` while its retry time has not come: it is not sent again.
+    fn waiting(&self, id: &str) -> Option<&str> {
+        self.items
+            .get(id)
+            .filter(|r| tokio::time::Instant::now() < r.retry_at)
+            .map(|r| r.error.as_str())
+    }
+
+    fn refused(&mut self, id: &str, error: String) {
+        let failures = self
+            .items
+            .get(id)
+            .map_or(1, |r| r.failures.saturating_add(1));
+        let retry_at = tokio::time::Instant::now() + loxi_domain::duration::retry_delay(failures);
+        self.items.insert(
+            id.to_string(),
+            Refusal {
+                error,
+                failures,
+                retry_at,
+            },
+        );
+    }
+
+    fn taken(&mut self, id: &str) {
+        self.items.remove(id);
+    }
+}
+
 /// What this controller knows of one loxilb's BGP.
 #[derive(Debug, Default)]
 pub(super) struct BgpState {
@@ -86,6 +187,8 @@ pub(super) struct BgpState {
     sets: BTreeMap<ItemId, (DefinedSetKind, BgpDefinedSet)>,
     policies: BTreeMap<ItemId, BgpPolicy>,
     applies: BTreeMap<ItemId, BgpPolicyApply>,
+    /// What loxilb refused, retried with back-off (module docs).
+    refusals: Refusals,
 }
 
 /// goBGP's answer to calls before its global configuration (docs/loxilb-api.md#bgp).
@@ -162,6 +265,7 @@ impl Instance {
                     }
                     tokio::time::sleep(delay).await;
                     delay *= 2;
+                    state.refusals = Refusals::default();
                     result = self.pass(&mut state, config).await;
                 }
                 result
@@ -213,15 +317,10 @@ impl Instance {
             self.learn_held(state, config).await?;
             state.known = true;
         }
-        let mut report = BgpReport::default();
-        // A transport failure ends the pass, and so does a goBGP without its global
-        // configuration (`ensure_bgp` starts over); anything else is that item's refusal.
-        let mut refused = |id: &str, e: ClientError| -> Result<(), ClientError> {
-            if is_transport(&e) || gobgp_not_started(&e) {
-                return Err(e);
-            }
-            report.refused.insert(id.to_string(), e.to_string());
-            Ok(())
+        state.refusals.under(config);
+        let mut out = Outcomes {
+            report: BgpReport::default(),
+            refusals: &mut state.refusals,
         };
 
         // Removals, dependents first.
@@ -235,12 +334,16 @@ impl Instance {
             let Some(held) = state.applies.get(&id).cloned() else {
                 continue;
             };
+            if out.held_back(&id) {
+                continue;
+            }
             match self.client.unapply_bgp_policy(&held).await {
                 Ok(()) => {
                     info!(instance = self.url(), item = %id, "BGP policy application removed");
                     state.applies.remove(&id);
+                    out.taken(&id);
                 }
-                Err(e) => refused(&id, e)?,
+                Err(e) => out.refused(&id, e)?,
             }
         }
         // A policy still applied stays until its application is gone (its resource may be
@@ -262,12 +365,16 @@ impl Instance {
             let Some(held) = state.policies.get(&id).cloned() else {
                 continue;
             };
+            if out.held_back(&id) {
+                continue;
+            }
             match self.client.delete_bgp_policy(&held.name).await {
                 Ok(_) => {
                     info!(instance = self.url(), item = %id, "BGP policy removed");
                     state.policies.remove(&id);
+                    out.taken(&id);
                 }
-                Err(e) => refused(&id, e)?,
+                Err(e) => out.refused(&id, e)?,
             }
         }
         let gone: Vec<ItemId> = state
@@ -285,12 +392,16 @@ impl Instance {
             let Some((kind, held)) = state.sets.get(&id).cloned() else {
                 continue;
             };
+            if out.held_back(&id) {
+                continue;
+            }
             match self.client.delete_bgp_defined_set(kind, &held.name).await {
                 Ok(_) => {
                     info!(instance = self.url(), item = %id, "BGP defined set removed");
                     state.sets.remove(&id);
+                    out.taken(&id);
                 }
-                Err(e) => refused(&id, e)?,
+                Err(e) => out.refused(&id, e)?,
             }
         }
         let listed = self.client.list_bgp_neighbors().await?;
@@ -301,11 +412,15 @@ impl Instance {
                 .peers
                 .iter()
                 .any(|p| p.ip_address == ip && p.remote_as == n.remote_as);
-            if !wanted {
+            let id = peer_item(ip);
+            if !wanted && !out.held_back(&id) {
                 peers_changed = true;
                 match self.client.delete_bgp_neighbor(ip, n.remote_as).await {
-                    Ok(_) => info!(instance = self.url(), peer = %ip, "BGP neighbour removed"),
-                    Err(e) => refused(&peer_item(ip), e)?,
+                    Ok(_) => {
+                        info!(instance = self.url(), peer = %ip, "BGP neighbour removed");
+                        out.taken(&id);
+                    }
+                    Err(e) => out.refused(&id, e)?,
                 }
             }
         }
@@ -315,52 +430,58 @@ impl Instance {
             let present = listed
                 .iter()
                 .any(|n| listed_ip(n) == Some(peer.ip_address) && n.remote_as == peer.remote_as);
-            if !present {
+            let id = peer_item(peer.ip_address);
+            if !present && !out.held_back(&id) {
                 peers_changed = true;
                 match self.client.add_bgp_neighbor(peer).await {
                     Ok(_) => {
                         info!(instance = self.url(), peer = %peer.ip_address, remote_as = peer.remote_as, "BGP neighbour added");
+                        out.taken(&id);
                     }
-                    Err(e) => refused(&peer_item(peer.ip_address), e)?,
+                    Err(e) => out.refused(&id, e)?,
                 }
             }
         }
         for (id, kind, set) in &config.sets {
-            if state.sets.contains_key(id) {
+            if state.sets.contains_key(id) || out.held_back(id) {
                 continue;
             }
             match self.client.add_bgp_defined_set(*kind, set).await {
                 Ok(()) => {
                     info!(instance = self.url(), item = %id, "BGP defined set added");
                     state.sets.insert(id.clone(), (*kind, set.clone()));
+                    out.taken(id);
                 }
-                Err(e) => refused(id, e)?,
+                Err(e) => out.refused(id, e)?,
             }
         }
         for (id, policy) in &config.policies {
-            if state.policies.contains_key(id) {
+            if state.policies.contains_key(id) || out.held_back(id) {
                 continue;
             }
             match self.client.add_bgp_policy(policy).await {
                 Ok(()) => {
                     info!(instance = self.url(), item = %id, "BGP policy added");
                     state.policies.insert(id.clone(), policy.clone());
+                    out.taken(id);
                 }
-                Err(e) => refused(id, e)?,
+                Err(e) => out.refused(id, e)?,
             }
         }
         for (id, apply) in &config.applies {
-            if state.applies.contains_key(id) {
+            if state.applies.contains_key(id) || out.held_back(id) {
                 continue;
             }
             match self.client.apply_bgp_policy(apply).await {
                 Ok(_) => {
                     info!(instance = self.url(), item = %id, "BGP policies applied");
                     state.applies.insert(id.clone(), apply.clone());
+                    out.taken(id);
                 }
-                Err(e) => refused(id, e)?,
+                Err(e) => out.refused(id, e)?,
             }
         }
+        let mut report = out.report;
         report.sessions = if peers_changed {
             self.client.list_bgp_neighbors().await?
         } else {
@@ -419,5 +540,53 @@ impl Instance {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn config(local_as: u32) -> BgpConfig {
+        BgpConfig {
+            global: GlobalSettings {
+                router_id: None,
+                local_as,
+                listen_port: 0,
+            },
+            peers: Vec::new(),
+            sets: Vec::new(),
+            policies: Vec::new(),
+            applies: Vec::new(),
+        }
+    }
+
+    /// A refused item waits 0.5 s, then twice as long after each new refusal; another
+    /// configuration retries it at once; being taken forgets it.
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_waits_longer_each_time_until_the_configuration_changes() {
+        let mut r = Refusals::default();
+        r.under(&config(65000));
+        assert_eq!(r.waiting("apply a"), None);
+        let mut waited = Vec::new();
+        for _ in 0..4 {
+            r.refused("apply a", "not found peer".into());
+            let mut ms = 0;
+            while r.waiting("apply a") == Some("not found peer") {
+                tokio::time::advance(Duration::from_millis(100)).await;
+                ms += 100;
+            }
+            waited.push(ms);
+        }
+        assert_eq!(waited, [500, 1000, 2000, 4000]);
+        r.refused("apply a", "not found peer".into());
+        r.under(&config(65000));
+        assert!(r.waiting("apply a").is_some(), "the same configuration");
+        r.under(&config(65001));
+        assert_eq!(r.waiting("apply a"), None, "another configuration");
+        r.refused("apply a", "refused".into());
+        r.taken("apply a");
+        assert_eq!(r.waiting("apply a"), None);
     }
 }

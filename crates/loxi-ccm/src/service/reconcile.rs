@@ -188,9 +188,7 @@ impl Backoff {
         let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
         let n = failures.entry(ObjectRef::from_obj(svc)).or_insert(0);
         *n = n.saturating_add(1);
-        Duration::from_millis(500)
-            .saturating_mul(1u32 << (*n - 1).min(10))
-            .min(Duration::from_secs(300))
+        loxi_domain::duration::retry_delay(*n)
     }
 
     pub fn succeeded(&self, svc: &Service) {
