@@ -194,7 +194,9 @@ pub struct BgpCondition {
 
 /// `(file name, YAML)`: the four CRDs in one file, `charts/loxi-ccm/files/bgp-crds.yaml`, which
 /// the chart renders with `bgpCrds.enabled` and `deploy/optional/` holds (only needed with
-/// `--bgp-crds`; `kubectl apply -f deploy/` does not descend there).
+/// `--bgp-crds`; `kubectl apply -f deploy/` does not descend there). Marked for Helm to keep
+/// (`helm.sh/resource-policy: keep`): neither an upgrade without the value nor an uninstall
+/// deletes them, and with them every BGP resource (docs/bgp.md).
 pub fn rendered() -> Vec<(&'static str, String)> {
     let header = "# Generated from the Rust types by loxi-ccm (crates/loxi-ccm/src/bgp/crds.rs).\n# Do not edit: change the code and run `UPDATE_CRDS=1 cargo test -p loxi-ccm --test crds`.\n# kube-loxilb's BGP resources, served with --bgp-crds (kube-loxilb: --enableBGPCRDs): docs/bgp.md.\n";
     let docs: Vec<String> = [
@@ -203,8 +205,11 @@ pub fn rendered() -> Vec<(&'static str, String)> {
         BGPPolicyDefinitionService::crd(),
         BGPPolicyApplyService::crd(),
     ]
-    .iter()
-    .map(|crd| serde_saphyr::to_string(crd).unwrap_or_default())
+    .into_iter()
+    .map(|mut crd| {
+        crate::k8s::served::kept_by_helm(&mut crd.metadata);
+        serde_saphyr::to_string(&crd).unwrap_or_default()
+    })
     .collect();
     vec![(
         "bgp-crds.yaml",

@@ -74,10 +74,13 @@ fn keep_unknown_fields(schema: &mut schemars::Schema) {
 }
 
 /// `(file name, YAML)`: the `LoxiURL` CRD, `charts/loxi-ccm/files/loxiurl-crd.yaml`, which the
-/// chart renders with `loxiurlCrd.enabled` and `deploy/optional/` holds.
+/// chart renders with `loxiurlCrd.enabled` and `deploy/optional/` holds. Marked for Helm to
+/// keep (`helm.sh/resource-policy: keep`): neither an upgrade without the value nor an
+/// uninstall deletes it, and with it every resource (docs/fleet.md#loxiurl-resources).
 pub fn rendered() -> Vec<(&'static str, String)> {
     let header = "# Generated from the Rust types by loxi-ccm (crates/loxi-ccm/src/config/fleet.rs).\n# Do not edit: change the code and run `UPDATE_CRDS=1 cargo test -p loxi-ccm --test crds`.\n# kube-loxilb's LoxiURL resources (loxilb URLs and cidrpool pools): docs/fleet.md#loxiurl-resources.\n";
-    let crd = LoxiURL::crd();
+    let mut crd = LoxiURL::crd();
+    crate::k8s::served::kept_by_helm(&mut crd.metadata);
     vec![(
         "loxiurl-crd.yaml",
         format!(
@@ -347,9 +350,10 @@ mod tests {
         );
     }
 
-    /// kube-loxilb's CRD keeps the spec's unknown fields and requires `loxiURL`; ours too.
+    /// kube-loxilb's CRD keeps the spec's unknown fields and requires `loxiURL`; ours too,
+    /// and Helm keeps it.
     #[test]
-    fn the_crd_is_kube_loxilbs() {
+    fn the_crd_is_kube_loxilbs_and_kept_by_helm() {
         let crd = LoxiURL::crd();
         assert_eq!(
             crd.metadata.name.as_deref(),
@@ -367,6 +371,8 @@ mod tests {
         let spec = &schema["properties"]["spec"];
         assert_eq!(spec["x-kubernetes-preserve-unknown-fields"], true);
         assert_eq!(spec["required"], serde_json::json!(["loxiURL"]));
+        let (_, yaml) = &rendered()[0];
+        assert!(yaml.contains("helm.sh/resource-policy: keep"), "{yaml}");
     }
 
     fn ep(addr: &str, ready: Option<bool>) -> Endpoint {

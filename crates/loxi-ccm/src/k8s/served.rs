@@ -1,7 +1,8 @@
 //! Kinds whose CRD is optional (kube-loxilb's `LoxiURL` and BGP resources): their watches
 //! wait until the API server serves the kind, so a CRD installed while the controller runs is
 //! followed without a restart, and keep retrying (at most [`POLL`] apart) when it goes away
-//! and comes back.
+//! and comes back. Their CRDs, shipped as optional manifests, are kept by Helm
+//! ([`kept_by_helm`]).
 
 use std::time::Duration;
 
@@ -78,4 +79,13 @@ pub fn backoff() -> impl Backoff {
         ),
         Duration::from_secs(120),
     )
+}
+
+/// Helm's annotation that keeps an object on `helm upgrade` (when the chart no longer renders
+/// it) and on `helm uninstall`: an optional CRD (kube-loxilb's) is never deleted, and with it
+/// every resource of its kind. Written into the CRD files the chart renders.
+pub fn kept_by_helm(meta: &mut kube::api::ObjectMeta) {
+    meta.annotations
+        .get_or_insert_with(Default::default)
+        .insert("helm.sh/resource-policy".into(), "keep".into());
 }
