@@ -308,28 +308,15 @@ async fn every_loxilb_of_the_fleet_is_audited_and_checked() {
     install_shipped_crds(&world.client, "optional/loxiurl-crd.yaml").await;
     let resources: Api<LoxiURL> = Api::all(world.client.clone());
     let name = format!("{ns}-listed");
+    let res = LoxiURL::new(&name, LoxiURLSpec::of(&listed.url(), None));
     resources
-        .create(
-            &PostParams::default(),
-            &LoxiURL::new(
-                &name,
-                LoxiURLSpec {
-                    loxi_url: listed.url(),
-                    kind: None,
-                    zone: None,
-                },
-            ),
-        )
+        .create(&PostParams::default(), &res)
         .await
         .unwrap();
+    let (address, port) = (host.to_string(), discovered.addr().port());
+    let service = "loxilb-lb-service";
     world
-        .set_loxilb_slice(
-            "loxilb-lb-service",
-            "loxilb-a",
-            &host.to_string(),
-            discovered.addr().port(),
-            true,
-        )
+        .set_loxilb_slice(service, "loxilb-a", &address, port, true)
         .await;
     world.add_node("audit-n1", "10.0.0.1").await;
     world
@@ -386,22 +373,19 @@ async fn every_loxilb_of_the_fleet_is_audited_and_checked() {
         "--cluster-id=test".into(),
         format!("--loxilb-service-namespace={ns}"),
     ];
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_loxi-ccm"))
-        .arg("audit")
-        .args(&flags)
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    let binary = |command: &'static str| {
+        let flags = flags.clone();
+        async move {
+            let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_loxi-ccm"));
+            let output = cmd.arg(command).args(&flags).output().await.unwrap();
+            let stdout = String::from_utf8_lossy(&output.stdout).to_string();
+            (output.status.code(), stdout)
+        }
+    };
+    let (code, stdout) = binary("audit").await;
+    assert_eq!(code, Some(1), "{stdout}");
     assert!(stdout.contains(&listed.url()), "{stdout}");
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_loxi-ccm"))
-        .arg("check")
-        .args(&flags)
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
+    let (_, stdout) = binary("check").await;
     for sim in [&discovered, &listed] {
         let line = format!("OK   loxilb {}: reachable", sim.url());
         assert!(stdout.contains(&line), "no {line:?} in\n{stdout}");

@@ -661,6 +661,20 @@ async fn errors_right_after_a_restart_are_retried_not_reported() {
     w.finish().await;
 }
 
+/// Deletes the resources of `yamls` and waits until they are gone (the controller removed
+/// its finalizer).
+async fn remove(client: &kube::Client, yamls: &[&str]) {
+    for yaml in yamls {
+        delete_yaml(client, yaml).await;
+    }
+    for yaml in yamls {
+        wait_for("removed", WAIT, || async {
+            gone(client, yaml).await.then_some(())
+        })
+        .await;
+    }
+}
+
 /// The four BGP CRDs.
 const BGP_CRDS: [&str; 4] = [
     "bgppeerservices.bgppeer.loxilb.io",
@@ -702,11 +716,7 @@ async fn bgp_crds_installed_while_running_are_followed() {
         (condition(&s, "Programmed")?.0 == "True").then_some(())
     })
     .await;
-    delete_yaml(&w.client, PEER).await;
-    wait_for("the peer gone", WAIT, || async {
-        gone(&w.client, PEER).await.then_some(())
-    })
-    .await;
+    remove(&w.client, &[PEER]).await;
     w.finish().await;
 }
 
@@ -779,11 +789,7 @@ async fn a_refusal_is_retried_with_back_off_not_at_every_tick() {
     )
     .await;
 
-    delete_yaml(&w.client, APPLY_EXAMPLE).await;
-    wait_for("removed", WAIT, || async {
-        gone(&w.client, APPLY_EXAMPLE).await.then_some(())
-    })
-    .await;
+    remove(&w.client, &[APPLY_EXAMPLE]).await;
     w.finish().await;
 }
 
@@ -820,14 +826,6 @@ async fn a_policy_deleted_before_its_application_goes_after_it() {
         || async { (!applied() && !policy()).then_some(()) },
     )
     .await;
-    for yaml in all {
-        delete_yaml(&w.client, yaml).await;
-    }
-    for yaml in all {
-        wait_for("removed", WAIT, || async {
-            gone(&w.client, yaml).await.then_some(())
-        })
-        .await;
-    }
+    remove(&w.client, &all).await;
     w.finish().await;
 }

@@ -376,7 +376,11 @@ fn kubectl(cp: &testenv::ControlPlane, args: &[&str], stdin: Option<&str>) -> (b
         .write_all(stdin.unwrap_or_default().as_bytes())
         .unwrap();
     drop(input);
-    let out = child.wait_with_output().unwrap();
+    outcome(child.wait_with_output().unwrap())
+}
+
+/// Whether a command succeeded, and its standard output then its standard error.
+fn outcome(out: std::process::Output) -> (bool, String) {
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr),
@@ -813,15 +817,10 @@ spec:
   type: hostcidr
 "#;
 
-/// A kube-loxilb BGP peer, as its example writes it.
-const BGP_PEER_EXAMPLE: &str = r#"apiVersion: "bgppeer.loxilb.io/v1"
-kind: BGPPeerService
-metadata:
-  name: bgp-peer-test
-spec:
-  ipAddress: 123.123.123.2
-  remoteAs: 65123
-  remotePort: 179
+/// A kube-loxilb BGP peer (its example's fields).
+const BGP_PEER_EXAMPLE: &str = r#"{"apiVersion": "bgppeer.loxilb.io/v1", "kind": "BGPPeerService",
+  "metadata": {"name": "bgp-peer-test"},
+  "spec": {"ipAddress": "123.123.123.2", "remoteAs": 65123, "remotePort": 179}}
 "#;
 
 /// The CRDs of kube-loxilb's resources that the chart ships as options.
@@ -896,16 +895,11 @@ async fn kube_loxilbs_loxiurl_examples_apply_with_the_shipped_crd() {
 
 /// Runs `helm <args>` against `cp` in the release's namespace.
 fn helm_run(cp: &testenv::ControlPlane, args: &[&str]) -> (bool, String) {
-    let out = helm_command(&helm())
-        .args(args)
+    let mut helm = helm_command(&helm());
+    helm.args(args)
         .args(["--namespace", NAMESPACE, "--kubeconfig"])
-        .arg(cp.kubeconfig_path())
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr),
-    )
+        .arg(cp.kubeconfig_path());
+    outcome(helm.output().unwrap())
 }
 
 /// The optional CRDs and one resource of each kube-loxilb kind are all there, none being
@@ -1031,18 +1025,12 @@ async fn crds_applied_with_kubectl_are_adopted_by_a_release() {
         cp.k8s_bin_dir().display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    let out = Command::new("sh")
-        .args(["-e", "-c", &adoption_script()])
+    let mut sh = Command::new("sh");
+    sh.args(["-e", "-c", &adoption_script()])
         .env("PATH", path)
-        .env("KUBECONFIG", cp.kubeconfig_path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "the README's adoption commands: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .env("KUBECONFIG", cp.kubeconfig_path());
+    let (ok, out) = outcome(sh.output().unwrap());
+    assert!(ok, "the README's adoption commands: {out}");
     let (ok, out) = helm_run(&cp, &upgrade);
     assert!(ok, "helm upgrade after adoption: {out}");
     users_resources_are_there(&cp, "the adoption");

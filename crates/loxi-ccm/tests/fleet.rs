@@ -556,18 +556,9 @@ async fn a_loxiurl_crd_installed_while_running_is_followed() {
     install_shipped_crds(&w.client, "optional/loxiurl-crd.yaml").await;
     let resources: Api<LoxiURL> = Api::all(w.client.clone());
     let name = format!("{}-late", w.ns);
+    let res = LoxiURL::new(&name, LoxiURLSpec::of(&extra.url(), None));
     resources
-        .create(
-            &PostParams::default(),
-            &LoxiURL::new(
-                &name,
-                LoxiURLSpec {
-                    loxi_url: extra.url(),
-                    kind: None,
-                    zone: None,
-                },
-            ),
-        )
+        .create(&PostParams::default(), &res)
         .await
         .unwrap();
     wait_for("the LoxiURL's loxilb programmed", WAIT, || async {

@@ -157,7 +157,7 @@ pub async fn run(loaded: &Loaded) -> Report {
             }
             Ok(all) => all,
             Err(e) => {
-                kube_lines.fail("fleet members", format!("{e:#}"));
+                kube_lines.fail("fleet members", crate::k8s::api::anyhow_text(&e));
                 cfg.loxilb.clone()
             }
         },

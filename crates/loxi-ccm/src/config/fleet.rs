@@ -64,6 +64,17 @@ pub struct LoxiURLSpec {
     pub zone: Option<String>,
 }
 
+impl LoxiURLSpec {
+    /// A resource naming `loxi_url`, of `type` `kind` (`None`: default), in the default zone.
+    pub fn of(loxi_url: &str, kind: Option<&str>) -> LoxiURLSpec {
+        LoxiURLSpec {
+            loxi_url: loxi_url.into(),
+            kind: kind.map(str::to_string),
+            zone: None,
+        }
+    }
+}
+
 /// kube-loxilb's schema keeps the spec's unknown fields; so does ours, so that no object it
 /// stored loses a field when this CRD replaces it.
 fn keep_unknown_fields(schema: &mut schemars::Schema) {
@@ -301,36 +312,28 @@ mod tests {
     use super::*;
     use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort};
 
-    fn spec(url: &str, kind: Option<&str>) -> LoxiURLSpec {
-        LoxiURLSpec {
-            loxi_url: url.into(),
-            kind: kind.map(str::to_string),
-            zone: None,
-        }
-    }
-
     #[test]
     fn urls_and_refusals() {
         assert_eq!(
-            urls_of(&spec("http://a:11111, http://b:11111/", None)).unwrap(),
+            urls_of(&LoxiURLSpec::of("http://a:11111, http://b:11111/", None)).unwrap(),
             ["http://a:11111", "http://b:11111"]
         );
         assert_eq!(
-            urls_of(&spec("http://a:11111", Some("default"))).unwrap(),
+            urls_of(&LoxiURLSpec::of("http://a:11111", Some("default"))).unwrap(),
             ["http://a:11111"]
         );
         assert!(
-            urls_of(&spec("12.12.12.0/24", Some("cidrpool")))
+            urls_of(&LoxiURLSpec::of("12.12.12.0/24", Some("cidrpool")))
                 .unwrap_err()
                 .contains("cidrpool")
         );
         assert!(
-            urls_of(&spec("10.0.0.1:11111", None))
+            urls_of(&LoxiURLSpec::of("10.0.0.1:11111", None))
                 .unwrap_err()
                 .contains("not a loxilb API URL")
         );
         assert!(
-            urls_of(&spec("x", Some("zone")))
+            urls_of(&LoxiURLSpec::of("x", Some("zone")))
                 .unwrap_err()
                 .contains("unknown type")
         );
@@ -338,7 +341,7 @@ mod tests {
 
     #[test]
     fn the_zone_is_the_group() {
-        let mut s = spec("http://a:11111", None);
+        let mut s = LoxiURLSpec::of("http://a:11111", None);
         assert_eq!(group_of(&s, "llb").unwrap(), "llb");
         s.zone = Some(" east ".into());
         assert_eq!(group_of(&s, "llb").unwrap(), "east");

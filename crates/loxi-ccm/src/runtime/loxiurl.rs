@@ -135,22 +135,14 @@ pub async fn follow(shared: Arc<Shared>) {
 mod tests {
     use super::*;
 
-    fn spec(url: &str, kind: Option<&str>) -> LoxiURLSpec {
-        LoxiURLSpec {
-            loxi_url: url.into(),
-            kind: kind.map(str::to_string),
-            zone: None,
-        }
-    }
-
     #[test]
     fn a_default_loxiurl_gives_urls() {
         assert_eq!(
-            given("x", &spec("http://a:11111", None)).unwrap(),
+            given("x", &LoxiURLSpec::of("http://a:11111", None)).unwrap(),
             Given::Urls(vec!["http://a:11111".into()])
         );
         assert!(
-            given("x", &spec("x", Some("zone")))
+            given("x", &LoxiURLSpec::of("x", Some("zone")))
                 .unwrap_err()
                 .contains("unknown type")
         );
@@ -160,7 +152,7 @@ mod tests {
     fn a_cidrpool_is_a_pool_named_after_the_resource() {
         let Given::Pool(pool) = given(
             "pool1",
-            &spec("12.12.12.0/24, 2001:db8::/120", Some("cidrpool")),
+            &LoxiURLSpec::of("12.12.12.0/24, 2001:db8::/120", Some("cidrpool")),
         )
         .unwrap() else {
             panic!("not a pool");
@@ -171,9 +163,9 @@ mod tests {
             !pool.auto_assign,
             "only for Services naming it, as kube-loxilb"
         );
-        let bad = given("pool2", &spec("12.12.12.0/33", Some("cidrpool"))).unwrap_err();
+        let bad = given("pool2", &LoxiURLSpec::of("12.12.12.0/33", Some("cidrpool"))).unwrap_err();
         assert!(bad.contains("not a pool of CIDRs"), "{bad}");
-        let none = given("pool3", &spec(" , ", Some("cidrpool"))).unwrap_err();
+        let none = given("pool3", &LoxiURLSpec::of(" , ", Some("cidrpool"))).unwrap_err();
         assert!(none.contains("at least one"), "{none}");
     }
 }
