@@ -1,6 +1,6 @@
 //! The audit's I/O: one read-only [`Snapshot`] of the cluster (Services, Nodes,
 //! EndpointSlices, AddressClaims, AddressPools) and of every loxilb of the fleet, as the
-//! controller finds them (`crate::config::fleet`: `--loxilb-url`, discovered, `LoxiURL`
+//! controller finds them (`crate::config::sources`: `--loxilb-url`, discovered, `LoxiURL`
 //! resources): its rule listing, and the BGP advertisement counts where the loxilb exposes
 //! them. Nothing is written: the
 //! loxilb clients carry a write gate that refuses every write.
@@ -127,7 +127,7 @@ pub async fn snapshot(client: &kube::Client, cfg: &Config) -> anyhow::Result<Sna
     let pools = merge_pools(&cfg.pools, &cfg.secondary_pools, resources);
 
     // Every loxilb of the fleet: --loxilb-url, discovered, LoxiURL resources.
-    let loxilbs = crate::config::fleet::loxilbs(client, cfg).await?;
+    let loxilbs = crate::config::sources::loxilbs(client, cfg).await?;
     let mut instances = Vec::new();
     for c in &loxilbs {
         let mut snapshot = instance(c.client.clone(), cfg.bgp.is_some()).await;

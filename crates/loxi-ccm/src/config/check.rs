@@ -9,7 +9,7 @@
 //! 3. The node-initialization inventory (`--inventory-file` / `--inventory-configmap`),
 //!    loaded and validated by the code node initialization uses.
 //! 4. Every loxilb of the fleet (`--loxilb-url`, the discovered ones and those of `LoxiURL`
-//!    resources, as the controller finds them: `crate::config::fleet`): `GET /version`
+//!    resources, as the controller finds them: `crate::config::sources`): `GET /version`
 //!    (reachable) and a rule listing (which, unlike `/version`, needs the token when loxilb
 //!    runs with authentication).
 //!
@@ -145,9 +145,9 @@ pub async fn run(loaded: &Loaded) -> Report {
         }
     }
     // Every loxilb of the fleet, as the controller finds them: --loxilb-url, the discovered
-    // ones, those of LoxiURL resources (crate::config::fleet).
+    // ones, those of LoxiURL resources (crate::config::sources).
     let loxilbs = match &api {
-        Some(api) => match crate::config::fleet::loxilbs(api, &cfg).await {
+        Some(api) => match crate::config::sources::loxilbs(api, &cfg).await {
             Ok(all) if all.is_empty() => {
                 kube_lines.fail(
                     "fleet members",

@@ -15,7 +15,7 @@
 //! settings only. Every loxilb known here is a member of the BGP mesh ([`Members::mesh`]).
 //!
 //! Which loxilbs a Service's EndpointSlices name, and in which group, is decided in
-//! `crate::config::fleet` (`loxi-ccm check` and `audit` read the same).
+//! `crate::config::sources` (`loxi-ccm check` and `audit` read the same).
 
 use std::sync::Arc;
 

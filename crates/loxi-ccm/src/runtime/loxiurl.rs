@@ -20,7 +20,7 @@ use tracing::warn;
 
 use super::Shared;
 use super::discovery::Source;
-pub use crate::config::fleet::{LoxiURL, LoxiURLSpec, group_of, urls_of};
+pub use crate::config::sources::{LoxiURL, LoxiURLSpec, group_of, urls_of};
 use crate::ipam::address_pools::cidrpool_spec;
 use crate::loxilb::Member;
 use loxi_domain::pools::PoolSpec;

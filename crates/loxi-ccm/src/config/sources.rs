@@ -89,7 +89,7 @@ fn keep_unknown_fields(schema: &mut schemars::Schema) {
 /// keep (`helm.sh/resource-policy: keep`): neither an upgrade without the value nor an
 /// uninstall deletes it, and with it every resource (docs/fleet.md#loxiurl-resources).
 pub fn rendered() -> Vec<(&'static str, String)> {
-    let header = "# Generated from the Rust types by loxi-ccm (crates/loxi-ccm/src/config/fleet.rs).\n# Do not edit: change the code and run `UPDATE_CRDS=1 cargo test -p loxi-ccm --test crds`.\n# kube-loxilb's LoxiURL resources (loxilb URLs and cidrpool pools): docs/fleet.md#loxiurl-resources.\n";
+    let header = "# Generated from the Rust types by loxi-ccm (crates/loxi-ccm/src/config/sources.rs).\n# Do not edit: change the code and run `UPDATE_CRDS=1 cargo test -p loxi-ccm --test crds`.\n# kube-loxilb's LoxiURL resources (loxilb URLs and cidrpool pools): docs/fleet.md#loxiurl-resources.\n";
     let mut crd = LoxiURL::crd();
     crate::k8s::served::kept_by_helm(&mut crd.metadata);
     vec![(
