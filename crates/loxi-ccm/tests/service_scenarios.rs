@@ -833,6 +833,62 @@ async fn an_address_in_two_pools_is_credited_to_the_pool_named() {
     assert_eq!(notes, ["allocated 192.0.2.129 from pool inner"]);
 }
 
+/// `loxilb.io/poolSelect` added to a Service that holds an address from another pool: it
+/// keeps the address and its rule, and says so once: in its condition and one Normal Event.
+#[tokio::test]
+async fn a_pool_selected_after_the_address_is_kept_and_told_once() {
+    let scenario = Scenario::start_with(vec![
+        Pool::new(POOL, vec![CIDR.parse().unwrap()]),
+        Pool::new("other", vec!["198.51.100.0/24".parse().unwrap()]),
+    ])
+    .await;
+    let (mut s, svc) = served_with(scenario).await;
+    let rules = s.sim.rules();
+    s.api.forget_calls();
+
+    let mut selected = selecting("other", svc.clone());
+    selected.metadata.resource_version = Some("8".into());
+    s.seed_service(&selected);
+    s.reconcile(&selected).await.expect("the pass succeeds");
+    s.flush_events().await;
+
+    assert_eq!(s.sim.rules(), rules, "the rule stays on the address");
+    assert_eq!(s.api.claims().len(), 1, "no address from the new pool");
+    let message = condition_message(&s, "loxilb.io/AddressAllocated");
+    assert_eq!(
+        message,
+        format!(
+            "{VIP} from pool default; {VIP} is kept although loxilb.io/poolSelect names pool \
+             \"other\", which does not hold it: a Service keeps the address it has, and the new \
+             pool applies only once this address is released"
+        )
+    );
+    // (The Service seeded shows no conditions: the pass also reports it programmed.)
+    let events = s.events();
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e.ends_with(" AddressKept"))
+            .count(),
+        1,
+        "{events:?}"
+    );
+    assert!(
+        events.contains(&"POST Normal AddressKept".to_string()),
+        "{events:?}"
+    );
+    assert!(!events.iter().any(|e| e.contains("Warning")), "{events:?}");
+
+    // The next pass (the status write's watch event) says nothing new.
+    s.deliver_watch_events();
+    s.api.forget_calls();
+    let written = s.ctx.inputs.service(&selected).expect("in the store");
+    s.reconcile(&written).await.expect("the pass succeeds");
+    s.flush_events().await;
+    let calls = s.api.calls();
+    assert!(calls.is_empty(), "told once: {calls:#?}");
+}
+
 /// An `AddressPool` resource over `cidr`, as `kubectl apply` would give it.
 fn address_pool(name: &str, cidr: &str, priority: i32, retain: Option<&str>) -> AddressPool {
     let mut spec = json!({"addresses": [cidr], "priority": priority});

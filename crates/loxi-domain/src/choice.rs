@@ -175,6 +175,23 @@ pub fn credited_pool<'p>(
         .map(|d| d.name())
 }
 
+/// The pool `loxilb.io/poolSelect` names when the address the Service keeps for `slot` lies
+/// outside it (the selection was added or changed after the address was taken): a Service
+/// keeps the address it has, and the selected pool applies only once that address is
+/// released. `None` when nothing is selected, or the selected pool holds the address.
+pub fn kept_outside_selection<'a>(
+    slot: &'a AddressSlot,
+    pools: &PoolSet,
+    ip: &IpAddr,
+) -> Option<&'a str> {
+    let selected = slot.pool.as_deref()?;
+    if slot.requested.is_some() {
+        return None; // an address asked for by name: the selection does not apply to it
+    }
+    let inside = pools.get(selected).is_some_and(|d| d.pool.contains(ip));
+    (!inside).then_some(selected)
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -381,6 +398,32 @@ mod tests {
             Some("outer")
         );
         assert_eq!(credited_pool(&plain, &set, &who, &ip("192.0.2.1")), None);
+    }
+
+    /// `poolSelect` added to a Service that keeps an address from another pool.
+    #[test]
+    fn a_kept_address_outside_the_selected_pool_is_told() {
+        let set = two_pools("10.0.0.0/25", "10.0.1.0/24");
+        let mut selected = slot(None);
+        selected.pool = Some("inner".into());
+        assert_eq!(
+            kept_outside_selection(&selected, &set, &ip("10.0.0.5")),
+            Some("inner")
+        );
+        assert_eq!(
+            kept_outside_selection(&selected, &set, &ip("10.0.1.5")),
+            None
+        );
+        assert_eq!(
+            kept_outside_selection(&slot(None), &set, &ip("10.0.0.5")),
+            None
+        );
+        // A pool that does not exist (any more) holds nothing.
+        selected.pool = Some("gone".into());
+        assert_eq!(
+            kept_outside_selection(&selected, &set, &ip("10.0.0.5")),
+            Some("gone")
+        );
     }
 
     #[test]

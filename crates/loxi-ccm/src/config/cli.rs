@@ -714,31 +714,28 @@ mod tests {
         assert!(args.no_zone_name);
     }
 
-    /// kube-loxilb's `--noZoneName`, both ways it is written (a Go boolean flag).
     #[test]
-    fn no_zone_name_is_accepted() {
+    fn booleans_take_go_style_values() {
+        let run = |flag: &str| {
+            let cli = Cli::try_parse_from(["loxi-ccm", "run", flag]).unwrap();
+            let Command::Run(args) = cli.command;
+            args
+        };
+        for (flag, want) in [
+            ("--ccm-mode", true),
+            ("--ccm-mode=true", true),
+            ("--ccm-mode=false", false),
+        ] {
+            assert_eq!(run(flag).ccm_mode, want, "{flag}");
+        }
+        // kube-loxilb's --noZoneName, every way it is written.
         for (flag, want) in [
             ("--noZoneName", true),
             ("--noZoneName=true", true),
             ("--noZoneName=false", false),
             ("--no-zone-name", true),
         ] {
-            let cli = Cli::try_parse_from(["loxi-ccm", "run", flag]).unwrap();
-            let Command::Run(args) = cli.command;
-            assert_eq!(args.no_zone_name, want, "{flag}");
-        }
-    }
-
-    #[test]
-    fn booleans_take_go_style_values() {
-        for (flag, want) in [
-            ("--ccm-mode", true),
-            ("--ccm-mode=true", true),
-            ("--ccm-mode=false", false),
-        ] {
-            let cli = Cli::try_parse_from(["loxi-ccm", "run", flag]).unwrap();
-            let Command::Run(args) = cli.command;
-            assert_eq!(args.ccm_mode, want, "{flag}");
+            assert_eq!(run(flag).no_zone_name, want, "{flag}");
         }
         assert!(Cli::try_parse_from(["loxi-ccm", "run", "--monitor=maybe"]).is_err());
     }

@@ -9,7 +9,9 @@ use loxi_domain::addressing::{
     ANN_NUM_SECONDARY, ANN_POOL_SELECT, ANN_POOL_SELECT_SECONDARY, AddressInput, AddressSlot,
     address_slots, secondary_slots, selected_pool,
 };
-use loxi_domain::choice::{Choice, Role, Source, choose_address, credited_pool};
+use loxi_domain::choice::{
+    Choice, Role, Source, choose_address, credited_pool, kept_outside_selection,
+};
 use loxi_domain::ipam::{Family, Sharing};
 use loxi_domain::pools::{PoolSet, Requester};
 use loxi_domain::{AllocError, AnnotationError};
@@ -31,6 +33,9 @@ pub struct Held {
     /// The pool each address is credited to, as its claim records it (none: outside every
     /// pool).
     pub pools: BTreeMap<IpAddr, String>,
+    /// VIPs the Service keeps although they lie outside the pool its `loxilb.io/poolSelect`
+    /// names (the selection came after the address): (address, the selected pool).
+    pub kept_outside_selection: Vec<(IpAddr, String)>,
 }
 
 impl Held {
@@ -211,7 +216,12 @@ impl Ipam {
                 other => other?,
             };
             match role {
-                Role::Vip => held.addresses.push(ip),
+                Role::Vip => {
+                    held.addresses.push(ip);
+                    if let Some(selected) = kept_outside_selection(slot, &pools, &ip) {
+                        held.kept_outside_selection.push((ip, selected.to_string()));
+                    }
+                }
                 Role::Secondary => held.secondaries.push(ip),
             }
             if !pool.is_empty() {

@@ -213,10 +213,32 @@ pub fn source_ranges(ranges: &[String], enforced: bool) -> Option<Cond> {
     })
 }
 
+/// What the Service is told when it keeps `ip` although its `loxilb.io/poolSelect` names
+/// `pool`, which does not hold it (the selection came after the address was taken): in its
+/// `loxilb.io/AddressAllocated` condition and one Normal `AddressKept` Event.
+pub fn kept_outside_selection(ip: &std::net::IpAddr, pool: &str) -> String {
+    format!(
+        "{ip} is kept although loxilb.io/poolSelect names pool {}, which does not hold it: a \
+         Service keeps the address it has, and the new pool applies only once this address \
+         is released",
+        loxi_domain::text::shown(pool)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use loxi_domain::{Protocol, RuleKey};
+
+    #[test]
+    fn a_kept_address_names_the_selected_pool() {
+        let text = kept_outside_selection(&"192.0.2.10".parse().unwrap(), "web");
+        assert!(
+            text.starts_with("192.0.2.10 is kept although loxilb.io/poolSelect names pool \"web\"")
+                && text.ends_with("applies only once this address is released"),
+            "{text}"
+        );
+    }
 
     fn key() -> RuleKey {
         RuleKey {

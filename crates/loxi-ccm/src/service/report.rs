@@ -212,6 +212,15 @@ fn origin(ctx: &Context, held: &Held, ip: &IpAddr) -> String {
     }
 }
 
+/// What the Service is told about a VIP it keeps outside the pool its `loxilb.io/poolSelect`
+/// names: it keeps the address, and the pool applies only once the address is released.
+fn kept_notes(held: &Held) -> Vec<String> {
+    held.kept_outside_selection
+        .iter()
+        .map(|(ip, pool)| conditions::kept_outside_selection(ip, pool))
+        .collect()
+}
+
 /// The address condition of a Service holding `held`.
 fn address_condition(svc: &Service, ctx: &Context, held: &Held) -> Cond {
     let mut described: Vec<String> = held
@@ -225,6 +234,9 @@ fn address_condition(svc: &Service, ctx: &Context, held: &Held) -> Cond {
             .map(|ip| format!("secondary {ip}{}", origin(ctx, held, ip))),
     );
     let mut text = described.join(", ");
+    for note in kept_notes(held) {
+        text = format!("{text}; {note}");
+    }
     if let Some(warning) = retention_warning(svc) {
         text = format!("{text}; {warning}");
     }
@@ -232,9 +244,18 @@ fn address_condition(svc: &Service, ctx: &Context, held: &Held) -> Cond {
 }
 
 /// Events about the Service's addresses: a Normal one for addresses newly allocated in this
-/// pass, a Warning for a retention value that does not parse (once: not while the address
-/// condition already says it).
+/// pass, a Normal `AddressKept` for an address kept outside the pool `loxilb.io/poolSelect`
+/// names, a Warning for a retention value that does not parse (the last two once: not while
+/// the address condition already says it).
 pub fn addresses(svc: &Service, ctx: &Context, held: &Held) {
+    for note in kept_notes(held) {
+        if status::current_condition(svc, COND_ADDRESS).is_some_and(|c| c.message.contains(&note)) {
+            continue;
+        }
+        info!(reason = "AddressKept", "{note}");
+        ctx.report
+            .event(svc, EventType::Normal, "AddressKept", "Allocate", note);
+    }
     if let Some(warning) = retention_warning(svc)
         && !status::current_condition(svc, COND_ADDRESS)
             .is_some_and(|c| c.message.contains(&warning))
