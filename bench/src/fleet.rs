@@ -811,7 +811,7 @@ mod tests {
             method: method.into(),
             path: path.into(),
             status,
-            caller: None,
+            ..SimWrite::default()
         }
     }
 

@@ -16,7 +16,9 @@
 //! | `PUT /admin/token` | `{"token":"..."}` or `{"token":null}` | the token API calls need from now on (`Simulator::set_auth_token`) |
 //! | `GET /admin/rules` | – | stored rules, same as `Simulator::rules()` |
 //! | `GET /admin/stats` | – | counters and knobs |
-//! | `GET /admin/writes` | – | the API writes since start or the last restart, in order, with their status and caller (`Simulator::write_log`) |
+//! | `GET /admin/writes` | – | the API writes since start or the last restart, in order, with their status, caller, times, worker tick and whether they were answered (`Simulator::write_log`) |
+//! | `GET`/`PUT /admin/profile` | `{"profile":"loxilb-0.9.8","tickMs":100}` (`tickMs` optional, 1000) or `{"profile":"instant"}` | the cost profile (`Simulator::set_profile`); also sets goBGP's start-up delay to the profile's |
+//! | `GET /admin/costs` | – | writes completed, unanswered, identical re-POSTs, no-op updates, listings during rule writes (`Simulator::costs`) |
 
 use std::time::Duration;
 
@@ -30,7 +32,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use crate::{AppState, Fault, Simulator};
+use crate::{AppState, Fault, Profile, Simulator};
 
 pub(crate) fn routes() -> Router<AppState> {
     Router::new()
@@ -49,6 +51,8 @@ pub(crate) fn routes() -> Router<AppState> {
         .route("/admin/rules", get(rules))
         .route("/admin/stats", get(stats))
         .route("/admin/writes", get(writes))
+        .route("/admin/profile", get(get_profile).put(set_profile))
+        .route("/admin/costs", get(costs))
 }
 
 fn bad_request(msg: impl std::fmt::Display) -> Response {
@@ -269,4 +273,39 @@ async fn writes(State(app): State<AppState>) -> Response {
 
 async fn stats(State(app): State<AppState>) -> Response {
     ok(app.shared.stats())
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ProfileReq {
+    profile: String,
+    tick_ms: Option<u64>,
+}
+
+async fn get_profile(State(app): State<AppState>) -> Response {
+    ok(app.shared.profile_json())
+}
+
+async fn set_profile(State(app): State<AppState>, body: Bytes) -> Response {
+    let r = match parse::<ProfileReq>(&body) {
+        Ok(Some(r)) => r,
+        Ok(None) => return bad_request("body {\"profile\":\"...\",\"tickMs\":N} required"),
+        Err(e) => return bad_request(e),
+    };
+    let tick = r
+        .tick_ms
+        .map_or(Profile::LOXILB_098_TICK, Duration::from_millis);
+    let Some(profile) = Profile::named(&r.profile, tick) else {
+        return bad_request(format!(
+            "profile must be one of {:?}, tickMs at least 1",
+            Profile::NAMES
+        ));
+    };
+    app.shared.set_profile(profile);
+    tracing::info!(profile = profile.name(), ?tick, "admin: cost profile");
+    ok(app.shared.profile_json())
+}
+
+async fn costs(State(app): State<AppState>) -> Response {
+    ok(json!(app.shared.costs.snapshot()))
 }

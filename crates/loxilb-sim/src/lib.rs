@@ -16,6 +16,7 @@ mod bgp;
 mod decode;
 mod endpoints;
 mod errors;
+mod profile;
 mod routes;
 mod server;
 mod state;
@@ -33,6 +34,7 @@ pub use bgp::{
     SimBgpPolicy,
 };
 pub use errors::status_for;
+pub use profile::{Profile, SimCosts};
 pub use routes::{ApiRoute, api_routes};
 pub use state::{SimEndpoint, SimRule};
 
@@ -59,8 +61,13 @@ pub struct SimConfig {
     /// How long after loxilb (re)starts its goBGP answers: until then every `/config/bgp`
     /// call that reaches goBGP answers 500 `... connect: connection refused`, as loxilb's
     /// do (about 9 s on loxilb 0.9.8, docs/loxilb-api.md#bgp). Default 0 (at once); changed
-    /// while running with [`Simulator::set_gobgp_delay`].
+    /// while running with [`Simulator::set_gobgp_delay`]. A profile with a start-up delay
+    /// ([`Profile::gobgp_delay`]) makes it at least that.
     pub gobgp_delay: Duration,
+    /// What rule writes cost (docs/loxilb-api.md#costs-and-versions): [`Profile::Instant`]
+    /// (the default, every call answered at once) or [`Profile::Loxilb098`]. Changed while
+    /// running with [`Simulator::set_profile`].
+    pub profile: Profile,
 }
 
 impl Default for SimConfig {
@@ -72,6 +79,7 @@ impl Default for SimConfig {
             bgp: false,
             bgp_only: false,
             gobgp_delay: Duration::ZERO,
+            profile: Profile::Instant,
         }
     }
 }
@@ -132,13 +140,20 @@ pub(crate) struct Shared {
     /// The API writes since start or the last restart, in the order they were answered
     /// (the last [`WRITE_LOG_LIMIT`]): lets a test see the order of a replay.
     write_log: Mutex<std::collections::VecDeque<SimWrite>>,
+    /// What rule writes cost (`SimConfig::profile`).
+    profile: Mutex<Profile>,
+    /// What the writes cost so far ([`Simulator::costs`]).
+    pub(crate) costs: profile::CostCounters,
+    /// When the simulator started (never reset): the origin of the write log's times and of
+    /// the profile's worker ticks.
+    pub(crate) born: std::time::Instant,
 }
 
 /// How many API writes [`Simulator::write_log`] keeps.
 pub const WRITE_LOG_LIMIT: usize = 10_000;
 
 /// One API write as the simulator answered it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct SimWrite {
     pub method: String,
     /// The path under the API base, with the query (`/config/bgp/neigh/10.0.0.1?remoteAs=1`).
@@ -148,6 +163,25 @@ pub struct SimWrite {
     /// else the `User-Agent`; `None` with neither.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub caller: Option<String>,
+    /// When it arrived, since the simulator started (not reset by restarts); in JSON
+    /// `accepted_ms`, in milliseconds.
+    #[serde(rename = "accepted_ms", serialize_with = "millis")]
+    pub accepted: Duration,
+    /// When it was answered (or, unanswered, dropped), on the same clock; `completed_ms`.
+    #[serde(rename = "completed_ms", serialize_with = "millis")]
+    pub completed: Duration,
+    /// The tick of the profile's datapath worker that completed it (a rule create or
+    /// update under [`Profile::Loxilb098`]), ticks counted from the simulator's start.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tick: Option<u64>,
+    /// `false`: applied, but it waited longer than the profile's write timeout and its
+    /// connection was closed without an answer ([`Profile::write_timeout`]).
+    pub answered: bool,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's `serialize_with` signature
+fn millis<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64() * 1000.0)
 }
 
 /// The header loxi-ccm names its process in (`loxilb_client::IDENTITY_HEADER`): not
@@ -172,6 +206,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Shared {
     fn new(cfg: SimConfig) -> Self {
         let bgp = cfg.bgp || cfg.bgp_only;
+        let gobgp_delay = cfg.gobgp_delay.max(cfg.profile.gobgp_delay());
         Shared {
             state: Mutex::new(state::SimState::new(cfg.max_rules)),
             latency_nanos: AtomicU64::new(0),
@@ -189,13 +224,38 @@ impl Shared {
             restarts: AtomicU64::new(0),
             bgp_enabled: AtomicBool::new(bgp),
             gobgp_delay_nanos: AtomicU64::new(
-                u64::try_from(cfg.gobgp_delay.as_nanos()).unwrap_or(u64::MAX),
+                u64::try_from(gobgp_delay.as_nanos()).unwrap_or(u64::MAX),
             ),
             started: Mutex::new(std::time::Instant::now()),
             auth_token: Mutex::new(cfg.auth_token.clone()),
+            profile: Mutex::new(cfg.profile),
+            costs: profile::CostCounters::default(),
+            born: std::time::Instant::now(),
             cfg,
             write_log: Mutex::default(),
         }
+    }
+
+    pub(crate) fn profile(&self) -> Profile {
+        *lock(&self.profile)
+    }
+
+    /// Also sets goBGP's start-up delay to the profile's.
+    fn set_profile(&self, p: Profile) {
+        *lock(&self.profile) = p;
+        self.set_gobgp_delay(p.gobgp_delay());
+    }
+
+    /// `GET /admin/profile`.
+    fn profile_json(&self) -> serde_json::Value {
+        let p = self.profile();
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        serde_json::json!({
+            "profile": p.name(),
+            "tickMs": p.tick().map(ms),
+            "writeTimeoutMs": p.write_timeout().map(ms),
+            "gobgpDelayMs": ms(Duration::from_nanos(self.gobgp_delay_nanos.load(Ordering::Relaxed))),
+        })
     }
 
     pub(crate) fn auth_token(&self) -> Option<String> {
@@ -345,6 +405,8 @@ impl Shared {
             "authEnabled": self.auth_token().is_some(),
             "bgpEnabled": self.bgp_enabled(),
             "bgpOnly": self.cfg.bgp_only,
+            "profile": self.profile().name(),
+            "costs": self.costs.snapshot(),
         })
     }
 }
@@ -526,6 +588,26 @@ impl Simulator {
     /// writes (HA states, BGP) are not held up.
     pub fn set_rule_write_latency(&self, d: Duration) {
         self.inner.shared.set_rule_write_latency(d);
+    }
+
+    /// Switches the cost profile (docs/loxilb-api.md#costs-and-versions), e.g. to
+    /// `Profile::Loxilb098 { tick }` to change the worker's tick. Writes already waiting keep
+    /// the tick they started with. Also sets goBGP's start-up delay to the profile's
+    /// ([`Profile::gobgp_delay`], counted from the last (re)start);
+    /// [`Simulator::set_gobgp_delay`] afterwards changes it.
+    pub fn set_profile(&self, p: Profile) {
+        self.inner.shared.set_profile(p);
+    }
+
+    pub fn profile(&self) -> Profile {
+        self.inner.shared.profile()
+    }
+
+    /// What the writes cost since start (not reset by a restart): writes completed, requests
+    /// left unanswered, identical re-POSTs, updates that changed nothing, and rule listings
+    /// made while a rule write was in flight.
+    pub fn costs(&self) -> SimCosts {
+        self.inner.shared.costs.snapshot()
     }
 
     /// `POST /config/loadbalancer` calls received since start (not reset by a restart).

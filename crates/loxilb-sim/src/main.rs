@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use loxilb_sim::{API_BASE, SimConfig, Simulator};
+use loxilb_sim::{API_BASE, Profile, SimConfig, Simulator};
 
 /// Stateful stand-in for the loxilb REST API (in-memory, for tests and demos).
 ///
@@ -15,8 +15,8 @@ use loxilb_sim::{API_BASE, SimConfig, Simulator};
 /// [{"seconds":N}], PUT /admin/latency {"ms":N}, PUT|DELETE /admin/fault
 /// {"status":500,"rate":1.0,"onlyWrites":true}, GET|PUT /admin/bgp {"enabled":true},
 /// PUT /admin/bgp/peer-state {"ip":"...","state":"ESTABLISHED"}, PUT /admin/token
-/// {"token":"..."}, GET /admin/rules,
-/// GET /admin/stats.
+/// {"token":"..."}, GET|PUT /admin/profile {"profile":"loxilb-0.9.8","tickMs":100},
+/// GET /admin/costs, GET /admin/rules, GET /admin/writes, GET /admin/stats.
 /// While down the listener is closed, so only the timed form of /admin/down
 /// brings the simulator back.
 #[derive(Debug, Parser)]
@@ -54,6 +54,22 @@ struct Args {
     /// Artificial delay in milliseconds added before every API call.
     #[arg(long, env = "LOXILB_SIM_LATENCY_MS", default_value_t = 0)]
     latency_ms: u64,
+
+    /// What rule writes cost. "instant": every call answered at once (loxilbs before
+    /// 2026-03-04; fast tests). "loxilb-0.9.8": loxilb 0.9.8 since 2026-03-04: rule POSTs
+    /// take one lock, a create or update holds it until the next tick of a worker (one write
+    /// per tick), a re-POST that changes nothing answers 409 once it has the lock, deletes
+    /// and GETs answer at once, a request waiting more than 60 ticks is applied but not
+    /// answered, goBGP answers 9 ticks after the start (docs/loxilb-api.md#costs-and-versions).
+    #[arg(long, env = "LOXILB_SIM_PROFILE", default_value = Profile::INSTANT,
+          value_parser = Profile::NAMES)]
+    profile: String,
+
+    /// The worker's tick of --profile loxilb-0.9.8 in milliseconds (loxilb: 1000); the write
+    /// timeout and goBGP's start-up delay scale with it.
+    #[arg(long, env = "LOXILB_SIM_PROFILE_TICK_MS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    profile_tick_ms: u64,
 }
 
 #[cfg(unix)]
@@ -81,11 +97,14 @@ async fn main() -> anyhow::Result<()> {
         )
         .init();
     let args = Args::parse();
+    let profile = Profile::named(&args.profile, Duration::from_millis(args.profile_tick_ms))
+        .context("--profile and --profile-tick-ms")?;
     let cfg = SimConfig {
         max_rules: args.max_rules,
         auth_token: args.token,
         bgp: args.bgp,
         bgp_only: args.bgp_only,
+        profile,
         ..SimConfig::default()
     };
     let sim = match (&args.tls_cert, &args.tls_key) {

@@ -7,6 +7,7 @@
 //! content-type check, decoding/validation and finally the handler.
 
 use std::collections::HashMap;
+use std::time::Instant;
 
 use axum::Router;
 use axum::body::Body;
@@ -18,10 +19,11 @@ use serde_json::json;
 
 use crate::bgp::BgpOp;
 use crate::decode::{GoObj, body_object, parse_body};
-use crate::errors::{ApiError, CODE_INVALID_TYPE, ok_json, result_200, success};
-use crate::state::RuleKey;
+use crate::errors::{ApiError, CODE_INVALID_TYPE, DropConnection, ok_json, result_200, success};
+use crate::profile::{AwaitsWorker, next_tick};
+use crate::state::{PostOutcome, RULE_EXISTS, RuleKey};
 use crate::validate::{core_check, decode_lb, parse_ip};
-use crate::{API_BASE, AppState, Shared, admin};
+use crate::{API_BASE, AppState, Profile, Shared, admin};
 
 /// Request bodies above this size are rejected (loxilb has no limit, but
 /// the simulator must not buffer unbounded input).
@@ -348,6 +350,7 @@ fn go_u32(f: f64) -> u32 {
 }
 
 async fn api_entry(State(app): State<AppState>, req: Request) -> Response {
+    let accepted = Instant::now();
     let shared = &app.shared;
     shared.count_request();
     let mut latency = shared.latency();
@@ -362,24 +365,71 @@ async fn api_entry(State(app): State<AppState>, req: Request) -> Response {
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
     }
-    // Rule writes one at a time, each taking the rule write latency, as loxilb applies them.
+    let profile = shared.profile();
+    if profile.tick().is_none() {
+        return serve(shared, profile, req, caller, accepted).await;
+    }
+    // loxilb's handler goes on when the client gives up waiting (a timeout): the write is
+    // still queued and applied, so it must not be cancelled with the connection.
+    let shared = app.shared.clone();
+    let task = tokio::spawn(async move { serve(&shared, profile, req, caller, accepted).await });
+    match task.await {
+        Ok(resp) => resp,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
+}
+
+/// Handles an API call once its latency is served: waits for the rule lock and the profile's
+/// worker where due, logs writes.
+async fn serve(
+    shared: &Shared,
+    profile: Profile,
+    req: Request,
+    caller: Option<String>,
+    accepted: Instant,
+) -> Response {
+    let rule_write =
+        req.method() != Method::GET && req.uri().path().contains("/config/loadbalancer");
+    // Rule writes one at a time: each taking the rule write latency when one is set, and
+    // every rule POST under a profile with a worker, as loxilb 0.9.8 takes its API lock for
+    // them (deletes do not wait, docs/loxilb-api.md#costs-and-versions).
     let rule_latency = shared.rule_write_latency();
-    let _rule_turn = if req.method() != Method::GET
-        && req.uri().path().contains("/config/loadbalancer")
-        && !rule_latency.is_zero()
-    {
-        let turn = shared.rule_writes.clone().lock_owned().await;
-        tokio::time::sleep(rule_latency).await;
-        Some(turn)
+    let takes_lock = rule_write
+        && (!rule_latency.is_zero() || (profile.tick().is_some() && req.method() == Method::POST));
+    let rule_turn = if takes_lock {
+        Some(shared.rule_writes.clone().lock_owned().await)
     } else {
         None
     };
+    if rule_turn.is_some() && !rule_latency.is_zero() {
+        tokio::time::sleep(rule_latency).await;
+    }
+    let in_flight = rule_write.then(|| shared.costs.rule_write());
     let (parts, body) = req.into_parts();
-    let resp = match handle(shared, &parts, body).await {
+    let mut resp = match handle(shared, &parts, body).await {
         Ok(resp) => resp,
         Err(e) => e.into_response(),
     };
+    // A create or update holds the lock until the datapath worker's next tick acknowledges it.
+    let tick = match profile.tick() {
+        Some(period) if resp.extensions().get::<AwaitsWorker>().is_some() => {
+            let (n, at) = next_tick(shared.born, period, Instant::now());
+            tokio::time::sleep_until(at.into()).await;
+            Some(n)
+        }
+        _ => None,
+    };
+    drop(in_flight);
+    drop(rule_turn);
+    // Past loxilb's write timeout the answer can no longer be written: applied, unanswered.
+    let answered = profile
+        .write_timeout()
+        .is_none_or(|limit| accepted.elapsed() <= limit);
+    if !answered {
+        resp.extensions_mut().insert(DropConnection);
+    }
     if parts.method != Method::GET {
+        shared.costs.write_completed(answered);
         let path = parts.uri.path();
         shared.log_write(crate::SimWrite {
             method: parts.method.to_string(),
@@ -389,9 +439,13 @@ async fn api_entry(State(app): State<AppState>, req: Request) -> Response {
             },
             status: resp.status().as_u16(),
             caller,
+            accepted: accepted.saturating_duration_since(shared.born),
+            completed: shared.born.elapsed(),
+            tick,
+            answered,
         });
     }
-    tracing::debug!(method = %parts.method, path = %parts.uri.path(), status = resp.status().as_u16(), "api call");
+    tracing::debug!(method = %parts.method, path = %parts.uri.path(), status = resp.status().as_u16(), answered, "api call");
     resp
 }
 
@@ -425,6 +479,7 @@ async fn handle(shared: &Shared, parts: &Parts, body: Body) -> Result<Response, 
         }))),
         Op::LbCreate => lb_create(shared, &bytes),
         Op::LbList => {
+            shared.costs.listing();
             let reach = shared.reachability();
             Ok(ok_json(shared.state().list_api(&reach)))
         }
@@ -461,7 +516,15 @@ fn lb_create(shared: &Shared, bytes: &[u8]) -> Result<Response, ApiError> {
     }
     let checked = core_check(&req).map_err(ApiError::Handler)?;
     let mut state = shared.state();
-    let outcome = state.post_rule(&req, checked).map_err(ApiError::Handler)?;
+    let outcome = state.post_rule(&req, checked).map_err(|e| {
+        if e == RULE_EXISTS {
+            shared.costs.identical_repost();
+        }
+        ApiError::Handler(e)
+    })?;
+    if outcome == (PostOutcome::Updated { changed: false }) {
+        shared.costs.noop_update();
+    }
     // Every 200 of a rule with `bgp` (creation or update) adds a reference to its addresses,
     // as written in the request (docs/loxilb-api.md#bgp); nothing is counted with BGP off.
     if req.bgp && shared.bgp_enabled() {
@@ -470,7 +533,9 @@ fn lb_create(shared: &Shared, bytes: &[u8]) -> Result<Response, ApiError> {
     }
     drop(state);
     tracing::debug!(?outcome, vip = %req.external_ip, port = req.port, proto = %req.protocol, "lb rule");
-    Ok(success())
+    let mut resp = success();
+    resp.extensions_mut().insert(AwaitsWorker);
+    Ok(resp)
 }
 
 fn lb_delete_tuple(

@@ -18,6 +18,8 @@ use crate::validate::{Checked, LbRequest, MAX_ENDPOINTS};
 const MAX_ALLOWED_SRC_INDEX: u32 = 28;
 const DEFAULT_CI_INSTANCE: &str = "llb-inst0";
 const CI_STATES: &[&str] = &["MASTER", "BACKUP", "FAULT", "STOP", "NOT_DEFINED"];
+/// loxilb's answer to a re-POST that changes nothing (409).
+pub(crate) const RULE_EXISTS: &str = "lbrule-exists error";
 
 /// A visible endpoint of a stored rule, as GET shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -108,7 +110,7 @@ impl StoredEp {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct StoredRule {
     index: u32,
     vip: IpAddr,
@@ -317,7 +319,11 @@ struct CiEntry {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PostOutcome {
     Created,
-    Updated,
+    /// `changed: false`: an update that left the rule as it was (docs/loxilb-api.md#updates),
+    /// e.g. the re-POST of a rule holding hidden endpoints.
+    Updated {
+        changed: bool,
+    },
     /// Detach removed the last endpoint: the rule is gone.
     Deleted,
 }
@@ -452,7 +458,7 @@ impl SimState {
             || rule.proxyprotocolv2 != r.proxyprotocolv2
             || sources.counts_as_change;
         if !eps_changed && !others_changed {
-            return Err("lbrule-exists error".into());
+            return Err(RULE_EXISTS.into());
         }
         if rule.security != r.security {
             return Err("lbrule-exist error: cant modify rule security mode".into());
@@ -466,6 +472,7 @@ impl SimState {
         if !c.allowed_sources.is_empty() && rule.index > MAX_ALLOWED_SRC_INDEX {
             return Err("rule-allowed-src error".into());
         }
+        let before = rule.clone();
         rule.endpoints = eps;
         rule.probetype = r.probetype.clone();
         rule.probeport = r.probeport;
@@ -487,7 +494,9 @@ impl SimState {
             self.release_index(index);
             return Ok(PostOutcome::Deleted);
         }
-        Ok(PostOutcome::Updated)
+        Ok(PostOutcome::Updated {
+            changed: *rule != before,
+        })
     }
 
     fn remove_rule(&mut self, key: &RuleKey) -> Option<StoredRule> {

@@ -88,6 +88,13 @@ impl Env {
         reply(resp).await
     }
 
+    /// The JSON of `GET /admin{path}` (asserting a 200).
+    pub async fn admin_json(&self, path: &str) -> Value {
+        let (status, v) = self.send(self.http.get(self.admin(path))).await;
+        assert_eq!(status, 200, "GET /admin{path}: {v}");
+        v
+    }
+
     pub async fn send(&self, req: reqwest::RequestBuilder) -> Reply {
         reply(req.send().await.expect("request sent")).await
     }
