@@ -6,10 +6,14 @@
 //! than mirroring it.
 //!
 //! The API lives under [`API_BASE`]; a small admin API under `/admin` on the
-//! same listener drives the simulation (restart, down/up, latency, faults, BGP).
+//! same listener drives the simulation (restart, down/up, latency, faults, BGP, cost profile).
 //! While the simulator is down its listener is closed, so `POST /admin/up`
 //! cannot be reached: come back with [`Simulator::come_up`] or with the timed
 //! form `POST /admin/down {"seconds":N}`.
+//!
+//! Calls are answered at once by default; the cost profile `loxilb-0.9.8` ([`Profile`])
+//! makes rule writes cost what they cost on loxilb since 2026-03-04
+//! (docs/loxilb-api.md#costs-and-versions).
 
 mod admin;
 mod bgp;
@@ -585,7 +589,9 @@ impl Simulator {
     /// Time every rule write (create, update, delete under `/config/loadbalancer`) takes,
     /// on top of the other latencies, rule writes being handled one at a time as loxilb
     /// does (about 1 s each on a real loxilb 0.9.8): a replay of many rules then lasts. Other
-    /// writes (HA states, BGP) are not held up.
+    /// writes (HA states, BGP) are not held up. It adds to the cost profile
+    /// ([`Simulator::set_profile`]), which models loxilb's own shape (creates and updates
+    /// waiting for a worker's tick, deletes at once).
     pub fn set_rule_write_latency(&self, d: Duration) {
         self.inner.shared.set_rule_write_latency(d);
     }
