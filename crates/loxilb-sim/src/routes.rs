@@ -422,9 +422,10 @@ async fn serve(
     drop(in_flight);
     drop(rule_turn);
     // Past loxilb's write timeout the answer can no longer be written: applied, unanswered.
+    let done = Instant::now();
     let answered = profile
         .write_timeout()
-        .is_none_or(|limit| accepted.elapsed() <= limit);
+        .is_none_or(|limit| done - accepted <= limit);
     if !answered {
         resp.extensions_mut().insert(DropConnection);
     }
@@ -440,7 +441,7 @@ async fn serve(
             status: resp.status().as_u16(),
             caller,
             accepted: accepted.saturating_duration_since(shared.born),
-            completed: shared.born.elapsed(),
+            completed: done - shared.born,
             tick,
             answered,
         });
