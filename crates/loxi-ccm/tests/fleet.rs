@@ -1300,9 +1300,6 @@ async fn a_takeover_places_the_marker_and_lists_once() {
 /// time (`--ha-bgp-hold`, here 2 s); a session that goes down and up again within it moves
 /// nothing. A loxilb that stops answering has its sessions reported down at once.
 #[tokio::test]
-#[ignore = "passes alone (16 s) but timed out on 'the session of the dead loxilb reported down' \
-            in the full run of this file on 2026-11-28 (order-dependent or load-dependent, not \
-            yet understood): cargo test -p loxi-ccm --test fleet -- --ignored roles_follow"]
 async fn roles_follow_bgp_reachability() {
     let bgp = || SimConfig {
         bgp: true,

@@ -214,6 +214,10 @@ struct State {
     sessions: Seen,
     /// Labels of `loxi_ccm_bgp_sessions` currently set: (loxilb, peer, state).
     shown: BTreeSet<(String, String, String)>,
+    /// loxilbs seen down ([`Bgp::loxilb_down`]) and not back yet ([`Bgp::loxilb_back`]):
+    /// their sessions stay `UNKNOWN` whatever a pass begun before they went down listed
+    /// (such a pass, noted after the down, put ESTABLISHED back until the loxilb returned).
+    unreachable: BTreeSet<String>,
 }
 
 /// The BGP subsystem's handle.
@@ -317,6 +321,7 @@ impl Bgp {
         let mut left = Vec::new();
         {
             let mut state = self.state();
+            state.unreachable.insert(url.to_string());
             let State {
                 sessions, shown, ..
             } = &mut *state;
@@ -340,6 +345,11 @@ impl Bgp {
         for ip in left {
             self.session_left(plan, url, ip, DOWN);
         }
+    }
+
+    /// The loxilb at `url` answers again: the next passes on it report its sessions.
+    pub fn loxilb_back(&self, url: &str) {
+        self.state().unreachable.remove(url);
     }
 
     /// One pass on a reachable loxilb: every loxilb's configuration plus its own mesh
@@ -491,6 +501,9 @@ impl Bgp {
         for &ip in &addresses {
             for (url, listed) in desired::sessions(ip, view) {
                 let Some(current) = listed else { continue };
+                if state.unreachable.contains(&url) {
+                    continue;
+                }
                 let key = (url.clone(), ip);
                 let before = state.sessions.get(&key).cloned();
                 let since = match &before {
@@ -512,7 +525,7 @@ impl Bgp {
         // (`UNKNOWN` once it was seen down: `Bgp::loxilb_down`).
         let unreached: BTreeSet<&str> = view
             .iter()
-            .filter(|(_, pass)| pass.is_none())
+            .filter(|(url, pass)| pass.is_none() || state.unreachable.contains(*url))
             .map(|(url, _)| *url)
             .collect();
         for ((url, ip), (current, _)) in &state.sessions {

@@ -290,6 +290,11 @@ impl Workers {
                     // Its sessions are down with it: reported at once, not once it is back.
                     bgp.loxilb_down(&plan, inst.url());
                 }
+                if probe == Probe::CameBack
+                    && let Some(bgp) = &self.settings.bgp
+                {
+                    bgp.loxilb_back(inst.url());
+                }
                 if found_tx.send(probe).is_err() {
                     return;
                 }
