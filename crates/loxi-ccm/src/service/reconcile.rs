@@ -138,14 +138,18 @@ async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<PassEnd, Reco
         // What the calls met (writes stopped) is not the Service's state to report.
         return Err(ReconcileError::NotLeader);
     }
-    if programmed.retry.is_none() {
-        // Addresses no longer wanted (an edited annotation, a lost race) go back only now
-        // that their rules are gone.
-        report::release_unwanted(svc, ctx, &held).await?;
-    }
 
     // 5. Report: status, conditions and Events, in one place.
     report::programmed(svc, ctx, &held, &plan, &programmed).await?;
+    if programmed.retry.is_none() {
+        // Addresses no longer wanted (an edited annotation, a lost race) go back only now
+        // that their rules are gone, and only after our status write: that write is
+        // conditional on the resourceVersion we read, so once it landed no other replica
+        // can still publish an address decided on an older read. Releasing first let a
+        // racing replica publish the address we had just let go, while a third Service
+        // claimed it (two Services showing one address, tests/ipam.rs).
+        report::release_unwanted(svc, ctx, &held).await?;
+    }
     match programmed.retry {
         Some(e) => Err(ReconcileError::Loxilb(e)),
         None => Ok(PassEnd::Done),

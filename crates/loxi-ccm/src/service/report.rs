@@ -401,9 +401,9 @@ async fn problem_status(
     Ok(())
 }
 
-/// Lets go of addresses the Service no longer wants. Reads what it shows right now from the
-/// API server (not the store): an address it shows is released only after its status moved
-/// on (the status write triggers another pass, which then releases it).
+/// Lets go of addresses the Service no longer wants; called after the pass's status write.
+/// Reads what it shows right now from the API server (not the store): an address it shows
+/// (another replica's write that won) is not released.
 pub async fn release_unwanted(
     svc: &Service,
     ctx: &Context,
