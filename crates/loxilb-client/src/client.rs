@@ -630,9 +630,14 @@ impl LoxilbClient {
         url: Url,
         body: Option<&B>,
     ) -> Result<Answer, ClientError> {
+        // A write that got no answer in time may still be applied: loxilb queues writes and
+        // applies them later (docs/loxilb-api.md). Sending it again would only queue one
+        // more costly write behind it; the caller learns the outcome from a later listing.
+        let write = method != Method::GET;
         self.retrying(
             || self.send_once(method.clone(), url.clone(), body),
             |result| match result {
+                Err(ClientError::Timeout { .. }) if write => false,
                 Err(e) => e.is_retryable(),
                 Ok(Answer::Status(status, body)) => {
                     status.is_server_error()

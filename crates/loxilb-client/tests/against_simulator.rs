@@ -766,6 +766,37 @@ async fn slow_loxilb_is_a_timeout() {
     assert!(client.list_rules().await.unwrap().is_empty());
 }
 
+/// A write that got no answer in time is not sent again: loxilb may still apply it (it queues
+/// writes), and a second copy would only queue behind the first.
+#[tokio::test]
+async fn a_write_that_times_out_is_sent_once() {
+    // loxilb's costs: a write whose client gave up is still applied.
+    let sim = start_sim(SimConfig {
+        profile: loxilb_sim::Profile::Loxilb098 {
+            tick: Duration::from_millis(50),
+        },
+        ..SimConfig::default()
+    })
+    .await;
+    let mut cfg = config_for(&sim);
+    cfg.timeout = Duration::from_millis(200);
+    cfg.retry = quick_retry(3);
+    let client = LoxilbClient::new(cfg).unwrap();
+    sim.set_write_latency(Duration::from_secs(1));
+    let err = client
+        .apply_rule(&to_entry(&web_rule()))
+        .await
+        .expect_err("latency above timeout");
+    assert!(matches!(&err, ClientError::Timeout { .. }), "{err:?}");
+    assert_eq!(sim.rule_posts(), 1, "sent once");
+    // Applied anyway, once loxilb got to it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while sim.rules().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "never applied");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 async fn auth_sim() -> Simulator {
     start_sim(SimConfig {
         auth_token: Some("s3cret".into()),

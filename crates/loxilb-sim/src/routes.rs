@@ -362,17 +362,23 @@ async fn api_entry(State(app): State<AppState>, req: Request) -> Response {
     if req.method() == Method::POST && req.uri().path().ends_with("/config/loadbalancer") {
         shared.count_rule_post();
     }
-    if !latency.is_zero() {
-        tokio::time::sleep(latency).await;
-    }
     let profile = shared.profile();
     if profile.tick().is_none() {
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
         return serve(shared, profile, req, caller, accepted).await;
     }
     // loxilb's handler goes on when the client gives up waiting (a timeout): the write is
-    // still queued and applied, so it must not be cancelled with the connection.
+    // still queued and applied, so it must not be cancelled with the connection (nor while
+    // its latency is served).
     let shared = app.shared.clone();
-    let task = tokio::spawn(async move { serve(&shared, profile, req, caller, accepted).await });
+    let task = tokio::spawn(async move {
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
+        serve(&shared, profile, req, caller, accepted).await
+    });
     match task.await {
         Ok(resp) => resp,
         Err(e) => std::panic::resume_unwind(e.into_panic()),
