@@ -402,14 +402,20 @@ async fn sigterm_ends_the_process_while_reconciles_wait() {
         ))
         .await;
     }
-    // Reconciles are under way: addresses are claimed, their rule writes hang.
+    // Reconciles are under way: addresses are claimed, and writes reached loxilb and hang
+    // there (the restart marker's, which the rules' wait behind).
     wait_for(
         "claims of the Services",
         Duration::from_secs(60),
         || async { (w.claims().await.len() >= 6).then_some(()) },
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    wait_for(
+        "writes waiting at loxilb",
+        Duration::from_secs(60),
+        || async { (w.sim.writes() >= 1).then_some(()) },
+    )
+    .await;
     let started = Instant::now();
     unsafe {
         libc_kill(ccm.pid() as i32, 15);
