@@ -24,6 +24,7 @@ pub mod roles;
 pub mod selection;
 pub mod sharing;
 pub mod text;
+pub mod write_window;
 
 pub use diff::{Action, diff_rules};
 pub use intent::{AnnotationError, Defaults, ServiceIntent, parse_intent};
