@@ -1,6 +1,10 @@
 //! The subsystem table of `docs/architecture.md` is the law of the controller crate: every
 //! `crate::<subsystem>` path in a subsystem's code must be an arrow the table allows, and the
 //! arrows between subsystems form no cycle. The document and this test read the same table.
+//!
+//! Two rules of shape go with it: no source file of the workspace holds more than 1,000
+//! lines of code (one concern per file), and `runtime/` only wires subsystems, holding no
+//! state of its own (no `Mutex`, `RwLock` or `Notify` outside its tests).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -185,4 +189,339 @@ fn a_cycle_and_a_wrong_arrow_are_seen() {
         named_subsystems(code),
         BTreeSet::from(["ipam".to_string(), "k8s".to_string()])
     );
+}
+
+/// `code` without its comments (line, doc and block comments; line breaks kept, so line
+/// numbers stay) and without its `#[cfg(test)]` modules (attribute to closing brace). String
+/// and character literals are read as such, so a `//` or a brace inside one is not taken
+/// for a comment or a block.
+fn without_comments_and_tests(code: &str) -> String {
+    let chars: Vec<char> = code.chars().collect();
+    let mut out = String::with_capacity(code.len());
+    let mut i = 0;
+    // Brace depth, and the depth at which the test module being skipped ends.
+    let mut depth = 0usize;
+    let mut skip_until: Option<usize> = None;
+    let at = |i: usize, s: &str| {
+        s.chars()
+            .enumerate()
+            .all(|(k, c)| chars.get(i + k) == Some(&c))
+    };
+    while i < chars.len() {
+        let c = chars[i];
+        let skipping = skip_until.is_some();
+        let keep = |s: &str, out: &mut String| {
+            if skipping {
+                // Only the line breaks of what is skipped are kept.
+                out.extend(s.chars().filter(|c| *c == '\n'));
+            } else {
+                out.push_str(s);
+            }
+        };
+        if at(i, "//") {
+            while i < chars.len() && chars[i] != '\n' {
+                i += 1;
+            }
+            continue;
+        }
+        if at(i, "/*") {
+            // Rust's block comments nest.
+            let mut nested = 0;
+            while i < chars.len() {
+                if at(i, "/*") {
+                    nested += 1;
+                    i += 2;
+                } else if at(i, "*/") {
+                    nested -= 1;
+                    i += 2;
+                    if nested == 0 {
+                        break;
+                    }
+                } else {
+                    if chars[i] == '\n' {
+                        out.push('\n');
+                    }
+                    i += 1;
+                }
+            }
+            continue;
+        }
+        if !skipping && at(i, "#[cfg(test)]") {
+            // The attribute, any further attributes, then `mod name {`: skipped to its brace.
+            let mut j = i + "#[cfg(test)]".len();
+            loop {
+                while j < chars.len() && chars[j].is_whitespace() {
+                    j += 1;
+                }
+                if at(j, "#[") {
+                    while j < chars.len() && chars[j] != ']' {
+                        j += 1;
+                    }
+                    j += 1;
+                } else {
+                    break;
+                }
+            }
+            let rest: String = chars[j..chars.len().min(j + 200)].iter().collect();
+            let head = rest.split('{').next().unwrap_or("");
+            let is_module = rest.starts_with("mod ")
+                && rest.contains('{')
+                && !head.contains(';')
+                && head["mod ".len()..]
+                    .trim()
+                    .chars()
+                    .all(|c| c.is_alphanumeric() || c == '_');
+            if is_module {
+                skip_until = Some(depth);
+                out.extend(chars[i..j].iter().filter(|c| **c == '\n'));
+                i = j;
+                continue;
+            }
+        }
+        // A raw string (r"..", r#".."#, br".."), a string, a byte string.
+        let raw = if at(i, "br") {
+            Some(i + 2)
+        } else if at(i, "r") {
+            Some(i + 1)
+        } else {
+            None
+        };
+        let prev_ident = i > 0 && (chars[i - 1].is_alphanumeric() || chars[i - 1] == '_');
+        if let Some(mut j) = raw.filter(|_| !prev_ident) {
+            let mut hashes = 0;
+            while chars.get(j) == Some(&'#') {
+                hashes += 1;
+                j += 1;
+            }
+            if chars.get(j) == Some(&'"') {
+                let close: String = std::iter::once('"')
+                    .chain(std::iter::repeat_n('#', hashes))
+                    .collect();
+                let mut k = j + 1;
+                while k < chars.len() && !at(k, &close) {
+                    k += 1;
+                }
+                let end = (k + close.len()).min(chars.len());
+                keep(&chars[i..end].iter().collect::<String>(), &mut out);
+                i = end;
+                continue;
+            }
+        }
+        if c == '"' {
+            let mut k = i + 1;
+            while k < chars.len() && chars[k] != '"' {
+                k += if chars[k] == '\\' { 2 } else { 1 };
+            }
+            let end = (k + 1).min(chars.len());
+            keep(&chars[i..end].iter().collect::<String>(), &mut out);
+            i = end;
+            continue;
+        }
+        if c == '\'' {
+            // A character literal ('x', '\n', '\u{1F600}'), not a lifetime ('a).
+            let len = if chars.get(i + 1) == Some(&'\\') {
+                chars[i + 2..]
+                    .iter()
+                    .position(|c| *c == '\'')
+                    .map(|p| p + 3)
+            } else if chars.get(i + 2) == Some(&'\'') {
+                Some(3)
+            } else {
+                None
+            };
+            if let Some(len) = len {
+                let end = (i + len).min(chars.len());
+                keep(&chars[i..end].iter().collect::<String>(), &mut out);
+                i = end;
+                continue;
+            }
+        }
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth = depth.saturating_sub(1);
+                if skip_until == Some(depth) {
+                    skip_until = None;
+                    i += 1;
+                    continue;
+                }
+            }
+            _ => {}
+        }
+        keep(&c.to_string(), &mut out);
+        i += 1;
+    }
+    out
+}
+
+/// Lines of code: not blank once comments and `#[cfg(test)]` modules are taken out.
+fn code_lines(code: &str) -> usize {
+    without_comments_and_tests(code)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .count()
+}
+
+/// More lines of code than this in one source file is more than one concern: split it.
+const MAX_CODE_LINES: usize = 1_000;
+
+/// Files allowed over the limit until they are split, each with the issue that splits it.
+const OVER_THE_LIMIT: &[&str] = &[
+    // The code health issue splits the configuration; its owner is not this test.
+    "crates/loxi-ccm/src/config/mod.rs",
+];
+
+/// The workspace's members, from its `Cargo.toml`.
+fn workspace_members() -> Vec<PathBuf> {
+    let root = crate_dir().join("../..");
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).expect("workspace Cargo.toml");
+    let start = manifest.find("members = [").expect("a members list");
+    let list = &manifest[start..];
+    let list = &list[..list.find(']').expect("the members list's end")];
+    let members: Vec<PathBuf> = list
+        .split('"')
+        .skip(1)
+        .step_by(2)
+        .map(|m| root.join(m))
+        .collect();
+    assert!(!members.is_empty(), "no workspace members read");
+    members
+}
+
+#[test]
+fn no_source_file_is_over_a_thousand_lines_of_code() {
+    let root = crate_dir()
+        .join("../..")
+        .canonicalize()
+        .expect("workspace root");
+    let mut files = Vec::new();
+    for member in workspace_members() {
+        rust_files(&member.join("src"), &mut files);
+    }
+    assert!(
+        files.len() > 50,
+        "too few source files found: {}",
+        files.len()
+    );
+    let mut over = Vec::new();
+    for file in files {
+        let file = file.canonicalize().expect("source path");
+        let name = file
+            .strip_prefix(&root)
+            .expect("inside the workspace")
+            .to_string_lossy()
+            .replace('\\', "/");
+        if OVER_THE_LIMIT.contains(&name.as_str()) {
+            continue;
+        }
+        let lines = code_lines(&std::fs::read_to_string(&file).expect("readable source"));
+        if lines > MAX_CODE_LINES {
+            over.push(format!("{name}: {lines}"));
+        }
+    }
+    assert!(
+        over.is_empty(),
+        "source files over {MAX_CODE_LINES} lines of code (split them by concern): {over:?}"
+    );
+}
+
+#[test]
+fn code_lines_leave_out_comments_blanks_and_tests() {
+    let code = r#"//! The module.
+
+/// A function.
+fn f() -> &'static str {
+    // why
+    let s = "// not a comment {";
+    let c = '{';
+    /* a block
+       comment */
+    s
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn t() {
+        assert_eq!(f(), "}");
+    }
+}
+
+fn g() {}
+"#;
+    // fn f, let s, let c, s, }, fn g.
+    assert_eq!(code_lines(code), 6);
+    let kept = without_comments_and_tests(code);
+    assert!(kept.contains("fn g() {}"));
+    assert!(!kept.contains("mod tests"));
+    assert_eq!(kept.lines().count(), code.lines().count());
+    // A test module declared in its own file is not a block to skip.
+    assert_eq!(code_lines("#[cfg(test)]\nmod tests;\nfn a() {}\n"), 3);
+}
+
+/// Lock and wake-up types named in a piece of code (comments and test modules excluded):
+/// state held in `runtime/`, which belongs in the subsystem that owns it.
+fn shared_state_types(code: &str) -> BTreeSet<String> {
+    let code = without_comments_and_tests(code);
+    let mut found = BTreeSet::new();
+    let words = code.split(|c: char| !(c.is_alphanumeric() || c == '_'));
+    for word in words {
+        // MutexGuard, RwLockReadGuard... name the same state.
+        if ["Mutex", "RwLock", "Notify"]
+            .iter()
+            .any(|t| word.starts_with(t))
+        {
+            found.insert(word.to_string());
+        }
+    }
+    found
+}
+
+#[test]
+#[ignore = "runtime/ still holds state until issue 26 stage C's move lands: runtime/mod.rs, \
+            runtime/discovery.rs, runtime/fleet_status.rs, runtime/watches.rs"]
+fn runtime_holds_no_locks_or_notifications() {
+    let mut files = Vec::new();
+    rust_files(&crate_dir().join("src/runtime"), &mut files);
+    files.sort();
+    let mut holding = Vec::new();
+    for file in files {
+        let code = std::fs::read_to_string(&file).expect("readable source");
+        let types = shared_state_types(&code);
+        if !types.is_empty() {
+            let name = file
+                .strip_prefix(crate_dir())
+                .unwrap_or(&file)
+                .display()
+                .to_string();
+            holding.push(format!("{name}: {types:?}"));
+        }
+    }
+    assert!(
+        holding.is_empty(),
+        "runtime/ wires subsystems and holds no state of its own (no Mutex, RwLock or \
+         Notify outside tests): {holding:?}"
+    );
+}
+
+#[test]
+fn locks_and_notifications_are_seen_outside_comments_and_tests() {
+    let code = "use std::sync::Mutex;\n\
+                // a Notify in a comment\n\
+                /// a RwLock in a doc comment\n\
+                struct S { m: tokio::sync::RwLock<u8>, g: Option<MutexGuard<'static, u8>> }\n\
+                #[cfg(test)]\n\
+                mod tests {\n    use tokio::sync::Notify;\n}\n";
+    assert_eq!(
+        shared_state_types(code),
+        BTreeSet::from([
+            "Mutex".to_string(),
+            "MutexGuard".to_string(),
+            "RwLock".to_string()
+        ])
+    );
+    assert!(shared_state_types("let n = notify(); // Mutex\n/* RwLock */").is_empty());
 }

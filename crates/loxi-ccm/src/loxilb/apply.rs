@@ -1,0 +1,716 @@
+//! Applying a diff: one Service's pass (`apply_service`, decided under the instance's lock,
+//! called without it), the whole-instance pass of drift checks and replays
+//! (`converge_all`), and the single calls.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use futures::StreamExt;
+use loxi_domain::{Action, ClusterId, Rule, RuleKey, RuleName, diff_rules};
+use loxilb_client::ClientError;
+use loxilb_client::convert::to_entry;
+use tracing::{debug, warn};
+
+use super::limits::{Limit, limit_of, rules_needed, without_refused};
+use super::rules::{FRESH_LISTING, Holdings};
+use super::{ApplyReport, Blocked, Instance, Requeue, RuleOwner, ServiceRules, is_transport};
+use crate::metrics::Metrics;
+
+/// A diff's actions as (deletes, changes, creates); conflicts go to `report`.
+fn split_actions(
+    actions: Vec<Action>,
+    report: &mut ApplyReport,
+) -> (Vec<Rule>, Vec<Action>, Vec<Rule>) {
+    let (mut deletes, mut changes, mut creates) = (Vec::new(), Vec::new(), Vec::new());
+    for action in actions {
+        match action {
+            Action::Delete(rule) => deletes.push(rule),
+            Action::Create(rule) => creates.push(rule),
+            a @ (Action::Update(_) | Action::Recreate(_)) => changes.push(a),
+            Action::Conflict {
+                wanted,
+                foreign_name,
+            } => report.conflicts.push((wanted.key, foreign_name)),
+        }
+    }
+    (deletes, changes, creates)
+}
+
+/// The whole-instance diff, one Service at a time: creates and changes as each Service's
+/// rules are compared with what sits on their keys, then deletes for the owned rules in
+/// scope (this cluster, `namespace` if set, not kept) that no Service wanted. The same
+/// decisions as diffing everything at once, holding one Service's rules at a time.
+fn decide_all(
+    h: &Holdings,
+    cluster: &ClusterId,
+    namespace: Option<&str>,
+    desired: impl Iterator<Item = ServiceRules>,
+    report: &mut ApplyReport,
+) -> (Vec<Rule>, Vec<Action>, Vec<Rule>) {
+    let owned = |r: &Rule| RuleName::is_owned_by(&r.name, cluster);
+    let mut wanted: HashSet<RuleKey> = HashSet::new();
+    let mut keep: HashSet<(String, String)> = HashSet::new();
+    let (mut changes, mut creates) = (Vec::new(), Vec::new());
+    for item in desired {
+        let rules = match item {
+            ServiceRules::Keep(ns, name) => {
+                keep.insert((ns, name));
+                continue;
+            }
+            ServiceRules::Want(rules) => rules,
+        };
+        wanted.extend(rules.iter().map(|r| r.key));
+        let observed = rules.iter().filter_map(|r| h.rules.get(&r.key));
+        // Only rules on keys this Service wants were compared: no deletes come out here.
+        let (_, c, n) = split_actions(diff_rules(&rules, observed, owned), report);
+        changes.extend(c);
+        creates.extend(n);
+    }
+    let in_scope = |r: &Rule| {
+        RuleName::parse(&r.name).is_some_and(|n| {
+            n.cluster == cluster.as_str()
+                && namespace.is_none_or(|ns| n.namespace == ns)
+                && !keep.contains(&(n.namespace.clone(), n.service.clone()))
+        })
+    };
+    let deletes = h
+        .rules
+        .rules
+        .values()
+        .filter(|r| owned(r) && in_scope(r) && !wanted.contains(&r.key))
+        .cloned()
+        .collect();
+    (deletes, changes, creates)
+}
+
+/// The calls one Service's pass makes, decided under the lock and made without it.
+struct Work {
+    deletes: Vec<Rule>,
+    /// With the `bgp` flag the rule on loxilb was created with: a re-creation's DELETE must
+    /// carry it (docs/loxilb-api.md#bgp).
+    changes: Vec<(Action, bool)>,
+    creates: Vec<Rule>,
+}
+
+impl Work {
+    /// Every key a call of this work touches.
+    fn keys(&self) -> Vec<RuleKey> {
+        let changed = self.changes.iter().filter_map(|(a, _)| match a {
+            Action::Update(r) | Action::Recreate(r) => Some(r.key),
+            _ => None,
+        });
+        self.deletes
+            .iter()
+            .chain(&self.creates)
+            .map(|r| r.key)
+            .chain(changed)
+            .collect()
+    }
+}
+
+/// What one call did.
+enum CallResult {
+    Deleted(RuleKey),
+    Posted {
+        rule: Rule,
+        update: bool,
+    },
+    /// Created in this pass, then deleted because a limit refused a sibling rule.
+    RolledBack(RuleKey),
+    Refused {
+        rule: Rule,
+        limit: Limit,
+    },
+    Failed(RuleKey, ClientError),
+}
+
+/// New rules grouped by the Service they belong to (by name), in first-seen order.
+fn group_by_service(rules: Vec<Rule>) -> Vec<Vec<Rule>> {
+    let mut index: HashMap<String, usize> = HashMap::new();
+    let mut groups: Vec<Vec<Rule>> = Vec::new();
+    for rule in rules {
+        let owner = RuleName::parse(&rule.name).map_or_else(
+            || rule.name.clone(),
+            |n| format!("{}/{}", n.namespace, n.service),
+        );
+        match index.get(&owner) {
+            Some(&i) => groups[i].push(rule),
+            None => {
+                index.insert(owner, groups.len());
+                groups.push(vec![rule]);
+            }
+        }
+    }
+    groups
+}
+
+impl Instance {
+    /// Makes the instance hold exactly `desired` for the Service `namespace/name`: rules of
+    /// that Service not in `desired` are deleted, others are never touched. When a limit
+    /// holds some rules back and `requeue` is given, the Service is sent there once room
+    /// frees on this instance.
+    pub async fn apply_service(
+        &self,
+        cluster: &ClusterId,
+        namespace: &str,
+        name: &str,
+        desired: &[Rule],
+        metrics: &Metrics,
+        requeue: Option<&Requeue>,
+    ) -> Result<ApplyReport, ClientError> {
+        let in_scope = |rule: &Rule| {
+            RuleName::parse(&rule.name).is_some_and(|n| {
+                n.cluster == cluster.as_str() && n.namespace == namespace && n.service == name
+            })
+        };
+        // 1. Decide under the lock (and reserve room for the new rules).
+        let mut report = ApplyReport::default();
+        let (work, freed_before) = {
+            let mut h = self.holdings.lock().await;
+            if !h.known
+                && let Err(e) = self.refresh(&mut h, metrics).await
+            {
+                let result = Err(e);
+                self.note_failure(&mut h, &result);
+                return result;
+            }
+            let (deletes, changes, creates) = self.decide(
+                &h,
+                cluster,
+                desired,
+                (namespace, name),
+                &in_scope,
+                &mut report,
+            );
+            let mut creates = creates;
+            creates.sort_by_key(|r| r.allowed_sources.is_empty());
+            let me = RuleOwner::new(namespace, name);
+            let free = self.effective_capacity(&h).saturating_sub(h.taken());
+            let kept = h.waiters.kept_ahead(&me, free, Instant::now());
+            let held_back = (!creates.is_empty())
+                .then(|| self.check_limits(&h, &creates, kept))
+                .flatten();
+            if let Some(b) = held_back {
+                metrics.limit_hit(self.url(), b.reason());
+                report.blocked.push(b);
+                creates.clear();
+            }
+            let work = Work {
+                deletes,
+                changes: without_refused(&h, changes, &mut report),
+                creates,
+            };
+            h.reserved += work.creates.len();
+            h.in_flight.extend(work.keys());
+            (work, h.room_freed_count)
+        };
+        // 2. The calls, without the lock: Services on one instance are programmed in
+        //    parallel (each Service is reconciled by one task at a time, and the decision
+        //    above only touched this Service's rules and the keys it wants).
+        let reserved = work.creates.len();
+        let touched = work.keys();
+        if !touched.is_empty() {
+            self.note_service_write();
+        }
+        let (outcomes, transport) = self.call(work, metrics).await;
+        if !touched.is_empty() {
+            self.note_service_write();
+        }
+        // 3. Record what happened, under the lock.
+        let mut h = self.holdings.lock().await;
+        h.reserved -= reserved;
+        for key in &touched {
+            h.in_flight.remove(key);
+        }
+        if let Err(e) = self.record(&mut h, outcomes, &mut report, metrics).await {
+            let result = Err(e);
+            self.note_failure(&mut h, &result);
+            return result;
+        }
+        let result = match transport {
+            Some(e) => Err(e),
+            None => Ok(report),
+        };
+        // Registered under the same lock that frees room, so a wake-up is never missed.
+        let svc = RuleOwner::new(namespace, name);
+        match (&result, requeue) {
+            (Ok(report), Some(tx)) if !report.blocked.is_empty() => {
+                h.wait_for_room(svc, rules_needed(report), tx, freed_before);
+            }
+            _ => {
+                h.waiters.done(&svc);
+            }
+        }
+        self.note_failure(&mut h, &result);
+        result
+    }
+
+    /// Records what the calls did in what the instance is known to hold, and in `report`.
+    /// Fails only when a listing needed to learn loxilb's real capacity fails.
+    async fn record(
+        &self,
+        h: &mut Holdings,
+        outcomes: Vec<CallResult>,
+        report: &mut ApplyReport,
+        metrics: &Metrics,
+    ) -> Result<(), ClientError> {
+        let mut freed = false;
+        // Rules of this pass rolled back after a refusal were in loxilb at the refusal.
+        let rolled_back = outcomes
+            .iter()
+            .filter(|o| matches!(o, CallResult::RolledBack(_)))
+            .count();
+        for outcome in outcomes {
+            match outcome {
+                CallResult::Deleted(key) => {
+                    h.rules.remove(&key);
+                    report.changes += 1;
+                    freed = true;
+                }
+                CallResult::Posted { rule, update } => {
+                    h.rules.insert(rule);
+                    report.changes += 1;
+                    if update {
+                        report.updated += 1;
+                    }
+                }
+                CallResult::RolledBack(key) => {
+                    h.rules.remove(&key);
+                    report.changes = report.changes.saturating_sub(1);
+                }
+                CallResult::Refused { rule, limit } => {
+                    let why = match limit {
+                        Limit::Capacity => {
+                            // Our count was off (a smaller table, or rules added by someone
+                            // else): learn the real size from what loxilb holds (plus what
+                            // this pass rolled back since the refusal).
+                            self.refresh(h, metrics).await?;
+                            let size = h.held() + rolled_back;
+                            h.learned_capacity = Some(size);
+                            Blocked::Capacity {
+                                held: size,
+                                new: 1,
+                                capacity: size,
+                                refused: true,
+                            }
+                        }
+                        Limit::SourceRanges => Blocked::SourceRanges {
+                            key: rule.key,
+                            index: None,
+                        },
+                    };
+                    warn!(instance = self.url(), key = %rule.key, "{why}");
+                    metrics.limit_hit(self.url(), why.reason());
+                    h.refused.insert(rule.key, (rule, why.clone()));
+                    report.blocked.push(why);
+                }
+                CallResult::Failed(key, e) => report.failed.push((key, e)),
+            }
+        }
+        if freed {
+            h.room_freed();
+        }
+        metrics.set_rules(self.url(), h.held());
+        metrics.set_capacity(self.url(), self.effective_capacity(h));
+        Ok(())
+    }
+
+    /// Debug log of what a whole-instance pass (drift check, replay) is about to change, rule by
+    /// rule, with the endpoints gained and lost against what the table holds.
+    fn log_repairs(
+        url: &str,
+        h: &Holdings,
+        deletes: &[Rule],
+        changes: &[Action],
+        creates: &[Rule],
+    ) {
+        for rule in deletes {
+            debug!(instance = url, key = %rule.key, name = %rule.name, "repair: delete");
+        }
+        for rule in creates {
+            debug!(instance = url, key = %rule.key, name = %rule.name, "repair: create");
+        }
+        for action in changes {
+            let (Action::Update(want) | Action::Recreate(want)) = action else {
+                continue;
+            };
+            let have = h.rules.get(&want.key);
+            let ips = |r: &Rule| r.endpoints.iter().map(|e| e.ip).collect::<HashSet<_>>();
+            let (gained, lost) = match have {
+                Some(have) => {
+                    let (w, o) = (ips(want), ips(have));
+                    (
+                        w.difference(&o).copied().collect::<Vec<_>>(),
+                        o.difference(&w).copied().collect::<Vec<_>>(),
+                    )
+                }
+                None => (Vec::new(), Vec::new()),
+            };
+            debug!(instance = url, key = %want.key, name = %want.name, ?gained, ?lost, recreate = matches!(action, Action::Recreate(_)), "repair: change");
+        }
+    }
+
+    /// The calls of one Service's pass, in order: deletes (they make room; side by side),
+    /// in-place updates (side by side) and re-creations, then the new rules, all or none (a
+    /// limit refusing one rolls the others back). Stops after the first group with a
+    /// transport failure, returned beside what was done.
+    async fn call(&self, work: Work, metrics: &Metrics) -> (Vec<CallResult>, Option<ClientError>) {
+        let mut out = Vec::new();
+        // The deletes side by side (at most `parallel_calls` at once): they are independent
+        // (a Service's ports, a drift check's orphans), and a deleted Service's rules should
+        // all be gone at once.
+        let parallel = self.parallel_calls.load(Ordering::Relaxed).max(1);
+        // (The calls are gathered first: a stream over a borrowing closure would not be
+        // `Send` for every lifetime, as the spawned reconcile needs.)
+        let calls: Vec<_> = work
+            .deletes
+            .iter()
+            .map(|rule| self.delete(&rule.key, rule.bgp, metrics))
+            .collect();
+        let deleted: Vec<Result<(), ClientError>> = futures::stream::iter(calls)
+            .buffered(parallel)
+            .collect()
+            .await;
+        let mut transport = None;
+        for (rule, result) in work.deletes.iter().zip(deleted) {
+            match result {
+                Ok(()) => out.push(CallResult::Deleted(rule.key)),
+                Err(e) if is_transport(&e) => {
+                    transport.get_or_insert(e);
+                }
+                Err(e) => out.push(CallResult::Failed(rule.key, e)),
+            }
+        }
+        if transport.is_some() {
+            return (out, transport);
+        }
+        // In-place updates side by side too (a Node change updates every rule of a
+        // Service); re-creations one by one below, each DELETE right before its POST.
+        let (updates, recreates): (Vec<_>, Vec<_>) = work
+            .changes
+            .into_iter()
+            .partition(|(a, _)| matches!(a, Action::Update(_)));
+        let updates: Vec<Rule> = updates
+            .into_iter()
+            .filter_map(|(a, _)| match a {
+                Action::Update(rule) => Some(rule),
+                _ => None,
+            })
+            .collect();
+        let calls: Vec<_> = updates
+            .iter()
+            .map(|rule| self.post(rule, true, metrics))
+            .collect();
+        let posted: Vec<Result<(), ClientError>> = futures::stream::iter(calls)
+            .buffered(parallel)
+            .collect()
+            .await;
+        for (rule, result) in updates.into_iter().zip(posted) {
+            match result {
+                Ok(()) => out.push(CallResult::Posted { rule, update: true }),
+                Err(e) if is_transport(&e) => {
+                    transport.get_or_insert(e);
+                }
+                Err(e) => match limit_of(&e) {
+                    Some(limit) => out.push(CallResult::Refused { rule, limit }),
+                    None => out.push(CallResult::Failed(rule.key, e)),
+                },
+            }
+        }
+        if transport.is_some() {
+            return (out, transport);
+        }
+        for (action, stored_bgp) in recreates {
+            let Action::Recreate(rule) = action else {
+                continue;
+            };
+            // loxilb reuses the index just freed (LIFO), so this needs no new room.
+            match self.delete(&rule.key, stored_bgp, metrics).await {
+                Ok(()) => out.push(CallResult::Deleted(rule.key)),
+                Err(e) if is_transport(&e) => return (out, Some(e)),
+                Err(e) => {
+                    out.push(CallResult::Failed(rule.key, e));
+                    continue;
+                }
+            }
+            match self.post(&rule, false, metrics).await {
+                Ok(()) => out.push(CallResult::Posted {
+                    rule,
+                    update: false,
+                }),
+                Err(e) if is_transport(&e) => return (out, Some(e)),
+                Err(e) => match limit_of(&e) {
+                    Some(limit) => out.push(CallResult::Refused { rule, limit }),
+                    None => out.push(CallResult::Failed(rule.key, e)),
+                },
+            }
+        }
+        let mut created = Vec::new();
+        let mut refused = false;
+        for rule in work.creates {
+            let key = rule.key;
+            match self.post(&rule, false, metrics).await {
+                Ok(()) => {
+                    created.push((key, rule.bgp));
+                    out.push(CallResult::Posted {
+                        rule,
+                        update: false,
+                    });
+                }
+                Err(e) if is_transport(&e) => return (out, Some(e)),
+                Err(e) => match limit_of(&e) {
+                    Some(limit) => {
+                        out.push(CallResult::Refused { rule, limit });
+                        refused = true;
+                        break;
+                    }
+                    None => out.push(CallResult::Failed(key, e)),
+                },
+            }
+        }
+        if refused {
+            // A Service is never half-programmed by a limit, and takes no room it cannot use.
+            for (key, bgp) in created {
+                match self.delete(&key, bgp, metrics).await {
+                    Ok(()) => out.push(CallResult::RolledBack(key)),
+                    Err(e) if is_transport(&e) => return (out, Some(e)),
+                    Err(e) => {
+                        warn!(instance = self.url(), %key, error = %e, "could not roll back a rule");
+                        out.push(CallResult::Failed(key, e));
+                    }
+                }
+            }
+        }
+        (out, None)
+    }
+
+    /// Drift check: lists what the instance holds and converges it to `desired` (all
+    /// Services). Only rules this cluster owns, of Services in `namespace` (all when `None`:
+    /// a replica watching one namespace must not take other namespaces' rules for orphans)
+    /// are deleted. Owned rules of Services in `keep` are left alone even when not desired
+    /// (their Service has an error and keeps its existing rules until fixed).
+    ///
+    /// `desired` is asked for only once this instance is locked: computed earlier, it could
+    /// re-create the rules of a Service whose cleanup ran in between. It yields one Service
+    /// at a time and each is compared with the table as it comes, so the rules of every
+    /// Service are never held at once (2,000 rules with 32 endpoints each are ~2.6 MB).
+    pub async fn converge_all<I>(
+        &self,
+        cluster: &ClusterId,
+        namespace: Option<&str>,
+        desired: impl FnOnce() -> I,
+        metrics: &Metrics,
+    ) -> Result<ApplyReport, ClientError>
+    where
+        I: Iterator<Item = ServiceRules>,
+    {
+        let mut h = self.holdings.lock().await;
+        // A listing made moments ago (a Service's first pass after a take-over) is current:
+        // every write since went through this cache.
+        let refreshed = if h.known && h.listed_at.is_some_and(|t| t.elapsed() < FRESH_LISTING) {
+            Ok(())
+        } else {
+            self.refresh(&mut h, metrics).await
+        };
+        let result = match refreshed {
+            Ok(()) => {
+                self.apply_locked(&mut h, cluster, namespace, desired(), metrics)
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        if let Ok(report) = &result {
+            for (key, e) in &report.failed {
+                warn!(instance = self.url(), %key, error = %e, "drift repair refused");
+            }
+            for b in &report.blocked {
+                // Reported on the Service by its own reconcile.
+                debug!(instance = self.url(), "drift repair held back: {b}");
+            }
+            // The repair may have created the rules of a Service waiting for room (its own
+            // pass was held back, the whole-instance pass found room): woken, its reconcile
+            // reports it programmed, instead of showing CapacityExceeded until some other
+            // room frees (found by the fault matrix, a full loxilb: docs/RELIABILITY.md).
+            if report.changes > 0 {
+                h.waiters.wake_all(Instant::now());
+            }
+        }
+        self.note_failure(&mut h, &result);
+        result
+    }
+
+    /// Deletes every rule this cluster owns for `namespace/name`. Fails if any could not be
+    /// deleted (the caller keeps its finalizer and retries with backoff).
+    pub async fn remove_service(
+        &self,
+        cluster: &ClusterId,
+        namespace: &str,
+        name: &str,
+        metrics: &Metrics,
+    ) -> Result<ApplyReport, ClientError> {
+        let mut report = self
+            .apply_service(cluster, namespace, name, &[], metrics, None)
+            .await?;
+        match report.failed.pop() {
+            Some((_, e)) => Err(e),
+            None => Ok(report),
+        }
+    }
+
+    async fn apply_locked(
+        &self,
+        h: &mut Holdings,
+        cluster: &ClusterId,
+        namespace: Option<&str>,
+        desired: impl Iterator<Item = ServiceRules>,
+        metrics: &Metrics,
+    ) -> Result<ApplyReport, ClientError> {
+        if !h.known {
+            self.refresh(h, metrics).await?;
+        }
+        let mut report = ApplyReport::default();
+        let (mut deletes, mut changes, mut creates) =
+            decide_all(h, cluster, namespace, desired, &mut report);
+        // Keys a Service's own pass is changing right now are left to it: the listing may
+        // show them before or after its calls, and sending the same change again only
+        // doubles the writes. Its pass records what it did; anything it leaves wrong is
+        // there at the next check.
+        let busy = |key: &RuleKey| h.in_flight.contains(key);
+        deletes.retain(|r| !busy(&r.key));
+        creates.retain(|r| !busy(&r.key));
+        changes.retain(|a| match a {
+            Action::Update(r) | Action::Recreate(r) => !busy(&r.key),
+            _ => true,
+        });
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            Self::log_repairs(self.url(), h, &deletes, &changes, &creates);
+        }
+        // Deletes and changes first: they make room for what is created below.
+        let first = Work {
+            deletes,
+            changes: without_refused(h, changes, &mut report),
+            creates: Vec::new(),
+        };
+        let (outcomes, transport) = self.call(first, metrics).await;
+        self.record(h, outcomes, &mut report, metrics).await?;
+        if let Some(e) = transport {
+            return Err(e);
+        }
+        // New rules, one group per Service: each Service gets all its new rules or none.
+        // Room is taken for a group before its calls, so the limits see the groups admitted
+        // before it; the groups' calls then run side by side (a replay of a full loxilb is
+        // thousands of POSTs).
+        let mut admitted = Vec::new();
+        let mut taken = 0;
+        for mut group in group_by_service(creates) {
+            if let Some(b) = self.check_limits(h, &group, 0) {
+                metrics.limit_hit(self.url(), b.reason());
+                report.blocked.push(b);
+                continue;
+            }
+            // Rules with source ranges first: they need the low indexes.
+            group.sort_by_key(|r| r.allowed_sources.is_empty());
+            h.reserved += group.len();
+            taken += group.len();
+            admitted.push(Work {
+                deletes: Vec::new(),
+                changes: Vec::new(),
+                creates: group,
+            });
+        }
+        // Groups with source ranges start first, for the same reason.
+        admitted.sort_by_key(|w| w.creates.iter().all(|r| r.allowed_sources.is_empty()));
+        let parallel = self.parallel_calls.load(Ordering::Relaxed).max(1);
+        let mut calls = futures::stream::iter(admitted.into_iter().map(|w| self.call(w, metrics)))
+            .buffer_unordered(parallel);
+        let mut failure = None;
+        while let Some((outcomes, transport)) = calls.next().await {
+            // Everything that was called is recorded, even after a failure.
+            if let Err(e) = self.record(h, outcomes, &mut report, metrics).await {
+                failure.get_or_insert(e);
+            }
+            if let Some(e) = transport {
+                failure.get_or_insert(e);
+            }
+        }
+        h.reserved -= taken;
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(report),
+        }
+    }
+
+    /// What to do to make the instance hold `desired` within the scope: deletes, in-place
+    /// updates and re-creations, creates (conflicts with foreign rules go in `report`).
+    /// `service` narrows the rules looked at to that Service's (through the index).
+    fn decide(
+        &self,
+        h: &Holdings,
+        cluster: &ClusterId,
+        desired: &[Rule],
+        (namespace, name): (&str, &str),
+        in_scope: &impl Fn(&Rule) -> bool,
+        report: &mut ApplyReport,
+    ) -> (Vec<Rule>, Vec<Action>, Vec<Rule>) {
+        let wanted: HashSet<RuleKey> = desired.iter().map(|r| r.key).collect();
+        // The diff sees this Service's rules (from the index, then the scope) plus whatever
+        // sits on the keys it wants.
+        let mut seen: HashSet<RuleKey> = HashSet::new();
+        let observed: Vec<&Rule> = h
+            .rules
+            .of_service(namespace, name)
+            .filter(|r| in_scope(r))
+            .chain(wanted.iter().filter_map(|k| h.rules.get(k)))
+            .filter(|r| seen.insert(r.key))
+            .collect();
+        let owned = |r: &Rule| RuleName::is_owned_by(&r.name, cluster);
+        let actions = diff_rules(desired, observed, |r| {
+            owned(r) && (in_scope(r) || wanted.contains(&r.key))
+        });
+        split_actions(actions, report)
+    }
+
+    /// POSTs the rule. An in-place `update` says `bgp: false`: loxilb never re-reads the flag
+    /// on an update but would count one more advertisement for a 200 carrying `bgp: true`
+    /// (docs/loxilb-api.md#bgp), so the address stays advertised exactly once per rule.
+    async fn post(&self, rule: &Rule, update: bool, metrics: &Metrics) -> Result<(), ClientError> {
+        let started = Instant::now();
+        let mut entry = to_entry(rule);
+        if update {
+            entry.service_arguments.bgp = false;
+        }
+        let result = self.client.apply_rule(&entry).await;
+        metrics.loxilb_call(
+            self.url(),
+            "apply",
+            started.elapsed(),
+            result.as_ref().err(),
+        );
+        if result.is_ok() && entry.service_arguments.bgp {
+            metrics.bgp_advertisement_changed(self.url(), "announce");
+        }
+        result.map(|_| ())
+    }
+
+    /// DELETEs the rule by its tuple; `bgp`: the rule was created advertising its address,
+    /// and the DELETE withdraws that advertisement (`?bgp=true`).
+    async fn delete(&self, key: &RuleKey, bgp: bool, metrics: &Metrics) -> Result<(), ClientError> {
+        let started = Instant::now();
+        let result = self
+            .client
+            .delete_rule(&key.ip.to_string(), key.port, key.protocol.as_loxilb(), bgp)
+            .await;
+        metrics.loxilb_call(
+            self.url(),
+            "delete",
+            started.elapsed(),
+            result.as_ref().err(),
+        );
+        // loxilb drops the reference on every DELETE with ?bgp=true, even a 404.
+        if bgp && !result.as_ref().is_err_and(is_transport) {
+            metrics.bgp_advertisement_changed(self.url(), "withdraw");
+        }
+        result.map(|_| ())
+    }
+}
