@@ -1,7 +1,7 @@
 //! Prometheus metrics. Labels are low-cardinality by construction: results and error
 //! categories are fixed strings, instances are the configured loxilb URLs.
 
-use std::sync::atomic::AtomicI64;
+use std::sync::atomic::{AtomicI64, AtomicU64};
 use std::time::Duration;
 
 use loxilb_client::ClientError;
@@ -104,6 +104,11 @@ pub struct Metrics {
     loxilb_capacity: Family<InstanceLabels, Gauge>,
     loxilb_limit_hits: Family<InstanceReasonLabels, Counter>,
     loxilb_replays: Family<InstanceReasonLabels, Counter>,
+    write_queue: Family<InstanceLabels, Gauge>,
+    write_queue_oldest: Family<InstanceLabels, Gauge<f64, AtomicU64>>,
+    write_window: Family<InstanceLabels, Gauge>,
+    writes_superseded: Family<InstanceLabels, Counter>,
+    writes_unanswered: Family<InstanceLabels, Counter>,
     bgp_sessions: Family<BgpSessionLabels, Gauge>,
     ha_roles: Family<HaRoleLabels, Gauge>,
     ha_failovers: Family<HaInstanceLabels, Counter>,
@@ -185,6 +190,38 @@ impl Metrics {
             "Full replays of every rule to an instance, by cause (came_back: reachable again; \
              lost_rules: it no longer held rules it had)",
             loxilb_replays.clone(),
+        );
+        let write_queue = Family::<InstanceLabels, Gauge>::default();
+        registry.register(
+            "loxilb_write_queue",
+            "Rule writes waiting for their turn in the instance's write window",
+            write_queue.clone(),
+        );
+        let write_queue_oldest = Family::<InstanceLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "loxilb_write_queue_oldest_seconds",
+            "How long the oldest waiting rule write of the instance has waited",
+            write_queue_oldest.clone(),
+        );
+        let write_window = Family::<InstanceLabels, Gauge>::default();
+        registry.register(
+            "loxilb_write_window",
+            "Rule writes allowed in flight to the instance at once (learnt from how fast it \
+             answers, at most --loxilb-write-window)",
+            write_window.clone(),
+        );
+        let writes_superseded = Family::<InstanceLabels, Counter>::default();
+        registry.register(
+            "loxilb_writes_superseded",
+            "Waiting rule writes dropped unsent because a newer write of the same rule came",
+            writes_superseded.clone(),
+        );
+        let writes_unanswered = Family::<InstanceLabels, Counter>::default();
+        registry.register(
+            "loxilb_writes_unanswered",
+            "Rule writes that got no answer within --loxilb-timeout (their outcome is read back \
+             from a listing; the instance is not taken for down)",
+            writes_unanswered.clone(),
         );
         let bgp_sessions = Family::<BgpSessionLabels, Gauge>::default();
         registry.register(
@@ -284,6 +321,11 @@ impl Metrics {
             loxilb_capacity,
             loxilb_limit_hits,
             loxilb_replays,
+            write_queue,
+            write_queue_oldest,
+            write_window,
+            writes_superseded,
+            writes_unanswered,
             bgp_sessions,
             ha_roles,
             ha_failovers,
@@ -388,6 +430,38 @@ impl Metrics {
             .inc();
     }
 
+    /// The write window of `instance` as it stands.
+    pub fn set_write_queue(&self, instance: &str, view: &crate::loxilb::WindowView) {
+        let labels = InstanceLabels {
+            instance: instance.to_string(),
+        };
+        self.write_queue
+            .get_or_create(&labels)
+            .set(i64::try_from(view.depth).unwrap_or(i64::MAX));
+        self.write_queue_oldest
+            .get_or_create(&labels)
+            .set(view.oldest.map_or(0.0, |d| d.as_secs_f64()));
+        self.write_window
+            .get_or_create(&labels)
+            .set(i64::try_from(view.limit).unwrap_or(i64::MAX));
+    }
+
+    pub fn write_superseded(&self, instance: &str) {
+        self.writes_superseded
+            .get_or_create(&InstanceLabels {
+                instance: instance.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn write_unanswered(&self, instance: &str) {
+        self.writes_unanswered
+            .get_or_create(&InstanceLabels {
+                instance: instance.to_string(),
+            })
+            .inc();
+    }
+
     pub fn replayed(&self, instance: &str, reason: &str) {
         self.loxilb_replays
             .get_or_create(&InstanceReasonLabels {
@@ -436,6 +510,9 @@ impl Metrics {
         self.loxilb_up.remove(&labels);
         self.loxilb_rules.remove(&labels);
         self.loxilb_capacity.remove(&labels);
+        self.write_queue.remove(&labels);
+        self.write_queue_oldest.remove(&labels);
+        self.write_window.remove(&labels);
         for ha in ha_instances {
             for role in ["MASTER", "BACKUP"] {
                 self.ha_roles.remove(&HaRoleLabels {

@@ -246,7 +246,9 @@ impl WriteWindow {
             return self.settings.max;
         }
         let n = self.settings.budget.as_nanos() / per_write.as_nanos();
-        usize::try_from(n).unwrap_or(usize::MAX).clamp(1, self.settings.max)
+        usize::try_from(n)
+            .unwrap_or(usize::MAX)
+            .clamp(1, self.settings.max)
     }
 
     /// The time one write takes at loxilb: a POST's when known (the costly kind).
@@ -477,7 +479,10 @@ mod tests {
             w.position(b).unwrap().estimate,
             Some(Duration::from_secs(2))
         );
-        assert_eq!(w.oldest(now + Duration::from_secs(3)), Some(Duration::from_secs(3)));
+        assert_eq!(
+            w.oldest(now + Duration::from_secs(3)),
+            Some(Duration::from_secs(3))
+        );
         assert_eq!(w.position(a), None);
     }
 }

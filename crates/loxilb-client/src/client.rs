@@ -223,6 +223,11 @@ impl LoxilbClient {
         &self.display
     }
 
+    /// How long one call waits for its answer.
+    pub fn timeout(&self) -> Duration {
+        self.cfg.timeout
+    }
+
     /// `GET /version`: the cheapest liveness probe (no auth, docs/loxilb-api.md#liveness).
     pub async fn version(&self) -> Result<VersionInfo, ClientError> {
         let bytes = self.get_ok("version").await?;

@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use futures::StreamExt;
+use loxi_domain::write_window::{Urgency, WriteKind};
 use loxi_domain::{Action, ClusterId, Rule, RuleKey, RuleName, diff_rules};
 use loxilb_client::ClientError;
 use loxilb_client::convert::to_entry;
@@ -91,6 +92,106 @@ struct Work {
     /// carry it (docs/loxilb-api.md#bgp).
     changes: Vec<(Action, bool)>,
     creates: Vec<Rule>,
+    /// Whose writes these are, for their place in the write window.
+    sender: Sender,
+}
+
+/// Who sends a pass's writes: their urgency in the write window (`window.rs`).
+#[derive(Debug, Clone, Default)]
+enum Sender {
+    /// A Service's own pass (`namespace/name`); `restoring`: the keys whose writes restore
+    /// service (an endpoint taken out, the Service's first rules).
+    Service {
+        owner: String,
+        restoring: HashSet<RuleKey>,
+    },
+    /// A drift check or a replay.
+    #[default]
+    Whole,
+}
+
+impl Sender {
+    /// The urgency of a write of `key` (`delete`: a DELETE that is not half of a
+    /// re-creation).
+    fn urgency(&self, key: &RuleKey, delete: bool) -> Urgency {
+        match self {
+            Sender::Service { restoring, .. } if delete || restoring.contains(key) => {
+                Urgency::Restore
+            }
+            Sender::Service { .. } => Urgency::Change,
+            Sender::Whole if delete => Urgency::Cleanup,
+            Sender::Whole => Urgency::Replay,
+        }
+    }
+
+    fn owner(&self) -> Option<&str> {
+        match self {
+            Sender::Service { owner, .. } => Some(owner),
+            Sender::Whole => None,
+        }
+    }
+}
+
+/// The keys of a Service's pass whose writes restore service: a change that takes an
+/// endpoint out (its Node or Pod is gone or not ready), and every new rule of a Service that
+/// holds none on this instance yet.
+fn restoring(
+    h: &Holdings,
+    owner: (&str, &str),
+    changes: &[Action],
+    creates: &[Rule],
+) -> HashSet<RuleKey> {
+    let mut keys: HashSet<RuleKey> = changes
+        .iter()
+        .filter_map(|a| match a {
+            Action::Update(want) | Action::Recreate(want) => Some(want),
+            _ => None,
+        })
+        .filter(|want| {
+            h.rules.get(&want.key).is_some_and(|have| {
+                have.endpoints.iter().any(|e| {
+                    !want
+                        .endpoints
+                        .iter()
+                        .any(|w| w.ip == e.ip && w.target_port == e.target_port)
+                })
+            })
+        })
+        .map(|r| r.key)
+        .collect();
+    if h.rules.of_service(owner.0, owner.1).next().is_none() {
+        keys.extend(creates.iter().map(|r| r.key));
+    }
+    keys
+}
+
+/// How a write ended: sent (with loxilb's answer), or dropped unsent because a newer write of
+/// the same rule came while it waited.
+enum Sent {
+    Answered(Result<(), ClientError>),
+    Superseded,
+}
+
+/// Tells the window how long loxilb took. A write that never reached it (refused
+/// connection, TLS) says nothing about loxilb's speed: its room just goes back.
+fn answered<T>(turn: super::window::Turn<'_>, kind: WriteKind, result: &Result<T, ClientError>) {
+    match result {
+        Err(ClientError::Unreachable { .. } | ClientError::Tls { .. }) => drop(turn),
+        _ => turn.answered(kind),
+    }
+}
+
+/// A write's end as a call result; `None` when it succeeded (the caller knows what that
+/// means for its kind of write). A write that timed out is not a failure of the instance:
+/// its outcome is unknown (`CallResult::Unknown`); a transport failure comes back as
+/// `Failed` for the caller to stop on.
+fn classify(key: RuleKey, sent: Sent) -> Option<CallResult> {
+    match sent {
+        Sent::Superseded => Some(CallResult::Superseded),
+        Sent::Answered(Ok(())) => None,
+        Sent::Answered(Err(e @ ClientError::Timeout { .. })) => Some(CallResult::Unknown(key, e)),
+        Sent::Answered(Err(e)) => Some(CallResult::Failed(key, e)),
+    }
 }
 
 impl Work {
@@ -123,6 +224,11 @@ enum CallResult {
         limit: Limit,
     },
     Failed(RuleKey, ClientError),
+    /// Not sent: a newer write of the same rule superseded it.
+    Superseded,
+    /// Sent, no answer in time: loxilb may still apply it (it queues writes). The rule is
+    /// read back once loxilb has no write of ours left (`Instance::check_unsure`).
+    Unknown(RuleKey, ClientError),
 }
 
 /// New rules grouped by the Service they belong to (by name), in first-seen order.
@@ -196,11 +302,39 @@ impl Instance {
                 report.blocked.push(b);
                 creates.clear();
             }
+            let changes = without_refused(&h, changes, &mut report);
+            let actions: Vec<Action> = changes.iter().map(|(a, _)| a.clone()).collect();
+            // Rules we sent and never heard back about: left alone until read back
+            // (`Instance::check_unsure`), so that no write is sent twice.
+            let unsure = |k: &RuleKey| h.unsure.contains(k);
+            let waiting_check: Vec<RuleKey> = deletes
+                .iter()
+                .chain(&creates)
+                .map(|r| r.key)
+                .chain(actions.iter().filter_map(|a| match a {
+                    Action::Update(r) | Action::Recreate(r) => Some(r.key),
+                    _ => None,
+                }))
+                .filter(|k| unsure(k))
+                .collect();
             let work = Work {
-                deletes,
-                changes: without_refused(&h, changes, &mut report),
-                creates,
+                sender: Sender::Service {
+                    owner: format!("{namespace}/{name}"),
+                    restoring: restoring(&h, (namespace, name), &actions, &creates),
+                },
+                deletes: deletes.into_iter().filter(|r| !unsure(&r.key)).collect(),
+                changes: changes
+                    .into_iter()
+                    .filter(|(a, _)| match a {
+                        Action::Update(r) | Action::Recreate(r) => !unsure(&r.key),
+                        _ => true,
+                    })
+                    .collect(),
+                creates: creates.into_iter().filter(|r| !unsure(&r.key)).collect(),
             };
+            for key in waiting_check {
+                report.failed.push((key, self.unanswered()));
+            }
             h.reserved += work.creates.len();
             h.in_flight.extend(work.keys());
             (work, h.room_freed_count)
@@ -306,6 +440,14 @@ impl Instance {
                     report.blocked.push(why);
                 }
                 CallResult::Failed(key, e) => report.failed.push((key, e)),
+                // The newer write that superseded it carries the newer state, and its pass
+                // records what it did.
+                CallResult::Superseded => report.superseded += 1,
+                CallResult::Unknown(key, e) => {
+                    h.unsure.insert(key);
+                    metrics.write_unanswered(self.url());
+                    report.failed.push((key, e));
+                }
             }
         }
         if freed {
@@ -357,29 +499,38 @@ impl Instance {
     /// transport failure, returned beside what was done.
     async fn call(&self, work: Work, metrics: &Metrics) -> (Vec<CallResult>, Option<ClientError>) {
         let mut out = Vec::new();
-        // The deletes side by side (at most `parallel_calls` at once): they are independent
-        // (a Service's ports, a drift check's orphans), and a deleted Service's rules should
-        // all be gone at once.
+        let sender = &work.sender;
+        // The deletes side by side (at most `parallel_calls` at once, and what the write
+        // window allows): they are independent (a Service's ports, a drift check's orphans),
+        // and a deleted Service's rules should all be gone at once.
         let parallel = self.parallel_calls.load(Ordering::Relaxed).max(1);
         // (The calls are gathered first: a stream over a borrowing closure would not be
         // `Send` for every lifetime, as the spawned reconcile needs.)
         let calls: Vec<_> = work
             .deletes
             .iter()
-            .map(|rule| self.delete(&rule.key, rule.bgp, metrics))
+            .map(|rule| {
+                self.delete(
+                    &rule.key,
+                    rule.bgp,
+                    sender.urgency(&rule.key, true),
+                    sender.owner(),
+                    metrics,
+                )
+            })
             .collect();
-        let deleted: Vec<Result<(), ClientError>> = futures::stream::iter(calls)
+        let deleted: Vec<Sent> = futures::stream::iter(calls)
             .buffered(parallel)
             .collect()
             .await;
         let mut transport = None;
-        for (rule, result) in work.deletes.iter().zip(deleted) {
-            match result {
-                Ok(()) => out.push(CallResult::Deleted(rule.key)),
-                Err(e) if is_transport(&e) => {
+        for (rule, sent) in work.deletes.iter().zip(deleted) {
+            match classify(rule.key, sent) {
+                Some(CallResult::Failed(_, e)) if is_transport(&e) => {
                     transport.get_or_insert(e);
                 }
-                Err(e) => out.push(CallResult::Failed(rule.key, e)),
+                Some(r) => out.push(r),
+                None => out.push(CallResult::Deleted(rule.key)),
             }
         }
         if transport.is_some() {
@@ -400,22 +551,31 @@ impl Instance {
             .collect();
         let calls: Vec<_> = updates
             .iter()
-            .map(|rule| self.post(rule, true, metrics))
+            .map(|rule| {
+                self.post(
+                    rule,
+                    true,
+                    sender.urgency(&rule.key, false),
+                    sender.owner(),
+                    metrics,
+                )
+            })
             .collect();
-        let posted: Vec<Result<(), ClientError>> = futures::stream::iter(calls)
+        let posted: Vec<Sent> = futures::stream::iter(calls)
             .buffered(parallel)
             .collect()
             .await;
-        for (rule, result) in updates.into_iter().zip(posted) {
-            match result {
-                Ok(()) => out.push(CallResult::Posted { rule, update: true }),
-                Err(e) if is_transport(&e) => {
+        for (rule, sent) in updates.into_iter().zip(posted) {
+            match classify(rule.key, sent) {
+                Some(CallResult::Failed(_, e)) if is_transport(&e) => {
                     transport.get_or_insert(e);
                 }
-                Err(e) => match limit_of(&e) {
+                Some(CallResult::Failed(key, e)) => match limit_of(&e) {
                     Some(limit) => out.push(CallResult::Refused { rule, limit }),
-                    None => out.push(CallResult::Failed(rule.key, e)),
+                    None => out.push(CallResult::Failed(key, e)),
                 },
+                Some(r) => out.push(r),
+                None => out.push(CallResult::Posted { rule, update: true }),
             }
         }
         if transport.is_some() {
@@ -425,41 +585,51 @@ impl Instance {
             let Action::Recreate(rule) = action else {
                 continue;
             };
+            let urgency = sender.urgency(&rule.key, false);
             // loxilb reuses the index just freed (LIFO), so this needs no new room.
-            match self.delete(&rule.key, stored_bgp, metrics).await {
-                Ok(()) => out.push(CallResult::Deleted(rule.key)),
-                Err(e) if is_transport(&e) => return (out, Some(e)),
-                Err(e) => {
-                    out.push(CallResult::Failed(rule.key, e));
+            let sent = self
+                .delete(&rule.key, stored_bgp, urgency, sender.owner(), metrics)
+                .await;
+            match classify(rule.key, sent) {
+                Some(CallResult::Failed(_, e)) if is_transport(&e) => return (out, Some(e)),
+                Some(r) => {
+                    out.push(r);
                     continue;
                 }
+                None => out.push(CallResult::Deleted(rule.key)),
             }
-            match self.post(&rule, false, metrics).await {
-                Ok(()) => out.push(CallResult::Posted {
+            let sent = self
+                .post(&rule, false, urgency, sender.owner(), metrics)
+                .await;
+            match classify(rule.key, sent) {
+                Some(CallResult::Failed(_, e)) if is_transport(&e) => return (out, Some(e)),
+                Some(CallResult::Failed(key, e)) => match limit_of(&e) {
+                    Some(limit) => out.push(CallResult::Refused { rule, limit }),
+                    None => out.push(CallResult::Failed(key, e)),
+                },
+                Some(r) => out.push(r),
+                None => out.push(CallResult::Posted {
                     rule,
                     update: false,
                 }),
-                Err(e) if is_transport(&e) => return (out, Some(e)),
-                Err(e) => match limit_of(&e) {
-                    Some(limit) => out.push(CallResult::Refused { rule, limit }),
-                    None => out.push(CallResult::Failed(rule.key, e)),
-                },
             }
         }
         let mut created = Vec::new();
         let mut refused = false;
         for rule in work.creates {
             let key = rule.key;
-            match self.post(&rule, false, metrics).await {
-                Ok(()) => {
-                    created.push((key, rule.bgp));
-                    out.push(CallResult::Posted {
-                        rule,
-                        update: false,
-                    });
-                }
-                Err(e) if is_transport(&e) => return (out, Some(e)),
-                Err(e) => match limit_of(&e) {
+            let sent = self
+                .post(
+                    &rule,
+                    false,
+                    sender.urgency(&key, false),
+                    sender.owner(),
+                    metrics,
+                )
+                .await;
+            match classify(key, sent) {
+                Some(CallResult::Failed(_, e)) if is_transport(&e) => return (out, Some(e)),
+                Some(CallResult::Failed(key, e)) => match limit_of(&e) {
                     Some(limit) => {
                         out.push(CallResult::Refused { rule, limit });
                         refused = true;
@@ -467,18 +637,30 @@ impl Instance {
                     }
                     None => out.push(CallResult::Failed(key, e)),
                 },
+                Some(r) => out.push(r),
+                None => {
+                    created.push((key, rule.bgp));
+                    out.push(CallResult::Posted {
+                        rule,
+                        update: false,
+                    });
+                }
             }
         }
         if refused {
             // A Service is never half-programmed by a limit, and takes no room it cannot use.
             for (key, bgp) in created {
-                match self.delete(&key, bgp, metrics).await {
-                    Ok(()) => out.push(CallResult::RolledBack(key)),
-                    Err(e) if is_transport(&e) => return (out, Some(e)),
-                    Err(e) => {
+                let sent = self
+                    .delete(&key, bgp, Urgency::Restore, sender.owner(), metrics)
+                    .await;
+                match classify(key, sent) {
+                    Some(CallResult::Failed(_, e)) if is_transport(&e) => return (out, Some(e)),
+                    Some(CallResult::Failed(key, e)) => {
                         warn!(instance = self.url(), %key, error = %e, "could not roll back a rule");
                         out.push(CallResult::Failed(key, e));
                     }
+                    Some(r) => out.push(r),
+                    None => out.push(CallResult::RolledBack(key)),
                 }
             }
         }
@@ -591,6 +773,7 @@ impl Instance {
             deletes,
             changes: without_refused(h, changes, &mut report),
             creates: Vec::new(),
+            sender: Sender::Whole,
         };
         let (outcomes, transport) = self.call(first, metrics).await;
         self.record(h, outcomes, &mut report, metrics).await?;
@@ -617,6 +800,7 @@ impl Instance {
                 deletes: Vec::new(),
                 changes: Vec::new(),
                 creates: group,
+                sender: Sender::Whole,
             });
         }
         // Groups with source ranges start first, for the same reason.
@@ -674,13 +858,25 @@ impl Instance {
     /// POSTs the rule. An in-place `update` says `bgp: false`: loxilb never re-reads the flag
     /// on an update but would count one more advertisement for a 200 carrying `bgp: true`
     /// (docs/loxilb-api.md#bgp), so the address stays advertised exactly once per rule.
-    async fn post(&self, rule: &Rule, update: bool, metrics: &Metrics) -> Result<(), ClientError> {
+    async fn post(
+        &self,
+        rule: &Rule,
+        update: bool,
+        urgency: Urgency,
+        owner: Option<&str>,
+        metrics: &Metrics,
+    ) -> Sent {
+        let Some(turn) = self.window.turn(Some(rule.key), owner, urgency).await else {
+            metrics.write_superseded(self.url());
+            return Sent::Superseded;
+        };
         let started = Instant::now();
         let mut entry = to_entry(rule);
         if update {
             entry.service_arguments.bgp = false;
         }
         let result = self.client.apply_rule(&entry).await;
+        answered(turn, WriteKind::Post, &result);
         metrics.loxilb_call(
             self.url(),
             "apply",
@@ -690,17 +886,29 @@ impl Instance {
         if result.is_ok() && entry.service_arguments.bgp {
             metrics.bgp_advertisement_changed(self.url(), "announce");
         }
-        result.map(|_| ())
+        Sent::Answered(result.map(|_| ()))
     }
 
     /// DELETEs the rule by its tuple; `bgp`: the rule was created advertising its address,
     /// and the DELETE withdraws that advertisement (`?bgp=true`).
-    async fn delete(&self, key: &RuleKey, bgp: bool, metrics: &Metrics) -> Result<(), ClientError> {
+    async fn delete(
+        &self,
+        key: &RuleKey,
+        bgp: bool,
+        urgency: Urgency,
+        owner: Option<&str>,
+        metrics: &Metrics,
+    ) -> Sent {
+        let Some(turn) = self.window.turn(Some(*key), owner, urgency).await else {
+            metrics.write_superseded(self.url());
+            return Sent::Superseded;
+        };
         let started = Instant::now();
         let result = self
             .client
             .delete_rule(&key.ip.to_string(), key.port, key.protocol.as_loxilb(), bgp)
             .await;
+        answered(turn, WriteKind::Delete, &result);
         metrics.loxilb_call(
             self.url(),
             "delete",
@@ -711,6 +919,6 @@ impl Instance {
         if bgp && !result.as_ref().is_err_and(is_transport) {
             metrics.bgp_advertisement_changed(self.url(), "withdraw");
         }
-        result.map(|_| ())
+        Sent::Answered(result.map(|_| ()))
     }
 }

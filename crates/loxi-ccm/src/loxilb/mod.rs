@@ -58,15 +58,18 @@ mod members;
 mod probe;
 mod roles;
 mod rules;
+mod window;
 
 pub use members::{Fleet, Group, Member, MembersChanged};
 pub use roles::HaSettings;
+pub use window::WindowView;
 
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Instant;
 
+use loxi_domain::write_window::WindowSettings;
 use loxi_domain::{ClusterId, Rule, RuleKey};
 use loxilb_client::{ClientError, LoxilbClient};
 use tokio::sync::Mutex;
@@ -79,6 +82,10 @@ pub const DEFAULT_CAPACITY: usize = 2048;
 
 /// Services whose new rules a replay sends at once, unless set (`--concurrency`).
 pub const DEFAULT_PARALLEL_CALLS: usize = 16;
+
+/// Rule writes in flight to one loxilb at most, however fast it answers (fewer when it is
+/// slow: `loxi_domain::write_window`).
+pub const DEFAULT_WRITE_WINDOW: usize = 16;
 
 /// loxilb installs `allowedSources` only on rules with an internal index up to this
 /// (docs/loxilb-api.md#source-ranges).
@@ -266,6 +273,9 @@ pub struct Instance {
     /// Services' passes program it. A discovered instance joins without (`Fleet::set_members`)
     /// and serves once its first replay programmed it completely.
     serving: AtomicBool,
+    /// Rule writes wait for their turn here (`window.rs`): as many in flight as loxilb
+    /// answers in time, the most urgent first, superseded ones never sent.
+    window: window::Window,
 }
 
 /// The outcome of applying rules to one instance. Only transport failures (the instance is
@@ -284,6 +294,8 @@ pub struct ApplyReport {
     pub blocked: Vec<Blocked>,
     /// Calls loxilb refused or failed for any other reason.
     pub failed: Vec<(RuleKey, ClientError)>,
+    /// Writes not sent because a newer write of the same rule came while they waited.
+    pub superseded: usize,
 }
 
 impl ApplyReport {
@@ -299,6 +311,7 @@ fn is_transport(e: &ClientError) -> bool {
 
 impl Instance {
     pub fn new(client: LoxilbClient, cluster: &ClusterId) -> Instance {
+        let client_timeout = client.timeout();
         Instance {
             client,
             group: loxi_domain::roles::DEFAULT_ZONE.to_string(),
@@ -318,6 +331,10 @@ impl Instance {
             bgp: Mutex::default(),
             roles: Mutex::default(),
             serving: AtomicBool::new(true),
+            window: window::Window::new(WindowSettings::for_timeout(
+                DEFAULT_WRITE_WINDOW,
+                client_timeout,
+            )),
         }
     }
 
@@ -336,8 +353,41 @@ impl Instance {
         &self.group
     }
 
-    /// How long ago a Service's own pass last wrote here (`None`: never).
+    /// The error a rule shows while its last write is unanswered (`Holdings::unsure`).
+    fn unanswered(&self) -> ClientError {
+        ClientError::Timeout {
+            url: self.url().to_string(),
+            timeout_ms: u64::try_from(self.client.timeout().as_millis()).unwrap_or(u64::MAX),
+        }
+    }
+
+    /// Its write window as it stands (queue, writes in flight, what a write costs there).
+    pub fn write_window(&self) -> WindowView {
+        self.window.view()
+    }
+
+    /// Where the Service's first waiting write stands in the window (`None`: none waits).
+    pub fn queued(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Option<loxi_domain::write_window::Position> {
+        self.window.queued(&format!("{namespace}/{name}"))
+    }
+
+    /// Sets the most writes in flight to it at once (`--loxilb-write-window`).
+    pub fn set_write_window(&self, max: usize) {
+        self.window
+            .set_settings(WindowSettings::for_timeout(max, self.client.timeout()));
+    }
+
+    /// How long ago a Service's own pass last wrote here (`None`: never; zero while writes
+    /// wait in its window).
     pub fn since_service_write(&self) -> Option<std::time::Duration> {
+        if !self.window.idle() {
+            // Writes queued there: a drift check now would list while they run.
+            return Some(std::time::Duration::ZERO);
+        }
         self.last_service_write
             .lock()
             .ok()

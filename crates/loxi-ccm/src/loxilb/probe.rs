@@ -59,6 +59,7 @@ impl Instance {
     /// answers as if nothing happened, but comes back empty
     /// (docs/loxilb-api.md#detecting-a-restart).
     pub async fn probe(&self, cluster: &ClusterId, metrics: &Metrics) -> Probe {
+        metrics.set_write_queue(self.url(), &self.window.view());
         // One attempt while it cannot be reached: a loxilb that hangs is seen down after one
         // timeout. One that answers with an error is alive: asked again as any call is.
         let answer = match self.client.probe_version().await {
@@ -112,7 +113,23 @@ impl Instance {
         let Ok(mut h) = self.holdings.try_lock() else {
             return Probe::Up;
         };
-        if !h.known || h.rules.is_empty() {
+        if !h.known {
+            return Probe::Up;
+        }
+        if !h.unsure.is_empty() && self.window.idle() {
+            // Writes that got no answer in time: read back now that none of ours is queued
+            // at loxilb (a listing while it writes can crash it: docs/loxilb-api.md).
+            debug!(
+                instance = self.url(),
+                unsure = h.unsure.len(),
+                "reading back unanswered writes"
+            );
+            if let Err(e) = self.refresh(&mut h, metrics).await {
+                debug!(instance = self.url(), error = %e, "read-back failed; the next probe tries again");
+            }
+            return Probe::Up;
+        }
+        if h.rules.is_empty() {
             return Probe::Up;
         }
         let missing = if h.marker == Marker::Placed {
@@ -149,6 +166,10 @@ impl Instance {
                 })
                 .count()
         } else {
+            if !self.window.idle() {
+                // Not while our writes are queued there (module docs of `window`).
+                return Probe::Up;
+            }
             let Ok((listed, uncounted)) = self.list(metrics).await else {
                 // The next probe (or the next apply) decides whether it is down.
                 return Probe::Up;

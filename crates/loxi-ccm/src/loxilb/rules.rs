@@ -114,6 +114,9 @@ pub(super) struct Holdings {
     pub(super) room_freed_count: u64,
     /// When the table was last listed (`Instance::refresh`).
     pub(super) listed_at: Option<Instant>,
+    /// Keys whose last write got no answer in time: loxilb may or may not have applied it.
+    /// Not written again until a listing shows what they hold (`Instance::check_unsure`).
+    pub(super) unsure: HashSet<RuleKey>,
 }
 
 /// A listing younger than this is current enough for a whole-instance pass (`converge_all`):
@@ -169,6 +172,8 @@ impl Instance {
         h.uncounted = uncounted;
         h.known = true;
         h.listed_at = Some(Instant::now());
+        // What our unanswered writes did is in the listing.
+        h.unsure.clear();
         if before.is_some_and(|b| h.held() < b) {
             // Deleted by someone else, or a restart: room for those waiting.
             h.room_freed();

@@ -1,0 +1,298 @@
+//! The write window of one loxilb, shared by every task that writes to it: each rule write
+//! waits for its turn here (`loxi_domain::write_window` decides; this wraps it for tasks).
+//!
+//! A write whose sender stops waiting (its reconcile was dropped) leaves the queue; a turn
+//! granted but not used gives its room back.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use loxi_domain::RuleKey;
+use loxi_domain::write_window::{
+    Grant, Position, Ticket, Urgency, WindowSettings, WriteKind, WriteWindow,
+};
+use tokio::sync::oneshot;
+
+/// What a waiting write learns when its turn comes.
+enum Turned {
+    Send,
+    Superseded,
+}
+
+struct Inner {
+    window: WriteWindow,
+    waiters: HashMap<Ticket, oneshot::Sender<Turned>>,
+    /// Waiting writes by the Service that sent them (`namespace/name`): for its status.
+    by_owner: HashMap<String, BTreeSet<Ticket>>,
+    owners: HashMap<Ticket, String>,
+}
+
+impl Inner {
+    /// Hands out every decision the window can make now.
+    fn dispatch(&mut self) {
+        while let Some(grant) = self.window.next() {
+            let (ticket, turned) = match grant {
+                Grant::Send(t) => (t, Turned::Send),
+                Grant::Superseded(t) => (t, Turned::Superseded),
+            };
+            self.forget_owner(ticket);
+            let sent = self
+                .waiters
+                .remove(&ticket)
+                .is_some_and(|tx| tx.send(turned).is_ok());
+            if !sent && matches!(grant, Grant::Send(_)) {
+                // Its sender is gone: the room goes to the next one.
+                self.window.unsent();
+            }
+        }
+    }
+
+    fn forget_owner(&mut self, ticket: Ticket) {
+        if let Some(owner) = self.owners.remove(&ticket)
+            && let Some(set) = self.by_owner.get_mut(&owner)
+        {
+            set.remove(&ticket);
+            if set.is_empty() {
+                self.by_owner.remove(&owner);
+            }
+        }
+    }
+}
+
+/// The window of one loxilb (module docs).
+pub struct Window {
+    inner: Mutex<Inner>,
+}
+
+/// A write's turn: it may be sent now. Tell the window how it went with
+/// [`Turn::answered`]; dropped unused, the room goes back.
+pub struct Turn<'a> {
+    window: &'a Window,
+    in_flight_at_send: usize,
+    sent_at: Instant,
+    reported: bool,
+}
+
+impl Turn<'_> {
+    /// The write ended (answered, refused, or timed out) after the time since the turn.
+    pub fn answered(mut self, kind: WriteKind) {
+        let took = self.sent_at.elapsed();
+        self.reported = true;
+        let mut inner = self.window.lock();
+        inner.window.answered(kind, took, self.in_flight_at_send);
+        inner.dispatch();
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        if !self.reported {
+            let mut inner = self.window.lock();
+            inner.window.unsent();
+            inner.dispatch();
+        }
+    }
+}
+
+/// Takes a waiting write out of the queue when its sender stops waiting.
+struct Waiting<'a> {
+    window: &'a Window,
+    ticket: Option<Ticket>,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if let Some(t) = self.ticket {
+            let mut inner = self.window.lock();
+            inner.waiters.remove(&t);
+            inner.forget_owner(t);
+            inner.window.withdraw(t);
+            inner.dispatch();
+        }
+    }
+}
+
+/// What the window shows: for metrics and `loxi-ccm check`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowView {
+    pub depth: usize,
+    pub oldest: Option<Duration>,
+    pub in_flight: usize,
+    pub limit: usize,
+    pub per_write: Option<Duration>,
+    pub sent: u64,
+    pub superseded: u64,
+}
+
+impl Window {
+    pub fn new(settings: WindowSettings) -> Window {
+        Window {
+            inner: Mutex::new(Inner {
+                window: WriteWindow::new(settings),
+                waiters: HashMap::new(),
+                by_owner: HashMap::new(),
+                owners: HashMap::new(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn set_settings(&self, settings: WindowSettings) {
+        let mut inner = self.lock();
+        inner.window.set_settings(settings);
+        inner.dispatch();
+    }
+
+    /// Waits for the turn of a write (of the rule `key`, for the Service `owner`):
+    /// `None` when a newer write of the same rule superseded it (not to be sent).
+    pub async fn turn(
+        &self,
+        key: Option<RuleKey>,
+        owner: Option<&str>,
+        urgency: Urgency,
+    ) -> Option<Turn<'_>> {
+        let (tx, rx) = oneshot::channel();
+        let ticket = {
+            let mut inner = self.lock();
+            let ticket = inner.window.enqueue(key, urgency, Instant::now());
+            inner.waiters.insert(ticket, tx);
+            if let Some(o) = owner {
+                inner.owners.insert(ticket, o.to_string());
+                inner
+                    .by_owner
+                    .entry(o.to_string())
+                    .or_default()
+                    .insert(ticket);
+            }
+            inner.dispatch();
+            ticket
+        };
+        let mut waiting = Waiting {
+            window: self,
+            ticket: Some(ticket),
+        };
+        let turned = rx.await;
+        waiting.ticket = None;
+        match turned {
+            Ok(Turned::Send) => {
+                let in_flight_at_send = self.lock().window.in_flight();
+                Some(Turn {
+                    window: self,
+                    in_flight_at_send,
+                    sent_at: Instant::now(),
+                    reported: false,
+                })
+            }
+            // The sender of the decision cannot go away while the window lives.
+            Ok(Turned::Superseded) | Err(_) => None,
+        }
+    }
+
+    /// Where the Service's first waiting write stands (`None`: it has none waiting).
+    pub fn queued(&self, owner: &str) -> Option<Position> {
+        let inner = self.lock();
+        let first = *inner.by_owner.get(owner)?.iter().next()?;
+        inner.window.position(first)
+    }
+
+    pub fn view(&self) -> WindowView {
+        let inner = self.lock();
+        let w = &inner.window;
+        WindowView {
+            depth: w.depth(),
+            oldest: w.oldest(Instant::now()),
+            in_flight: w.in_flight(),
+            limit: w.limit(),
+            per_write: w.per_write(),
+            sent: w.sent(),
+            superseded: w.superseded(),
+        }
+    }
+
+    /// No write waits or is in flight: a listing now sees what our writes did (and a
+    /// loxilb that lists while it writes can fail: docs/loxilb-api.md#what-writes-cost).
+    pub fn idle(&self) -> bool {
+        let inner = self.lock();
+        inner.window.depth() == 0 && inner.window.in_flight() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use loxi_domain::Protocol;
+    use std::sync::Arc;
+
+    fn key(port: u16) -> RuleKey {
+        RuleKey {
+            ip: "192.0.2.1".parse().unwrap(),
+            port,
+            protocol: Protocol::Tcp,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_dropped_waiter_leaves_the_queue_and_an_unused_turn_gives_its_room_back() {
+        let w = Arc::new(Window::new(WindowSettings::for_timeout(
+            4,
+            Duration::from_secs(5),
+        )));
+        let first = w.turn(Some(key(1)), Some("ns/a"), Urgency::Change).await;
+        assert!(first.is_some());
+        // The window holds one until an answer: the next waits.
+        let w2 = w.clone();
+        let waiting = tokio::spawn(async move {
+            w2.turn(Some(key(2)), Some("ns/b"), Urgency::Change)
+                .await
+                .is_some()
+        });
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while w.queued("ns/b").is_none() {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .unwrap();
+        assert_eq!(w.queued("ns/b").map(|p| p.ahead), Some(1));
+        waiting.abort();
+        let _ = waiting.await;
+        assert_eq!(w.view().depth, 0);
+        drop(first);
+        assert_eq!(w.view().in_flight, 0);
+        assert!(w.idle());
+    }
+
+    #[tokio::test]
+    async fn a_superseded_write_is_told_not_to_send() {
+        let w = Arc::new(Window::new(WindowSettings::for_timeout(
+            1,
+            Duration::from_secs(5),
+        )));
+        let busy = w.turn(Some(key(9)), None, Urgency::Change).await.unwrap();
+        let w1 = w.clone();
+        let old =
+            tokio::spawn(
+                async move { w1.turn(Some(key(1)), None, Urgency::Change).await.is_some() },
+            );
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while w.view().depth == 0 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .unwrap();
+        let w2 = w.clone();
+        let new =
+            tokio::spawn(
+                async move { w2.turn(Some(key(1)), None, Urgency::Change).await.is_some() },
+            );
+        assert!(!old.await.unwrap(), "the older write is dropped");
+        busy.answered(WriteKind::Post);
+        assert!(new.await.unwrap(), "the newer one is sent");
+        assert_eq!(w.view().superseded, 1);
+    }
+}
