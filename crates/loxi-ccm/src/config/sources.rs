@@ -1,7 +1,7 @@
 //! Where the loxilbs of the fleet come from (docs/fleet.md): `--loxilb-url`, the ready
 //! addresses of the loxilb Service's EndpointSlices ([`Discovery`], without `--loxilb-url`),
 //! and kube-loxilb's `LoxiURL` resources. What each source names is decided here once, for the
-//! controller, which follows the sources (`runtime::discovery`, `runtime::loxiurl`), and for
+//! controller, which follows the sources (`fleet::discovery`, `fleet::loxiurl`), and for
 //! `loxi-ccm check` and `loxi-ccm audit`, which read them once ([`loxilbs`]): all three see
 //! the same fleet.
 //!

@@ -1,12 +1,17 @@
-//! Wiring: watches and stores, the reconcile loop, loxilb health and drift checks.
+//! Wiring: starts the subsystems' tasks and connects them (watches and stores, the reconcile
+//! loop, the fleet, the drift check, the admin server); no state of its own beyond the
+//! readiness flags the admin server reads.
 
 pub mod admin;
-pub mod discovery;
-pub mod fleet_status;
 mod loops;
-pub mod loxiurl;
 pub mod node_watch;
 mod watches;
+
+/// kube-loxilb's `LoxiURL` resource, where crates/loxi-ccm/tests/fleet.rs imports it from;
+/// the follower is the fleet's (`crate::fleet::loxiurl`).
+pub mod loxiurl {
+    pub use crate::config::sources::{LoxiURL, LoxiURLSpec};
+}
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,18 +32,19 @@ use tracing::{info, warn};
 
 use crate::bgp::{Bgp, Resources as BgpResources};
 use crate::config::{Config, TokenSource};
+use crate::fleet::record::ConfigMapRecord;
 use crate::fleet::roles::Roles;
-use crate::fleet::workers::{self, Workers};
+use crate::fleet::{self, Fleet};
 use crate::ipam::address_pools::{AddressPool, Pools};
 use crate::ipam::claims::AddressClaim;
 use crate::ipam::{self, Ipam};
 use crate::k8s::events::EventRecorder;
 use crate::k8s::view::Selection;
 use crate::leader::{Gate, LeaderElector, WriteLease};
-use crate::loxilb::{Fleet, Member};
+use crate::loxilb::Fleet as Instances;
 use crate::metrics::Metrics;
 use crate::node_init::NodeInitArgs;
-use crate::service::departures::{self, Departures, Injected};
+use crate::service::departures::{self, Departures, Injected, Relisted};
 use crate::service::inputs::Inputs;
 use crate::service::reconcile::{Backoff, error_policy, reconcile};
 use crate::service::report::Report;
@@ -53,19 +59,7 @@ pub struct Shared {
     pub synced: AtomicBool,
     /// The reconcile loop is running (for /healthz).
     pub running: AtomicBool,
-    pub health_interval: Duration,
-    pub drift_interval: Duration,
     pub node_init: NodeInitArgs,
-    /// `None`: BGP off.
-    pub bgp: Option<Arc<Bgp>>,
-    /// `None`: no HA roles (`--set-roles` unset).
-    pub roles: Option<Arc<Roles>>,
-    /// One worker per loxilb (`crate::fleet::workers`).
-    pub workers: Arc<Workers>,
-    /// The fleet's members by source (`discovery::Members`).
-    pub members: discovery::Members,
-    /// The fleet as `kubectl get` shows it (`fleet_status`).
-    pub fleet_status: fleet_status::FleetStatus,
 }
 
 /// How long a shutdown waits for the reconciles under way before it cancels them.
@@ -126,8 +120,8 @@ pub async fn run(
             LoxilbClient::new(c.client.clone())?.with_write_gate(Arc::new(move || lease.holds())),
         ));
     }
-    let fleet = Fleet::with_capacity(clients, cfg.loxilb_max_rules, &cluster);
-    fleet.set_parallel_calls(usize::from(cfg.concurrency));
+    let instances = Instances::with_capacity(clients, cfg.loxilb_max_rules, &cluster);
+    instances.set_parallel_calls(usize::from(cfg.concurrency));
 
     // One stop signal for the reconcile loop: the caller's shutdown or a lost leadership.
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -139,8 +133,6 @@ pub async fn run(
             let _ = stop_tx.send(true);
         });
     }
-
-    let lost_leadership = Arc::new(AtomicBool::new(false));
 
     if cfg.loxilb_insecure_skip_tls_verify {
         for c in cfg
@@ -206,7 +198,7 @@ pub async fn run(
     let filtered = departures::type_selector_supported(&services).await;
     let (inject_tx, inject_rx) = mpsc::unbounded_channel::<Injected>();
     let (deletions_tx, deletions_rx) = mpsc::unbounded_channel::<Deletion>();
-    let relisted = Arc::new(tokio::sync::Notify::new());
+    let relisted = Relisted::default();
     let service_events = {
         let selection = selection.clone();
         let list = if filtered {
@@ -240,7 +232,7 @@ pub async fn run(
         let events = reflector(service_writer, futures::stream::select(watched, injected))
             .inspect_ok(move |event| {
                 if filtered && matches!(event, watcher::Event::InitDone) {
-                    relisted.notify_one();
+                    relisted.notify();
                 }
                 // Deletions go to the early rule removal (crate::service::teardown), which
                 // must not wait for this Service's turn in the reconcile queue.
@@ -370,6 +362,8 @@ pub async fn run(
         instance: std::env::var("POD_NAME").ok(),
     };
     let metrics = Metrics::new();
+    let recorder = EventRecorder::new(client.clone(), reporter, metrics.events_dropped());
+    let gate = Arc::new(Gate::new(leader_rx.clone(), write_lease));
     let ipam = Arc::new(Ipam::new(
         ipam::Settings {
             pools: cfg.pools.clone(),
@@ -385,9 +379,43 @@ pub async fn run(
         requeue_tx.clone(),
         metrics.clone(),
     ));
+    let bgp = cfg.bgp.clone().map(|settings| {
+        Arc::new(Bgp::new(
+            settings,
+            bgp_resources,
+            recorder.clone(),
+            metrics.clone(),
+        ))
+    });
+    let roles = cfg.roles.clone().map(|settings| {
+        let (namespace, name) = &cfg.roles_record;
+        let record =
+            ConfigMapRecord::shared(client.clone(), namespace, name, fleet::roles::MANAGER);
+        Arc::new(Roles::new(settings, cfg.ha_bgp_hold, record))
+    });
+    let fleet = Fleet::new(
+        fleet::Settings {
+            cluster: cluster.clone(),
+            metrics: metrics.clone(),
+            interval: cfg.health_interval,
+            zone: cfg.zone.clone(),
+            zone_instances: cfg.zone_instances,
+            template: cfg.loxilb_template.clone(),
+            bgp,
+            roles,
+            record: ConfigMapRecord::shared(
+                client.clone(),
+                &cfg.fleet_record.0,
+                &cfg.fleet_record.1,
+                fleet::record::MANAGER,
+            ),
+        },
+        instances,
+        gate.clone(),
+    );
     let ctx = Arc::new(Context {
         report: Report::new(
-            EventRecorder::new(client.clone(), reporter, metrics.events_dropped()),
+            recorder,
             metrics,
             cfg.controller.suffixed(crate::k8s::api::FIELD_MANAGER),
         ),
@@ -404,66 +432,24 @@ pub async fn run(
         cluster,
         inputs: Inputs::new(service_store, node_store, slice_store, pod_store),
         ipam,
-        fleet,
-        gate: Arc::new(Gate::new(leader_rx.clone(), write_lease)),
+        fleet: fleet.instances(),
+        gate,
         backoff: Backoff::default(),
         room_requeue: service::context::room_requeue(requeue_tx.clone()),
         requeue: requeue_tx,
         departures: Departures::new(filtered, inject_tx.clone(), relisted.clone()),
         teardown: RulesFirst::new(usize::from(cfg.concurrency)),
-        placement: Default::default(),
+        placement: fleet.placement(),
     });
-    let bgp = cfg.bgp.clone().map(|settings| {
-        Arc::new(Bgp::new(
-            settings,
-            bgp_resources,
-            ctx.report.recorder.clone(),
-            ctx.report.metrics.clone(),
-        ))
-    });
-    let roles = cfg.roles.clone().map(|settings| {
-        let (namespace, name) = &cfg.roles_record;
-        Arc::new(Roles::new(
-            ctx.kube.clone(),
-            settings,
-            cfg.ha_bgp_hold,
-            namespace,
-            name,
-        ))
-    });
-    let shared = Arc::new_cyclic(|weak| Shared {
-        workers: Workers::new(workers::Settings {
-            cluster: ctx.cluster.clone(),
-            metrics: ctx.report.metrics.clone(),
-            interval: cfg.health_interval,
-            bgp: bgp.clone(),
-            roles: roles.clone(),
-            replay: loops::replay(weak.clone()),
-        }),
+    let shared = Arc::new(Shared {
         service: ctx.clone(),
         synced: false.into(),
         running: true.into(),
-        health_interval: cfg.health_interval,
-        drift_interval: cfg.drift_interval,
         node_init: cfg.node_init.clone(),
-        bgp,
-        members: discovery::Members::new(
-            ctx.fleet
-                .instances()
-                .iter()
-                .map(|i| Member::new(i.group(), i.url()))
-                .collect(),
-            cfg.loxilb_template.clone(),
-        ),
-        fleet_status: fleet_status::FleetStatus::new(
-            ctx.kube.clone(),
-            &cfg.fleet_record.0,
-            &cfg.fleet_record.1,
-        ),
-        roles,
     });
-    // The workers are tasks of their own: they stop with this function.
-    let _workers = StopWorkers(shared.workers.clone());
+    // The loxilbs' workers, the health tick and the role decisions: they stop with this
+    // function.
+    let _fleet = fleet.start(service::drift::replay(ctx.clone()));
 
     // Everything below ends with this function (dropping the set aborts its tasks): a
     // stopped controller must not keep probing, replaying or repairing from frozen stores.
@@ -515,31 +501,35 @@ pub async fn run(
         tasks.spawn(watches::pods(ctx.clone(), events));
     }
     tasks.spawn(loops::start_up(shared.clone(), Stop(stop_rx.clone())));
-    let lost_notify = Arc::new(tokio::sync::Notify::new());
-    tasks.spawn(watches::leadership(
-        ctx.clone(),
-        stop_tx.clone(),
-        lost_leadership.clone(),
-        lost_notify.clone(),
-    ));
+    // Set once leadership is lost.
+    let (lost_tx, mut lost) = watch::channel(false);
+    tasks.spawn(watches::leadership(ctx.clone(), stop_tx.clone(), lost_tx));
+    // The fleet's sources besides --loxilb-url.
+    let kube = &ctx.kube;
     if let Some(d) = &cfg.discovery {
-        tasks.spawn(discovery::follow(shared.clone(), d.clone()));
-    }
-    if let Some(d) = &cfg.peer_discovery {
-        tasks.spawn(discovery::follow_peers(shared.clone(), d.clone()));
-    }
-    tasks.spawn(loxiurl::follow(shared.clone()));
-    tasks.spawn(loops::health_loop(shared.clone()));
-    if let Some(roles) = &shared.roles {
-        tasks.spawn(roles.clone().run(
-            ctx.fleet.clone(),
-            shared.workers.clone(),
-            ctx.gate.clone(),
-            ctx.report.metrics.clone(),
-            cfg.health_interval,
+        tasks.spawn(fleet::discovery::follow(
+            fleet.clone(),
+            kube.clone(),
+            d.clone(),
+            cfg.zone.clone(),
         ));
     }
-    tasks.spawn(loops::drift_loop(shared.clone()));
+    if let Some(d) = &cfg.peer_discovery {
+        tasks.spawn(fleet::discovery::follow_peers(
+            fleet.clone(),
+            kube.clone(),
+            d.clone(),
+        ));
+    }
+    tasks.spawn(fleet::loxiurl::follow(
+        fleet.clone(),
+        kube.clone(),
+        ctx.ipam.clone(),
+        ctx.report.recorder.clone(),
+        cfg.zone.clone(),
+    ));
+    tasks.spawn(watches::replans(ctx.clone(), fleet.replans()));
+    tasks.spawn(service::drift::drift_loop(ctx.clone(), cfg.drift_interval));
     let requeues = tokio_stream_from(requeue_rx);
     let reconciling = controller
         .reconcile_on(requeues)
@@ -573,7 +563,7 @@ pub async fn run(
     };
     tokio::select! {
         () = reconciling => {}
-        () = lost_notify.notified() => {
+        Ok(_) = lost.wait_for(|lost| *lost) => {
             warn!("leadership lost: reconciles under way cancelled");
         }
         () = shutdown_bounded => {}
@@ -591,19 +581,10 @@ pub async fn run(
         let _ = tokio::time::timeout(Duration::from_secs(3), task).await;
     }
     info!("controller stopped");
-    if lost_leadership.load(Ordering::Relaxed) {
+    if *lost.borrow() {
         anyhow::bail!("lost leadership: exiting so that a restart comes back as a standby");
     }
     Ok(())
-}
-
-/// Stops every loxilb's worker when dropped.
-struct StopWorkers(Arc<Workers>);
-
-impl Drop for StopWorkers {
-    fn drop(&mut self) {
-        self.0.stop();
-    }
 }
 
 /// What the Service watch tells the early rule removal.
