@@ -14,12 +14,19 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use loxi_domain::ClusterId;
-use loxilb_client::{ClientConfig, LoxilbClient};
+use loxilb_client::{ClientConfig, ClientError, LoxilbClient};
 use tracing::warn;
 
 use crate::bgp::desired::{MeshMember, MeshRole};
 use crate::leader::WriteLease;
 use crate::loxilb::{Fleet as Instances, Instance, Member};
+
+/// A loxilb client whose every write asks `lease` first, at the moment it is sent
+/// (docs/architecture.md#leader-election).
+pub fn gated_client(config: ClientConfig, lease: &WriteLease) -> Result<LoxilbClient, ClientError> {
+    let lease = lease.clone();
+    Ok(LoxilbClient::new(config)?.with_write_gate(Arc::new(move || lease.holds())))
+}
 
 /// Where a member comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -111,9 +118,8 @@ impl Members {
     fn client(&self, url: &str) -> Option<LoxilbClient> {
         let mut c = self.template.clone();
         c.url = url.to_string();
-        let lease = self.lease.clone();
-        match LoxilbClient::new(c) {
-            Ok(client) => Some(client.with_write_gate(Arc::new(move || lease.holds()))),
+        match gated_client(c, &self.lease) {
+            Ok(client) => Some(client),
             Err(e) => {
                 warn!(url, error = %e, "loxilb skipped");
                 None

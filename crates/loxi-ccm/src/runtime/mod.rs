@@ -17,26 +17,21 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Service;
 use kube::api::Api;
-use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Controller;
 use kube::runtime::events::Reporter;
-use kube::runtime::reflector::{self, ObjectRef, reflector};
-use kube::runtime::{WatchStreamExt, watcher};
-use loxilb_client::LoxilbClient;
+use kube::runtime::reflector::ObjectRef;
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
 use crate::bgp::{Bgp, Resources as BgpResources};
-use crate::config::{Config, TokenSource};
+use crate::config::Config;
 use crate::fleet::record::ConfigMapRecord;
 use crate::fleet::roles::Roles;
 use crate::fleet::{self, Fleet};
-use crate::ipam::address_pools::{AddressPool, Pools};
-use crate::ipam::claims::AddressClaim;
+use crate::ipam::address_pools::Pools;
 use crate::ipam::{self, Ipam};
 use crate::k8s::events::EventRecorder;
 use crate::k8s::view::Selection;
@@ -44,7 +39,7 @@ use crate::leader::{Gate, LeaderElector, WriteLease};
 use crate::loxilb::Fleet as Instances;
 use crate::metrics::Metrics;
 use crate::node_init::NodeInitArgs;
-use crate::service::departures::{self, Departures, Injected, Relisted};
+use crate::service::departures::{self, Departures};
 use crate::service::inputs::Inputs;
 use crate::service::reconcile::{Backoff, error_policy, reconcile};
 use crate::service::report::Report;
@@ -114,11 +109,8 @@ pub async fn run(
     // Every loxilb write asks the Lease first, at the moment it is sent.
     let mut clients = Vec::new();
     for c in &cfg.loxilb {
-        let lease = write_lease.clone();
-        clients.push((
-            c.group.clone(),
-            LoxilbClient::new(c.client.clone())?.with_write_gate(Arc::new(move || lease.holds())),
-        ));
+        let client = fleet::members::gated_client(c.client.clone(), &write_lease)?;
+        clients.push((c.group.clone(), client));
     }
     let instances = Instances::with_capacity(clients, cfg.loxilb_max_rules, &cluster);
     instances.set_parallel_calls(usize::from(cfg.concurrency));
@@ -134,219 +126,31 @@ pub async fn run(
         });
     }
 
-    if cfg.loxilb_insecure_skip_tls_verify {
-        for c in cfg
-            .loxilb
-            .iter()
-            .filter(|c| c.client.url.starts_with("https://"))
-        {
-            warn!(
-                url = %c.client.url,
-                "--loxilb-insecure-skip-tls-verify: loxilb's certificate is NOT checked; anybody \
-                 in the path can impersonate loxilb and read the token. Use --loxilb-ca-file"
-            );
-        }
-        if cfg
-            .discovery
-            .iter()
-            .chain(&cfg.peer_discovery)
-            .any(|d| d.https)
-        {
-            warn!(
-                "--loxilb-insecure-skip-tls-verify: the certificates of the loxilbs found in the \
-                 cluster are NOT checked; anybody in the path can impersonate loxilb and read the \
-                 token. Use --loxilb-ca-file"
-            );
-        }
-    }
-    // The token: re-read or watched for the life of the process (crate::config::token).
-    match &cfg.loxilb_token_source {
-        TokenSource::Fixed => {}
-        TokenSource::File(path) => {
-            tokio::spawn(crate::config::token::reread_file(
-                path.clone(),
-                cfg.loxilb_token.clone(),
-                Stop(stop_tx.subscribe()).wait(),
-            ));
-        }
-        TokenSource::Secret(secret) => {
-            match crate::config::token::read_secret(&client, secret).await {
-                Ok(value) => {
-                    cfg.loxilb_token.set(value.as_deref());
-                }
-                Err(e) => warn!(error = %e, "loxilb token not read yet; watching for it"),
-            }
-            tokio::spawn(crate::config::token::watch_secret(
-                client.clone(),
-                secret.clone(),
-                cfg.loxilb_token.clone(),
-                Stop(stop_tx.subscribe()).wait(),
-            ));
-        }
-    }
+    crate::config::sources::warn_insecure_tls(&cfg);
+    // The token: re-read or watched for the life of the process.
+    crate::config::token::follow(
+        &client,
+        &cfg.loxilb_token_source,
+        &cfg.loxilb_token,
+        Stop(stop_tx.subscribe()).wait(),
+    )
+    .await;
 
     let services: Api<Service> = match &cfg.namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
-    // Our own reflector (rather than Controller::new's) so that the cache keeps trimmed
-    // objects (crate::k8s::trim).
     let selection = Selection::new(&cfg.class, cfg.ccm_mode, cfg.controller.clone());
-    let (service_store, service_writer) = reflector::store::<Service>();
-    // Only Services of type LoadBalancer where the API server can filter them (crate::
-    // departures); the others would cost memory and CPU for nothing.
-    let filtered = departures::type_selector_supported(&services).await;
-    let (inject_tx, inject_rx) = mpsc::unbounded_channel::<Injected>();
-    let (deletions_tx, deletions_rx) = mpsc::unbounded_channel::<Deletion>();
-    let relisted = Relisted::default();
-    let service_events = {
-        let selection = selection.clone();
-        let list = if filtered {
-            crate::k8s::trim::list_config().fields(departures::TYPE_SELECTOR)
-        } else {
-            crate::k8s::trim::list_config()
-        };
-        let watched = watcher(services.clone(), list)
-            .default_backoff()
-            .modify({
-                let selection = selection.clone();
-                move |svc| crate::k8s::trim::service(svc, &selection)
-            })
-            .map_ok(move |event| {
-                if filtered {
-                    departures::on_watch_event(event, &selection)
-                } else {
-                    event
-                }
-            });
-        // Placeholders enter and leave through the stream, checked against the store right
-        // before it applies them.
-        let reader = service_store.clone();
-        let injected = tokio_stream_from(inject_rx).filter_map(move |event| {
-            let current = reader.get(&event.key());
-            let admitted = departures::admit(&event, current.as_deref());
-            futures::future::ready(admitted.then(|| Ok(departures::into_event(event))))
-        });
-        let relisted = relisted.clone();
-        let deletion_tx = deletions_tx;
-        let events = reflector(service_writer, futures::stream::select(watched, injected))
-            .inspect_ok(move |event| {
-                if filtered && matches!(event, watcher::Event::InitDone) {
-                    relisted.notify();
-                }
-                // Deletions go to the early rule removal (crate::service::teardown), which
-                // must not wait for this Service's turn in the reconcile queue.
-                match event {
-                    watcher::Event::Apply(svc) | watcher::Event::InitApply(svc)
-                        if svc.metadata.deletion_timestamp.is_some() =>
-                    {
-                        let _ = deletion_tx.send(Deletion::Deleting(ObjectRef::from_obj(svc)));
-                    }
-                    watcher::Event::Delete(svc) => {
-                        if let Some(uid) = &svc.metadata.uid {
-                            let _ = deletion_tx.send(Deletion::Gone(uid.clone()));
-                        }
-                    }
-                    _ => {}
-                }
-            });
-        crate::k8s::triggers::applied_objects(events)
-    };
-    let controller = Controller::for_stream(service_events, service_store.clone())
+    let watched = service::watch::watch(&services, &selection).await;
+    let service_store = watched.store.clone();
+    let filtered = watched.filtered;
+    let controller = Controller::for_stream(watched.events, service_store.clone())
         .with_config(kube::runtime::controller::Config::default().concurrency(cfg.concurrency));
 
-    let (node_store, node_writer) = reflector::store::<Node>();
-    // Whole watch events, not touched objects: a deletion must be told from an update, and a
-    // listing from single changes (crate::runtime::node_watch).
-    let node_events = reflector(
-        node_writer,
-        watcher(
-            Api::<Node>::all(client.clone()),
-            crate::k8s::trim::list_config(),
-        )
-        .modify(crate::k8s::trim::node),
-    )
-    .default_backoff();
-
-    // EndpointSlices: backends for externalTrafficPolicy Local and pod-network mode.
-    let slices_api: Api<EndpointSlice> = match &cfg.namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    };
-    let (slice_store, slice_writer) = reflector::store::<EndpointSlice>();
-    let slice_events = reflector(
-        slice_writer,
-        watcher(slices_api, crate::k8s::trim::list_config())
-            .modify(crate::k8s::trim::endpoint_slice),
-    )
-    .default_backoff()
-    .touched_objects();
-
-    // Pod metadata only (annotations), and only when Multus addresses are wanted.
-    let (pod_store, pod_events) = if cfg.multus {
-        // An Api over PartialObjectMeta makes metadata-only requests.
-        let pods: Api<PartialObjectMeta<Pod>> = match &cfg.namespace {
-            Some(ns) => Api::namespaced(client.clone(), ns),
-            None => Api::all(client.clone()),
-        };
-        let (store, writer) = reflector::store::<PartialObjectMeta<Pod>>();
-        let events = reflector(writer, watcher(pods, crate::k8s::trim::list_config()))
-            .default_backoff()
-            .touched_objects();
-        (Some(store), Some(events))
-    } else {
-        (None, None)
-    };
-
-    let claims_api: Api<AddressClaim> = Api::all(client.clone());
-    // Without the CRD nothing can be allocated safely: say so at once instead of waiting.
-    if let Err(e) = claims_api
-        .list_metadata(&kube::api::ListParams::default().limit(1))
+    let inputs = service::inputs::watch(&client, cfg.namespace.as_deref(), cfg.multus);
+    let ipam_watches = ipam::watch::watch(&client)
         .await
-    {
-        anyhow::bail!(
-            "cannot list AddressClaims ({e}); install the CRD (kubectl apply -f deploy/05-crd-addressclaims.yaml) and grant the RBAC in deploy/"
-        );
-    }
-    let (claim_store, claim_writer) = reflector::store::<AddressClaim>();
-    let claim_events = reflector(
-        claim_writer,
-        watcher(claims_api.clone(), crate::k8s::trim::list_config())
-            .modify(crate::k8s::trim::meta::<AddressClaim>),
-    )
-    .default_backoff();
-
-    // AddressPool resources are optional: without their CRD (an upgrade that did not apply
-    // deploy/06-crd-addresspools.yaml) the pools from flags are used alone.
-    let pools_api: Api<AddressPool> = Api::all(client.clone());
-    let (pool_store, pool_events) = match pools_api
-        .list_metadata(&kube::api::ListParams::default().limit(1))
-        .await
-    {
-        Ok(_) => {
-            let (store, writer) = reflector::store::<AddressPool>();
-            let events = reflector(
-                writer,
-                watcher(pools_api.clone(), crate::k8s::trim::list_config()),
-            )
-            .default_backoff();
-            (Some(store), Some(events))
-        }
-        Err(e) => {
-            warn!(error = %e, "AddressPool resources unavailable: using the pools from flags only (kubectl apply -f deploy/06-crd-addresspools.yaml and the RBAC in deploy/)");
-            (None, None)
-        }
-    };
-    // Namespace labels (metadata only) decide which Services a pool's namespaceSelector
-    // admits.
-    let namespaces_api: Api<PartialObjectMeta<Namespace>> = Api::all(client.clone());
-    let (namespace_store, namespace_writer) = reflector::store::<PartialObjectMeta<Namespace>>();
-    let namespace_events = reflector(
-        namespace_writer,
-        watcher(namespaces_api, crate::k8s::trim::list_config())
-            .modify(crate::k8s::trim::meta::<PartialObjectMeta<Namespace>>),
-    )
-    .default_backoff();
+        .map_err(anyhow::Error::msg)?;
 
     // kube-loxilb's BGP resources (--bgp-crds): CRDs not installed yet are waited for.
     let (bgp_resources, bgp_watches) = if cfg.bgp.is_some() && cfg.bgp_crds {
@@ -373,9 +177,13 @@ pub async fn run(
             zone: cfg.zone.clone(),
             controller: cfg.controller.clone(),
         },
-        Pools::new(pools_api, pool_store, namespace_store),
-        claim_store,
-        claims_api,
+        Pools::new(
+            ipam_watches.pools_api,
+            ipam_watches.pool_store,
+            ipam_watches.namespace_store,
+        ),
+        ipam_watches.claim_store,
+        ipam_watches.claims_api,
         requeue_tx.clone(),
         metrics.clone(),
     ));
@@ -430,14 +238,19 @@ pub async fn run(
         selection,
         kube: client,
         cluster,
-        inputs: Inputs::new(service_store, node_store, slice_store, pod_store),
+        inputs: Inputs::new(
+            service_store,
+            inputs.node_store,
+            inputs.slice_store,
+            inputs.pod_store,
+        ),
         ipam,
         fleet: fleet.instances(),
         gate,
         backoff: Backoff::default(),
         room_requeue: service::context::room_requeue(requeue_tx.clone()),
         requeue: requeue_tx,
-        departures: Departures::new(filtered, inject_tx.clone(), relisted.clone()),
+        departures: Departures::new(filtered, watched.inject.clone(), watched.relisted.clone()),
         teardown: RulesFirst::new(usize::from(cfg.concurrency)),
         placement: fleet.placement(),
     });
@@ -467,17 +280,20 @@ pub async fn run(
             services,
             ctx.inputs.services.clone(),
             ctx.selection.clone(),
-            inject_tx,
-            relisted,
+            watched.inject,
+            watched.relisted,
         ));
     }
-    tasks.spawn(node_watch::watch_nodes(ctx.clone(), node_events));
-    tasks.spawn(deletions(ctx.clone(), deletions_rx));
-    tasks.spawn(watches::claims(ctx.clone(), claim_events));
-    if let Some(events) = pool_events {
+    tasks.spawn(node_watch::watch_nodes(ctx.clone(), inputs.node_events));
+    tasks.spawn(service::watch::deletions(ctx.clone(), watched.deletions));
+    tasks.spawn(watches::claims(ctx.clone(), ipam_watches.claim_events));
+    if let Some(events) = ipam_watches.pool_events {
         tasks.spawn(watches::pools(ctx.clone(), events));
     }
-    tasks.spawn(watches::namespaces(ctx.clone(), namespace_events));
+    tasks.spawn(watches::namespaces(
+        ctx.clone(),
+        ipam_watches.namespace_events,
+    ));
     for watch in bgp_watches {
         tasks.spawn(watch);
     }
@@ -496,8 +312,8 @@ pub async fn run(
                 .await;
         });
     }
-    tasks.spawn(watches::endpoint_slices(ctx.clone(), slice_events));
-    if let Some(events) = pod_events {
+    tasks.spawn(watches::endpoint_slices(ctx.clone(), inputs.slice_events));
+    if let Some(events) = inputs.pod_events {
         tasks.spawn(watches::pods(ctx.clone(), events));
     }
     tasks.spawn(loops::start_up(shared.clone(), Stop(stop_rx.clone())));
@@ -530,7 +346,7 @@ pub async fn run(
     ));
     tasks.spawn(watches::replans(ctx.clone(), fleet.replans()));
     tasks.spawn(service::drift::drift_loop(ctx.clone(), cfg.drift_interval));
-    let requeues = tokio_stream_from(requeue_rx);
+    let requeues = service::watch::channel_stream(requeue_rx);
     let reconciling = controller
         .reconcile_on(requeues)
         .graceful_shutdown_on(Stop(stop_rx.clone()).wait())
@@ -585,32 +401,4 @@ pub async fn run(
         anyhow::bail!("lost leadership: exiting so that a restart comes back as a standby");
     }
     Ok(())
-}
-
-/// What the Service watch tells the early rule removal.
-enum Deletion {
-    /// The Service (in the store) shows a deletionTimestamp.
-    Deleting(ObjectRef<Service>),
-    /// The Service with this uid is gone.
-    Gone(String),
-}
-
-/// Hands the Service watch's deletions to `crate::service::teardown`.
-async fn deletions(ctx: Arc<Context>, mut rx: mpsc::UnboundedReceiver<Deletion>) {
-    while let Some(deletion) = rx.recv().await {
-        match deletion {
-            Deletion::Deleting(svc_ref) => {
-                if let Some(svc) = ctx.inputs.services.get(&svc_ref) {
-                    ctx.teardown.deleting(&ctx, &svc);
-                }
-            }
-            Deletion::Gone(uid) => ctx.teardown.gone(&uid),
-        }
-    }
-}
-
-fn tokio_stream_from<T: Send + 'static>(
-    mut rx: mpsc::UnboundedReceiver<T>,
-) -> impl futures::Stream<Item = T> + Send {
-    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }

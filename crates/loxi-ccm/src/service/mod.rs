@@ -16,5 +16,6 @@ pub mod reconcile;
 pub mod report;
 pub mod status;
 pub mod teardown;
+pub mod watch;
 
 pub use context::{Context, Settings};
