@@ -3,8 +3,8 @@
 //! readiness flags the admin server reads.
 
 pub mod admin;
-mod loops;
 pub mod node_watch;
+mod start_up;
 mod watches;
 
 /// kube-loxilb's `LoxiURL` resource, where crates/loxi-ccm/tests/fleet.rs imports it from;
@@ -316,7 +316,7 @@ pub async fn run(
     if let Some(events) = inputs.pod_events {
         tasks.spawn(watches::pods(ctx.clone(), events));
     }
-    tasks.spawn(loops::start_up(shared.clone(), Stop(stop_rx.clone())));
+    tasks.spawn(start_up::start_up(shared.clone(), Stop(stop_rx.clone())));
     // Set once leadership is lost.
     let (lost_tx, mut lost) = watch::channel(false);
     tasks.spawn(watches::leadership(ctx.clone(), stop_tx.clone(), lost_tx));
