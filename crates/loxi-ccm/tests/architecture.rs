@@ -481,8 +481,6 @@ fn shared_state_types(code: &str) -> BTreeSet<String> {
 }
 
 #[test]
-#[ignore = "runtime/ still holds state until issue 26 stage C's move lands: runtime/mod.rs, \
-            runtime/discovery.rs, runtime/fleet_status.rs, runtime/watches.rs"]
 fn runtime_holds_no_locks_or_notifications() {
     let mut files = Vec::new();
     rust_files(&crate_dir().join("src/runtime"), &mut files);

@@ -287,7 +287,7 @@ async fn planted_violations_are_reported() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_loxilb_of_the_fleet_is_audited_and_checked() {
     use common::{install_shipped_crds, test_namespace, wait_for};
-    use loxi_ccm::runtime::loxiurl::{LoxiURL, LoxiURLSpec};
+    use loxi_ccm::config::sources::{LoxiURL, LoxiURLSpec};
     use loxilb_sim::{SimConfig, Simulator};
 
     let host = common::host_address();

@@ -453,7 +453,7 @@ async fn discovery_follows_the_loxilb_services_endpointslices() {
 async fn loxiurl_resources_add_and_remove_loxilbs() {
     use kube::CustomResourceExt;
     use kube::api::{DeleteParams, PostParams};
-    use loxi_ccm::runtime::loxiurl::{LoxiURL, LoxiURLSpec};
+    use loxi_ccm::config::sources::{LoxiURL, LoxiURLSpec};
     let extra = sim().await;
     let mut w = World::with("loxiurl", Options::default()).await;
     // The CRD (kube-loxilb's group and kind), then a controller that sees it.
@@ -542,7 +542,7 @@ async fn loxiurl_resources_add_and_remove_loxilbs() {
 #[tokio::test]
 async fn a_loxiurl_crd_installed_while_running_is_followed() {
     use kube::api::{DeleteParams, PostParams};
-    use loxi_ccm::runtime::loxiurl::{LoxiURL, LoxiURLSpec};
+    use loxi_ccm::config::sources::{LoxiURL, LoxiURLSpec};
     let extra = sim().await;
     let mut w = World::with("loxiurllate", Options::default()).await;
     // A cluster without the CRD (another test of this binary may have installed it).
@@ -715,7 +715,7 @@ async fn a_cidrpool_loxiurl_is_an_address_pool() {
     use kube::CustomResourceExt;
     use kube::api::{DeleteParams, PostParams};
     use loxi_ccm::ipam::address_pools::{AddressPool, AddressPoolSpec};
-    use loxi_ccm::runtime::loxiurl::{LoxiURL, LoxiURLSpec};
+    use loxi_ccm::config::sources::{LoxiURL, LoxiURLSpec};
     let mut w = World::with("cidrpool", Options::default()).await;
     let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
         Api::all(w.client.clone());

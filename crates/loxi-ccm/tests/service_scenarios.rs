@@ -32,6 +32,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, ObjectRef, store::Writer};
 use kube::runtime::watcher;
+use loxi_ccm::fleet::placement::Placement;
 use loxi_ccm::ipam::address_pools::{AddressPool, Pools};
 use loxi_ccm::ipam::claims::{AddressClaim, AddressClaimSpec, ClaimedBy, claim_name};
 use loxi_ccm::ipam::{self, Ipam, service_sharing};
@@ -40,7 +41,7 @@ use loxi_ccm::k8s::view::{CLASS_FINALIZER, Selection};
 use loxi_ccm::leader::{Gate, WriteLease};
 use loxi_ccm::loxilb::Fleet;
 use loxi_ccm::metrics::Metrics;
-use loxi_ccm::service::departures::{Departures, Injected};
+use loxi_ccm::service::departures::{Departures, Injected, Relisted};
 use loxi_ccm::service::inputs::Inputs;
 use loxi_ccm::service::plan::rules_for;
 use loxi_ccm::service::reconcile::{Backoff, ReconcileError, reconcile};
@@ -51,7 +52,7 @@ use loxi_domain::{ClusterId, Pool};
 use loxilb_client::{ClientConfig, LoxilbClient};
 use loxilb_sim::{SimConfig, Simulator};
 use serde_json::{Value, json};
-use tokio::sync::{Notify, mpsc, watch};
+use tokio::sync::{mpsc, watch};
 
 const NS: &str = "demo";
 const NAME: &str = "web";
@@ -418,6 +419,7 @@ impl Scenario {
             controller: "loxi-ccm".into(),
             instance: None,
         };
+        let placement = Placement::new("llb", metrics.clone());
         let ctx = Arc::new(Context {
             report: Report::new(
                 EventRecorder::new(client.clone(), reporter, metrics.events_dropped()),
@@ -435,9 +437,9 @@ impl Scenario {
             backoff: Backoff::default(),
             room_requeue: service::context::room_requeue(requeue_tx.clone()),
             requeue: requeue_tx,
-            departures: Departures::new(false, inject_tx, Arc::new(Notify::new())),
+            departures: Departures::new(false, inject_tx, Relisted::default()),
             teardown: RulesFirst::new(16),
-            placement: Default::default(),
+            placement,
         });
         Scenario {
             ctx,

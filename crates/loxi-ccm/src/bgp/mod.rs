@@ -224,7 +224,8 @@ struct State {
 pub struct Bgp {
     settings: BgpSettings,
     resources: Option<Resources>,
-    recorder: EventRecorder,
+    /// Events about the resources (`None`: BGP from the flags alone, no resource to tell).
+    recorder: Option<EventRecorder>,
     metrics: Metrics,
     state: Mutex<State>,
 }
@@ -243,9 +244,27 @@ impl Bgp {
         Bgp {
             settings,
             resources,
-            recorder,
+            recorder: Some(recorder),
             metrics,
             state: Mutex::default(),
+        }
+    }
+
+    /// BGP from the flags alone (no resources, so no Events): what the fleet needs without
+    /// an API server (crates/loxi-ccm/tests/fleet_alone.rs).
+    pub fn from_flags(settings: BgpSettings, metrics: Metrics) -> Bgp {
+        Bgp {
+            settings,
+            resources: None,
+            recorder: None,
+            metrics,
+            state: Mutex::default(),
+        }
+    }
+
+    fn publish_event(&self, ev: Event, regarding: ObjectReference) {
+        if let Some(recorder) = &self.recorder {
+            recorder.publish(ev, regarding);
         }
     }
 
@@ -470,7 +489,7 @@ impl Bgp {
             let was = m.status.conditions.iter().find(|p| p.type_ == c.type_);
             let changed = was.is_none_or(|p| p.status != c.status || p.message != c.message);
             if c.status == "False" && changed && c.reason != "NotAccepted" {
-                self.recorder.publish(
+                self.publish_event(
                     Event {
                         type_: EventType::Warning,
                         reason: c.reason.clone(),
@@ -558,7 +577,7 @@ impl Bgp {
             format!("the BGP session of {loxilb} with {ip} left ESTABLISHED: now {state}");
         match owner.and_then(|(id, _)| plan.meta.get(id)) {
             Some(m) => {
-                self.recorder.publish(
+                self.publish_event(
                     Event {
                         type_: EventType::Warning,
                         reason: "BGPSessionDown".into(),

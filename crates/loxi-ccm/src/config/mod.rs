@@ -356,7 +356,7 @@ pub struct Discovery {
     pub service: String,
     /// `None`: any namespace.
     pub namespace: Option<String>,
-    /// Their API port (when a slice does not give another: `runtime::discovery`).
+    /// Their API port (when a slice does not give another: `fleet::discovery`).
     pub port: u16,
     /// `--loxilb-discovery-scheme https`: their URLs are `https://`.
     pub https: bool,

@@ -1,7 +1,7 @@
 //! Where the loxilbs of the fleet come from (docs/fleet.md): `--loxilb-url`, the ready
 //! addresses of the loxilb Service's EndpointSlices ([`Discovery`], without `--loxilb-url`),
 //! and kube-loxilb's `LoxiURL` resources. What each source names is decided here once, for the
-//! controller, which follows the sources (`runtime::discovery`, `runtime::loxiurl`), and for
+//! controller, which follows the sources (`fleet::discovery`, `fleet::loxiurl`), and for
 //! `loxi-ccm check` and `loxi-ccm audit`, which read them once ([`loxilbs`]): all three see
 //! the same fleet.
 //!
@@ -305,6 +305,38 @@ pub async fn loxilbs(client: &kube::Client, cfg: &Config) -> anyhow::Result<Vec<
         out.push(ConfiguredLoxilb { group, client });
     }
     Ok(out)
+}
+
+/// Warns, once at start-up, when `--loxilb-insecure-skip-tls-verify` leaves loxilbs'
+/// certificates unchecked: the configured HTTPS URLs, and the loxilbs found in the cluster
+/// when they are reached over HTTPS.
+pub fn warn_insecure_tls(cfg: &Config) {
+    if !cfg.loxilb_insecure_skip_tls_verify {
+        return;
+    }
+    for c in cfg
+        .loxilb
+        .iter()
+        .filter(|c| c.client.url.starts_with("https://"))
+    {
+        tracing::warn!(
+            url = %c.client.url,
+            "--loxilb-insecure-skip-tls-verify: loxilb's certificate is NOT checked; anybody \
+             in the path can impersonate loxilb and read the token. Use --loxilb-ca-file"
+        );
+    }
+    if cfg
+        .discovery
+        .iter()
+        .chain(&cfg.peer_discovery)
+        .any(|d| d.https)
+    {
+        tracing::warn!(
+            "--loxilb-insecure-skip-tls-verify: the certificates of the loxilbs found in the \
+             cluster are NOT checked; anybody in the path can impersonate loxilb and read the \
+             token. Use --loxilb-ca-file"
+        );
+    }
 }
 
 #[cfg(test)]

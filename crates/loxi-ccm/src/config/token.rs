@@ -201,6 +201,36 @@ pub async fn read_secret(
     }
 }
 
+/// Follows the token's source for the life of the process (until `stop` resolves): a file
+/// re-read, a Secret read now and then watched; a fixed token needs nothing.
+pub async fn follow(
+    client: &kube::Client,
+    source: &super::TokenSource,
+    token: &Token,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    match source {
+        super::TokenSource::Fixed => {}
+        super::TokenSource::File(path) => {
+            tokio::spawn(reread_file(path.clone(), token.clone(), stop));
+        }
+        super::TokenSource::Secret(secret) => {
+            match read_secret(client, secret).await {
+                Ok(value) => {
+                    token.set(value.as_deref());
+                }
+                Err(e) => warn!(error = %e, "loxilb token not read yet; watching for it"),
+            }
+            tokio::spawn(watch_secret(
+                client.clone(),
+                secret.clone(),
+                token.clone(),
+                stop,
+            ));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,6 +1,224 @@
-//! The loxilb fleet as a whole: HA roles across the loxilbs and their record (`roles`), and
-//! one worker per loxilb that probes it, replays it and keeps its BGP in step (`workers`).
-//! docs/fleet.md.
+//! The loxilb fleet as a whole (docs/fleet.md): its members by source (`members`: the
+//! configured loxilbs, the discovered ones (`discovery`), those of `LoxiURL` resources
+//! (`loxiurl`) and the BGP-peer-only ones), the groups and the placement book
+//! (`placement`), the HA roles and their record (`roles`), the fleet record (`record`), one
+//! worker per loxilb that probes it, replays it and keeps its BGP in step (`workers`), and
+//! the health tick that follows them (`health`).
+//!
+//! Its state is behind the [`Fleet`] handle; the rest of the controller reaches it through
+//! that handle's methods: the sources call [`Fleet::set_source`], the Service reconcile asks
+//! the placement book ([`Fleet::placement`]) and reads the instances ([`Fleet::instances`]),
+//! and learns from [`Fleet::replans`] when every Service should be planned again.
+//! Everything runs without an API server too (crates/loxi-ccm/tests/fleet_alone.rs): the
+//! records are kept through `record::Record`, the rules of a replay come from the caller
+//! (`workers::Replay`), and only the followers of the sources watch the cluster.
 
+pub mod discovery;
+mod health;
+pub mod loxiurl;
+pub mod members;
+pub mod placement;
+pub mod record;
 pub mod roles;
 pub mod workers;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Service;
+use kube::runtime::reflector::ObjectRef;
+use loxi_domain::ClusterId;
+use loxilb_client::ClientConfig;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tracing::info;
+
+pub use members::Source;
+
+use self::members::Members;
+use self::placement::Placement;
+use self::record::{FleetRecord, Record};
+use self::roles::Roles;
+use self::workers::{Replay, Workers};
+use crate::bgp::Bgp;
+use crate::leader::Gate;
+use crate::loxilb::{Fleet as Instances, Member};
+use crate::metrics::Metrics;
+
+/// What the fleet is made with.
+pub struct Settings {
+    pub cluster: ClusterId,
+    pub metrics: Metrics,
+    /// How often each loxilb is probed and the health tick runs (`--health-interval`).
+    pub interval: Duration,
+    /// The default group (`--zone`).
+    pub zone: String,
+    /// HA instances per group (`--num-zone-instances`).
+    pub zone_instances: u16,
+    /// Timeout, token and CA of a joining loxilb's client (the URL is set per loxilb).
+    pub template: ClientConfig,
+    /// `None`: BGP off.
+    pub bgp: Option<Arc<Bgp>>,
+    /// `None`: no HA roles (`--set-roles` unset).
+    pub roles: Option<Arc<Roles>>,
+    /// Where the fleet record is kept (`record`).
+    pub record: Arc<dyn Record>,
+}
+
+/// The fleet's handle: a cheap clone, every clone the same fleet.
+#[derive(Clone)]
+pub struct Fleet {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    settings: Settings,
+    members: Members,
+    placement: Placement<ObjectRef<Service>>,
+    record: FleetRecord,
+    gate: Arc<Gate>,
+    /// Counts the changes after which every served Service is planned again (a loxilb left,
+    /// one changed state, the `LoxiURL` pools changed).
+    replans: watch::Sender<u64>,
+}
+
+impl Fleet {
+    /// The fleet of `configured` (the instances of `--loxilb-url`); the other sources add
+    /// theirs with [`Fleet::set_source`]. Loxilb writes of joining loxilbs ask `gate`'s
+    /// write Lease; nothing is decided or written before `gate` is ready.
+    pub fn new(settings: Settings, configured: Instances, gate: Arc<Gate>) -> Fleet {
+        let members = Members::new(
+            configured,
+            settings.template.clone(),
+            gate.write_lease().clone(),
+            &settings.cluster,
+        );
+        Fleet {
+            inner: Arc::new(Inner {
+                placement: Placement::new(&settings.zone, settings.metrics.clone()),
+                record: FleetRecord::new(settings.record.clone()),
+                members,
+                settings,
+                gate,
+                replans: watch::Sender::new(0),
+            }),
+        }
+    }
+
+    /// The fleet's instances now (every member but the BGP-peer-only loxilbs).
+    pub fn instances(&self) -> Instances {
+        self.inner.members.instances().clone()
+    }
+
+    /// The placement book (a cheap handle).
+    pub fn placement(&self) -> Placement<ObjectRef<Service>> {
+        self.inner.placement.clone()
+    }
+
+    /// The BGP-peer-only loxilbs now (a snapshot).
+    pub fn peer_instances(&self) -> Arc<Vec<Arc<crate::loxilb::Instance>>> {
+        self.inner.members.peer_instances()
+    }
+
+    /// Changes after which every served Service should be planned again: its conditions
+    /// name the unreachable loxilbs and count the serving ones, and, with BGP on, a pool's
+    /// advertisement decides its rules' flag.
+    pub fn replans(&self) -> watch::Receiver<u64> {
+        self.inner.replans.subscribe()
+    }
+
+    fn replan(&self) {
+        self.inner.replans.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// `source` now names `members`: a loxilb that joins is programmed before it serves (its
+    /// worker replays it at the next health tick); one that leaves is dropped with what the
+    /// controller knew of it, told `BACKUP` for the roles it held first (it may still run:
+    /// a Pod no longer ready), and every Service is planned again (their conditions count
+    /// the instances). A BGP-peer-only loxilb that leaves is removed from the others'
+    /// neighbours at the next tick.
+    pub fn set_source(&self, source: Source, members: Vec<Member>) {
+        let changed = self.inner.members.set(source, members);
+        let metrics = &self.inner.settings.metrics;
+        if source == Source::PeerOnly {
+            for url in &changed.joined {
+                info!(instance = %url, "BGP-peer-only loxilb joining (BGP settings only)");
+            }
+            for old in &changed.left {
+                info!(
+                    instance = old.url(),
+                    "BGP-peer-only loxilb left: removed from the others' neighbours"
+                );
+                // It held no HA role; its `up` gauge goes with it.
+                metrics.forget_loxilb(old.url(), &[]);
+            }
+            return;
+        }
+        for url in &changed.joined {
+            info!(instance = %url, ?source, "loxilb joining (programmed before it serves)");
+        }
+        let left = !changed.left.is_empty();
+        for inst in changed.left {
+            info!(instance = inst.url(), "loxilb left the fleet: dropped");
+            // The roles it held move to the others at the next tick, so it must not go on
+            // answering as MASTER. Then its gauges go.
+            let roles = self.inner.settings.roles.clone();
+            let metrics = metrics.clone();
+            let ha = loxi_domain::roles::instance_names(
+                inst.group(),
+                self.inner.settings.zone_instances,
+            );
+            tokio::spawn(async move {
+                if let Some(roles) = &roles {
+                    roles.step_down(&inst, &metrics).await;
+                }
+                metrics.forget_loxilb(inst.url(), &ha);
+            });
+        }
+        if left {
+            self.replan();
+        }
+    }
+
+    /// Starts the workers (each loxilb's replay made by `replay`), the health tick and, with
+    /// HA roles, the role decisions; they run until the returned value is dropped.
+    pub fn start(&self, replay: Replay) -> Running {
+        let settings = &self.inner.settings;
+        let workers = Workers::new(workers::Settings {
+            cluster: settings.cluster.clone(),
+            metrics: settings.metrics.clone(),
+            interval: settings.interval,
+            bgp: settings.bgp.clone(),
+            roles: settings.roles.clone(),
+            replay,
+        });
+        let mut tasks = JoinSet::new();
+        tasks.spawn(health::run(self.clone(), workers.clone()));
+        if let Some(roles) = &settings.roles {
+            tasks.spawn(roles.clone().run(
+                self.instances(),
+                workers.clone(),
+                self.inner.gate.clone(),
+                settings.metrics.clone(),
+                settings.interval,
+            ));
+        }
+        Running {
+            workers,
+            _tasks: tasks,
+        }
+    }
+}
+
+/// The fleet's workers and loops, stopped when dropped: a stopped controller must not keep
+/// probing, replaying or repairing from frozen stores.
+pub struct Running {
+    workers: Arc<Workers>,
+    _tasks: JoinSet<()>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.workers.stop();
+    }
+}

@@ -9,33 +9,32 @@
 //! namespace), one key per HA instance whose value is its master's URL: a controller restart
 //! or a new leader reads it before deciding anything, so the masters stay where they were.
 //! A ConfigMap rather than a resource of our own: it needs no CRD, `kubectl get` shows it,
-//! and its writes are rare (a role moves only when a master fails).
+//! and its writes are rare (a role moves only when a master fails). It is kept through
+//! `super::record::Record`, so the roles are decided without an API server too.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::Api;
 use loxi_domain::roles::{Candidate, HaSettings, Masters, Role, decide_masters, role_of};
 use tokio::sync::Mutex;
 use tracing::{info, warn};
 
+use super::record::{Record, RecordError};
 use super::workers::Workers;
 use crate::leader::Gate;
 use crate::loxilb::{Fleet, Instance};
 use crate::metrics::Metrics;
 
 /// Field manager of the record's server-side apply.
-const MANAGER: &str = "loxi-ccm-roles";
+pub const MANAGER: &str = "loxi-ccm-roles";
 
 pub struct Roles {
     settings: HaSettings,
     /// With BGP: how long a MASTER cut off from the configured BGP peers keeps its role
     /// while another loxilb of its group reaches them (`--ha-bgp-hold`).
     bgp_hold: Duration,
-    api: Api<ConfigMap>,
-    name: String,
+    record: Arc<dyn Record>,
     book: Mutex<Book>,
 }
 
@@ -51,18 +50,13 @@ struct Book {
 }
 
 impl Roles {
-    pub fn new(
-        client: kube::Client,
-        settings: HaSettings,
-        bgp_hold: Duration,
-        namespace: &str,
-        name: &str,
-    ) -> Roles {
+    /// Roles recorded in `record` (a `super::record::ConfigMapRecord` written as
+    /// [`MANAGER`] in the controller).
+    pub fn new(settings: HaSettings, bgp_hold: Duration, record: Arc<dyn Record>) -> Roles {
         Roles {
             settings,
             bgp_hold,
-            api: Api::namespaced(client, namespace),
-            name: name.to_string(),
+            record,
             book: Mutex::default(),
         }
     }
@@ -96,24 +90,17 @@ impl Roles {
         }
     }
 
-    async fn load(&self, book: &mut Book) -> Result<(), kube::Error> {
-        let masters: Masters = self
-            .api
-            .get_opt(&self.name)
-            .await?
-            .and_then(|cm| cm.data)
-            .unwrap_or_default()
-            .into_iter()
-            .collect();
-        info!(record = %self.name, ?masters, "HA roles read");
+    async fn load(&self, book: &mut Book) -> Result<(), RecordError> {
+        let masters: Masters = self.record.read().await?.unwrap_or_default();
+        info!(record = self.record.name(), ?masters, "HA roles read");
         book.masters = masters.clone();
         book.saved = Some(masters);
         book.loaded = true;
         Ok(())
     }
 
-    async fn save(&self, masters: &Masters) -> Result<(), kube::Error> {
-        crate::k8s::api::apply_config_map(&self.api, &self.name, MANAGER, masters).await
+    async fn save(&self, masters: &Masters) -> Result<(), RecordError> {
+        self.record.write(masters).await
     }
 
     /// The states `inst` should hold under `decided` (HA instance -> role), for the HA
@@ -193,7 +180,7 @@ impl Roles {
         if !book.loaded
             && let Err(e) = self.load(&mut book).await
         {
-            warn!(record = %self.name, error = %e, "cannot read the HA role record: no roles are decided until it can be read");
+            warn!(record = self.record.name(), error = %e, "cannot read the HA role record: no roles are decided until it can be read");
             return;
         }
         let now = std::time::Instant::now();
@@ -281,7 +268,7 @@ impl Roles {
             match self.save(&decided).await {
                 Ok(()) => self.book.lock().await.saved = Some(decided),
                 Err(e) => {
-                    warn!(record = %self.name, error = %e, "cannot record the HA roles; trying again")
+                    warn!(record = self.record.name(), error = %e, "cannot record the HA roles; trying again")
                 }
             }
         }

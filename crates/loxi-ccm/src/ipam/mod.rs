@@ -13,6 +13,7 @@ pub mod crds;
 mod ensure;
 mod release;
 mod schema;
+pub mod watch;
 
 use std::collections::HashSet;
 use std::net::IpAddr;

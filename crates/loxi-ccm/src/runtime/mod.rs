@@ -1,44 +1,39 @@
-//! Wiring: watches and stores, the reconcile loop, loxilb health and drift checks.
+//! Wiring: starts the subsystems' tasks and connects them (watches and stores, the reconcile
+//! loop, the fleet, the drift check, the admin server); no state of its own beyond the
+//! readiness flags the admin server reads.
 
 pub mod admin;
-pub mod discovery;
-pub mod fleet_status;
-mod loops;
-pub mod loxiurl;
 pub mod node_watch;
+mod start_up;
 mod watches;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Service;
 use kube::api::Api;
-use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Controller;
 use kube::runtime::events::Reporter;
-use kube::runtime::reflector::{self, ObjectRef, reflector};
-use kube::runtime::{WatchStreamExt, watcher};
-use loxilb_client::LoxilbClient;
+use kube::runtime::reflector::ObjectRef;
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
 use crate::bgp::{Bgp, Resources as BgpResources};
-use crate::config::{Config, TokenSource};
+use crate::config::Config;
+use crate::fleet::record::ConfigMapRecord;
 use crate::fleet::roles::Roles;
-use crate::fleet::workers::{self, Workers};
-use crate::ipam::address_pools::{AddressPool, Pools};
-use crate::ipam::claims::AddressClaim;
+use crate::fleet::{self, Fleet};
+use crate::ipam::address_pools::Pools;
 use crate::ipam::{self, Ipam};
 use crate::k8s::events::EventRecorder;
 use crate::k8s::view::Selection;
 use crate::leader::{Gate, LeaderElector, WriteLease};
-use crate::loxilb::{Fleet, Member};
+use crate::loxilb::Fleet as Instances;
 use crate::metrics::Metrics;
 use crate::node_init::NodeInitArgs;
-use crate::service::departures::{self, Departures, Injected};
+use crate::service::departures::{self, Departures};
 use crate::service::inputs::Inputs;
 use crate::service::reconcile::{Backoff, error_policy, reconcile};
 use crate::service::report::Report;
@@ -53,19 +48,7 @@ pub struct Shared {
     pub synced: AtomicBool,
     /// The reconcile loop is running (for /healthz).
     pub running: AtomicBool,
-    pub health_interval: Duration,
-    pub drift_interval: Duration,
     pub node_init: NodeInitArgs,
-    /// `None`: BGP off.
-    pub bgp: Option<Arc<Bgp>>,
-    /// `None`: no HA roles (`--set-roles` unset).
-    pub roles: Option<Arc<Roles>>,
-    /// One worker per loxilb (`crate::fleet::workers`).
-    pub workers: Arc<Workers>,
-    /// The fleet's members by source (`discovery::Members`).
-    pub members: discovery::Members,
-    /// The fleet as `kubectl get` shows it (`fleet_status`).
-    pub fleet_status: fleet_status::FleetStatus,
 }
 
 /// How long a shutdown waits for the reconciles under way before it cancels them.
@@ -120,14 +103,11 @@ pub async fn run(
     // Every loxilb write asks the Lease first, at the moment it is sent.
     let mut clients = Vec::new();
     for c in &cfg.loxilb {
-        let lease = write_lease.clone();
-        clients.push((
-            c.group.clone(),
-            LoxilbClient::new(c.client.clone())?.with_write_gate(Arc::new(move || lease.holds())),
-        ));
+        let client = fleet::members::gated_client(c.client.clone(), &write_lease)?;
+        clients.push((c.group.clone(), client));
     }
-    let fleet = Fleet::with_capacity(clients, cfg.loxilb_max_rules, &cluster);
-    fleet.set_parallel_calls(usize::from(cfg.concurrency));
+    let instances = Instances::with_capacity(clients, cfg.loxilb_max_rules, &cluster);
+    instances.set_parallel_calls(usize::from(cfg.concurrency));
 
     // One stop signal for the reconcile loop: the caller's shutdown or a lost leadership.
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -140,221 +120,31 @@ pub async fn run(
         });
     }
 
-    let lost_leadership = Arc::new(AtomicBool::new(false));
-
-    if cfg.loxilb_insecure_skip_tls_verify {
-        for c in cfg
-            .loxilb
-            .iter()
-            .filter(|c| c.client.url.starts_with("https://"))
-        {
-            warn!(
-                url = %c.client.url,
-                "--loxilb-insecure-skip-tls-verify: loxilb's certificate is NOT checked; anybody \
-                 in the path can impersonate loxilb and read the token. Use --loxilb-ca-file"
-            );
-        }
-        if cfg
-            .discovery
-            .iter()
-            .chain(&cfg.peer_discovery)
-            .any(|d| d.https)
-        {
-            warn!(
-                "--loxilb-insecure-skip-tls-verify: the certificates of the loxilbs found in the \
-                 cluster are NOT checked; anybody in the path can impersonate loxilb and read the \
-                 token. Use --loxilb-ca-file"
-            );
-        }
-    }
-    // The token: re-read or watched for the life of the process (crate::config::token).
-    match &cfg.loxilb_token_source {
-        TokenSource::Fixed => {}
-        TokenSource::File(path) => {
-            tokio::spawn(crate::config::token::reread_file(
-                path.clone(),
-                cfg.loxilb_token.clone(),
-                Stop(stop_tx.subscribe()).wait(),
-            ));
-        }
-        TokenSource::Secret(secret) => {
-            match crate::config::token::read_secret(&client, secret).await {
-                Ok(value) => {
-                    cfg.loxilb_token.set(value.as_deref());
-                }
-                Err(e) => warn!(error = %e, "loxilb token not read yet; watching for it"),
-            }
-            tokio::spawn(crate::config::token::watch_secret(
-                client.clone(),
-                secret.clone(),
-                cfg.loxilb_token.clone(),
-                Stop(stop_tx.subscribe()).wait(),
-            ));
-        }
-    }
+    crate::config::sources::warn_insecure_tls(&cfg);
+    // The token: re-read or watched for the life of the process.
+    crate::config::token::follow(
+        &client,
+        &cfg.loxilb_token_source,
+        &cfg.loxilb_token,
+        Stop(stop_tx.subscribe()).wait(),
+    )
+    .await;
 
     let services: Api<Service> = match &cfg.namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
-    // Our own reflector (rather than Controller::new's) so that the cache keeps trimmed
-    // objects (crate::k8s::trim).
     let selection = Selection::new(&cfg.class, cfg.ccm_mode, cfg.controller.clone());
-    let (service_store, service_writer) = reflector::store::<Service>();
-    // Only Services of type LoadBalancer where the API server can filter them (crate::
-    // departures); the others would cost memory and CPU for nothing.
-    let filtered = departures::type_selector_supported(&services).await;
-    let (inject_tx, inject_rx) = mpsc::unbounded_channel::<Injected>();
-    let (deletions_tx, deletions_rx) = mpsc::unbounded_channel::<Deletion>();
-    let relisted = Arc::new(tokio::sync::Notify::new());
-    let service_events = {
-        let selection = selection.clone();
-        let list = if filtered {
-            crate::k8s::trim::list_config().fields(departures::TYPE_SELECTOR)
-        } else {
-            crate::k8s::trim::list_config()
-        };
-        let watched = watcher(services.clone(), list)
-            .default_backoff()
-            .modify({
-                let selection = selection.clone();
-                move |svc| crate::k8s::trim::service(svc, &selection)
-            })
-            .map_ok(move |event| {
-                if filtered {
-                    departures::on_watch_event(event, &selection)
-                } else {
-                    event
-                }
-            });
-        // Placeholders enter and leave through the stream, checked against the store right
-        // before it applies them.
-        let reader = service_store.clone();
-        let injected = tokio_stream_from(inject_rx).filter_map(move |event| {
-            let current = reader.get(&event.key());
-            let admitted = departures::admit(&event, current.as_deref());
-            futures::future::ready(admitted.then(|| Ok(departures::into_event(event))))
-        });
-        let relisted = relisted.clone();
-        let deletion_tx = deletions_tx;
-        let events = reflector(service_writer, futures::stream::select(watched, injected))
-            .inspect_ok(move |event| {
-                if filtered && matches!(event, watcher::Event::InitDone) {
-                    relisted.notify_one();
-                }
-                // Deletions go to the early rule removal (crate::service::teardown), which
-                // must not wait for this Service's turn in the reconcile queue.
-                match event {
-                    watcher::Event::Apply(svc) | watcher::Event::InitApply(svc)
-                        if svc.metadata.deletion_timestamp.is_some() =>
-                    {
-                        let _ = deletion_tx.send(Deletion::Deleting(ObjectRef::from_obj(svc)));
-                    }
-                    watcher::Event::Delete(svc) => {
-                        if let Some(uid) = &svc.metadata.uid {
-                            let _ = deletion_tx.send(Deletion::Gone(uid.clone()));
-                        }
-                    }
-                    _ => {}
-                }
-            });
-        crate::k8s::triggers::applied_objects(events)
-    };
-    let controller = Controller::for_stream(service_events, service_store.clone())
+    let watched = service::watch::watch(&services, &selection).await;
+    let service_store = watched.store.clone();
+    let filtered = watched.filtered;
+    let controller = Controller::for_stream(watched.events, service_store.clone())
         .with_config(kube::runtime::controller::Config::default().concurrency(cfg.concurrency));
 
-    let (node_store, node_writer) = reflector::store::<Node>();
-    // Whole watch events, not touched objects: a deletion must be told from an update, and a
-    // listing from single changes (crate::runtime::node_watch).
-    let node_events = reflector(
-        node_writer,
-        watcher(
-            Api::<Node>::all(client.clone()),
-            crate::k8s::trim::list_config(),
-        )
-        .modify(crate::k8s::trim::node),
-    )
-    .default_backoff();
-
-    // EndpointSlices: backends for externalTrafficPolicy Local and pod-network mode.
-    let slices_api: Api<EndpointSlice> = match &cfg.namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    };
-    let (slice_store, slice_writer) = reflector::store::<EndpointSlice>();
-    let slice_events = reflector(
-        slice_writer,
-        watcher(slices_api, crate::k8s::trim::list_config())
-            .modify(crate::k8s::trim::endpoint_slice),
-    )
-    .default_backoff()
-    .touched_objects();
-
-    // Pod metadata only (annotations), and only when Multus addresses are wanted.
-    let (pod_store, pod_events) = if cfg.multus {
-        // An Api over PartialObjectMeta makes metadata-only requests.
-        let pods: Api<PartialObjectMeta<Pod>> = match &cfg.namespace {
-            Some(ns) => Api::namespaced(client.clone(), ns),
-            None => Api::all(client.clone()),
-        };
-        let (store, writer) = reflector::store::<PartialObjectMeta<Pod>>();
-        let events = reflector(writer, watcher(pods, crate::k8s::trim::list_config()))
-            .default_backoff()
-            .touched_objects();
-        (Some(store), Some(events))
-    } else {
-        (None, None)
-    };
-
-    let claims_api: Api<AddressClaim> = Api::all(client.clone());
-    // Without the CRD nothing can be allocated safely: say so at once instead of waiting.
-    if let Err(e) = claims_api
-        .list_metadata(&kube::api::ListParams::default().limit(1))
+    let inputs = service::inputs::watch(&client, cfg.namespace.as_deref(), cfg.multus);
+    let ipam_watches = ipam::watch::watch(&client)
         .await
-    {
-        anyhow::bail!(
-            "cannot list AddressClaims ({e}); install the CRD (kubectl apply -f deploy/05-crd-addressclaims.yaml) and grant the RBAC in deploy/"
-        );
-    }
-    let (claim_store, claim_writer) = reflector::store::<AddressClaim>();
-    let claim_events = reflector(
-        claim_writer,
-        watcher(claims_api.clone(), crate::k8s::trim::list_config())
-            .modify(crate::k8s::trim::meta::<AddressClaim>),
-    )
-    .default_backoff();
-
-    // AddressPool resources are optional: without their CRD (an upgrade that did not apply
-    // deploy/06-crd-addresspools.yaml) the pools from flags are used alone.
-    let pools_api: Api<AddressPool> = Api::all(client.clone());
-    let (pool_store, pool_events) = match pools_api
-        .list_metadata(&kube::api::ListParams::default().limit(1))
-        .await
-    {
-        Ok(_) => {
-            let (store, writer) = reflector::store::<AddressPool>();
-            let events = reflector(
-                writer,
-                watcher(pools_api.clone(), crate::k8s::trim::list_config()),
-            )
-            .default_backoff();
-            (Some(store), Some(events))
-        }
-        Err(e) => {
-            warn!(error = %e, "AddressPool resources unavailable: using the pools from flags only (kubectl apply -f deploy/06-crd-addresspools.yaml and the RBAC in deploy/)");
-            (None, None)
-        }
-    };
-    // Namespace labels (metadata only) decide which Services a pool's namespaceSelector
-    // admits.
-    let namespaces_api: Api<PartialObjectMeta<Namespace>> = Api::all(client.clone());
-    let (namespace_store, namespace_writer) = reflector::store::<PartialObjectMeta<Namespace>>();
-    let namespace_events = reflector(
-        namespace_writer,
-        watcher(namespaces_api, crate::k8s::trim::list_config())
-            .modify(crate::k8s::trim::meta::<PartialObjectMeta<Namespace>>),
-    )
-    .default_backoff();
+        .map_err(anyhow::Error::msg)?;
 
     // kube-loxilb's BGP resources (--bgp-crds): CRDs not installed yet are waited for.
     let (bgp_resources, bgp_watches) = if cfg.bgp.is_some() && cfg.bgp_crds {
@@ -370,6 +160,8 @@ pub async fn run(
         instance: std::env::var("POD_NAME").ok(),
     };
     let metrics = Metrics::new();
+    let recorder = EventRecorder::new(client.clone(), reporter, metrics.events_dropped());
+    let gate = Arc::new(Gate::new(leader_rx.clone(), write_lease));
     let ipam = Arc::new(Ipam::new(
         ipam::Settings {
             pools: cfg.pools.clone(),
@@ -379,15 +171,53 @@ pub async fn run(
             zone: cfg.zone.clone(),
             controller: cfg.controller.clone(),
         },
-        Pools::new(pools_api, pool_store, namespace_store),
-        claim_store,
-        claims_api,
+        Pools::new(
+            ipam_watches.pools_api,
+            ipam_watches.pool_store,
+            ipam_watches.namespace_store,
+        ),
+        ipam_watches.claim_store,
+        ipam_watches.claims_api,
         requeue_tx.clone(),
         metrics.clone(),
     ));
+    let bgp = cfg.bgp.clone().map(|settings| {
+        Arc::new(Bgp::new(
+            settings,
+            bgp_resources,
+            recorder.clone(),
+            metrics.clone(),
+        ))
+    });
+    let roles = cfg.roles.clone().map(|settings| {
+        let (namespace, name) = &cfg.roles_record;
+        let record =
+            ConfigMapRecord::shared(client.clone(), namespace, name, fleet::roles::MANAGER);
+        Arc::new(Roles::new(settings, cfg.ha_bgp_hold, record))
+    });
+    let fleet = Fleet::new(
+        fleet::Settings {
+            cluster: cluster.clone(),
+            metrics: metrics.clone(),
+            interval: cfg.health_interval,
+            zone: cfg.zone.clone(),
+            zone_instances: cfg.zone_instances,
+            template: cfg.loxilb_template.clone(),
+            bgp,
+            roles,
+            record: ConfigMapRecord::shared(
+                client.clone(),
+                &cfg.fleet_record.0,
+                &cfg.fleet_record.1,
+                fleet::record::MANAGER,
+            ),
+        },
+        instances,
+        gate.clone(),
+    );
     let ctx = Arc::new(Context {
         report: Report::new(
-            EventRecorder::new(client.clone(), reporter, metrics.events_dropped()),
+            recorder,
             metrics,
             cfg.controller.suffixed(crate::k8s::api::FIELD_MANAGER),
         ),
@@ -402,68 +232,31 @@ pub async fn run(
         selection,
         kube: client,
         cluster,
-        inputs: Inputs::new(service_store, node_store, slice_store, pod_store),
+        inputs: Inputs::new(
+            service_store,
+            inputs.node_store,
+            inputs.slice_store,
+            inputs.pod_store,
+        ),
         ipam,
-        fleet,
-        gate: Arc::new(Gate::new(leader_rx.clone(), write_lease)),
+        fleet: fleet.instances(),
+        gate,
         backoff: Backoff::default(),
         room_requeue: service::context::room_requeue(requeue_tx.clone()),
         requeue: requeue_tx,
-        departures: Departures::new(filtered, inject_tx.clone(), relisted.clone()),
+        departures: Departures::new(filtered, watched.inject.clone(), watched.relisted.clone()),
         teardown: RulesFirst::new(usize::from(cfg.concurrency)),
-        placement: Default::default(),
+        placement: fleet.placement(),
     });
-    let bgp = cfg.bgp.clone().map(|settings| {
-        Arc::new(Bgp::new(
-            settings,
-            bgp_resources,
-            ctx.report.recorder.clone(),
-            ctx.report.metrics.clone(),
-        ))
-    });
-    let roles = cfg.roles.clone().map(|settings| {
-        let (namespace, name) = &cfg.roles_record;
-        Arc::new(Roles::new(
-            ctx.kube.clone(),
-            settings,
-            cfg.ha_bgp_hold,
-            namespace,
-            name,
-        ))
-    });
-    let shared = Arc::new_cyclic(|weak| Shared {
-        workers: Workers::new(workers::Settings {
-            cluster: ctx.cluster.clone(),
-            metrics: ctx.report.metrics.clone(),
-            interval: cfg.health_interval,
-            bgp: bgp.clone(),
-            roles: roles.clone(),
-            replay: loops::replay(weak.clone()),
-        }),
+    let shared = Arc::new(Shared {
         service: ctx.clone(),
         synced: false.into(),
         running: true.into(),
-        health_interval: cfg.health_interval,
-        drift_interval: cfg.drift_interval,
         node_init: cfg.node_init.clone(),
-        bgp,
-        members: discovery::Members::new(
-            ctx.fleet
-                .instances()
-                .iter()
-                .map(|i| Member::new(i.group(), i.url()))
-                .collect(),
-            cfg.loxilb_template.clone(),
-        ),
-        fleet_status: fleet_status::FleetStatus::new(
-            ctx.kube.clone(),
-            &cfg.fleet_record.0,
-            &cfg.fleet_record.1,
-        ),
-        roles,
     });
-    // The workers are tasks of their own: they stop with this function.
-    let _workers = StopWorkers(shared.workers.clone());
+    // The loxilbs' workers, the health tick and the role decisions: they stop with this
+    // function.
+    let _fleet = fleet.start(service::drift::replay(ctx.clone()));
 
     // Everything below ends with this function (dropping the set aborts its tasks): a
     // stopped controller must not keep probing, replaying or repairing from frozen stores.
@@ -481,17 +274,20 @@ pub async fn run(
             services,
             ctx.inputs.services.clone(),
             ctx.selection.clone(),
-            inject_tx,
-            relisted,
+            watched.inject,
+            watched.relisted,
         ));
     }
-    tasks.spawn(node_watch::watch_nodes(ctx.clone(), node_events));
-    tasks.spawn(deletions(ctx.clone(), deletions_rx));
-    tasks.spawn(watches::claims(ctx.clone(), claim_events));
-    if let Some(events) = pool_events {
+    tasks.spawn(node_watch::watch_nodes(ctx.clone(), inputs.node_events));
+    tasks.spawn(service::watch::deletions(ctx.clone(), watched.deletions));
+    tasks.spawn(watches::claims(ctx.clone(), ipam_watches.claim_events));
+    if let Some(events) = ipam_watches.pool_events {
         tasks.spawn(watches::pools(ctx.clone(), events));
     }
-    tasks.spawn(watches::namespaces(ctx.clone(), namespace_events));
+    tasks.spawn(watches::namespaces(
+        ctx.clone(),
+        ipam_watches.namespace_events,
+    ));
     for watch in bgp_watches {
         tasks.spawn(watch);
     }
@@ -510,37 +306,41 @@ pub async fn run(
                 .await;
         });
     }
-    tasks.spawn(watches::endpoint_slices(ctx.clone(), slice_events));
-    if let Some(events) = pod_events {
+    tasks.spawn(watches::endpoint_slices(ctx.clone(), inputs.slice_events));
+    if let Some(events) = inputs.pod_events {
         tasks.spawn(watches::pods(ctx.clone(), events));
     }
-    tasks.spawn(loops::start_up(shared.clone(), Stop(stop_rx.clone())));
-    let lost_notify = Arc::new(tokio::sync::Notify::new());
-    tasks.spawn(watches::leadership(
-        ctx.clone(),
-        stop_tx.clone(),
-        lost_leadership.clone(),
-        lost_notify.clone(),
-    ));
+    tasks.spawn(start_up::start_up(shared.clone(), Stop(stop_rx.clone())));
+    // Set once leadership is lost.
+    let (lost_tx, mut lost) = watch::channel(false);
+    tasks.spawn(watches::leadership(ctx.clone(), stop_tx.clone(), lost_tx));
+    // The fleet's sources besides --loxilb-url.
+    let kube = &ctx.kube;
     if let Some(d) = &cfg.discovery {
-        tasks.spawn(discovery::follow(shared.clone(), d.clone()));
-    }
-    if let Some(d) = &cfg.peer_discovery {
-        tasks.spawn(discovery::follow_peers(shared.clone(), d.clone()));
-    }
-    tasks.spawn(loxiurl::follow(shared.clone()));
-    tasks.spawn(loops::health_loop(shared.clone()));
-    if let Some(roles) = &shared.roles {
-        tasks.spawn(roles.clone().run(
-            ctx.fleet.clone(),
-            shared.workers.clone(),
-            ctx.gate.clone(),
-            ctx.report.metrics.clone(),
-            cfg.health_interval,
+        tasks.spawn(fleet::discovery::follow(
+            fleet.clone(),
+            kube.clone(),
+            d.clone(),
+            cfg.zone.clone(),
         ));
     }
-    tasks.spawn(loops::drift_loop(shared.clone()));
-    let requeues = tokio_stream_from(requeue_rx);
+    if let Some(d) = &cfg.peer_discovery {
+        tasks.spawn(fleet::discovery::follow_peers(
+            fleet.clone(),
+            kube.clone(),
+            d.clone(),
+        ));
+    }
+    tasks.spawn(fleet::loxiurl::follow(
+        fleet.clone(),
+        kube.clone(),
+        ctx.ipam.clone(),
+        ctx.report.recorder.clone(),
+        cfg.zone.clone(),
+    ));
+    tasks.spawn(watches::replans(ctx.clone(), fleet.replans()));
+    tasks.spawn(service::drift::drift_loop(ctx.clone(), cfg.drift_interval));
+    let requeues = service::watch::channel_stream(requeue_rx);
     let reconciling = controller
         .reconcile_on(requeues)
         .graceful_shutdown_on(Stop(stop_rx.clone()).wait())
@@ -573,7 +373,7 @@ pub async fn run(
     };
     tokio::select! {
         () = reconciling => {}
-        () = lost_notify.notified() => {
+        Ok(_) = lost.wait_for(|lost| *lost) => {
             warn!("leadership lost: reconciles under way cancelled");
         }
         () = shutdown_bounded => {}
@@ -591,45 +391,8 @@ pub async fn run(
         let _ = tokio::time::timeout(Duration::from_secs(3), task).await;
     }
     info!("controller stopped");
-    if lost_leadership.load(Ordering::Relaxed) {
+    if *lost.borrow() {
         anyhow::bail!("lost leadership: exiting so that a restart comes back as a standby");
     }
     Ok(())
-}
-
-/// Stops every loxilb's worker when dropped.
-struct StopWorkers(Arc<Workers>);
-
-impl Drop for StopWorkers {
-    fn drop(&mut self) {
-        self.0.stop();
-    }
-}
-
-/// What the Service watch tells the early rule removal.
-enum Deletion {
-    /// The Service (in the store) shows a deletionTimestamp.
-    Deleting(ObjectRef<Service>),
-    /// The Service with this uid is gone.
-    Gone(String),
-}
-
-/// Hands the Service watch's deletions to `crate::service::teardown`.
-async fn deletions(ctx: Arc<Context>, mut rx: mpsc::UnboundedReceiver<Deletion>) {
-    while let Some(deletion) = rx.recv().await {
-        match deletion {
-            Deletion::Deleting(svc_ref) => {
-                if let Some(svc) = ctx.inputs.services.get(&svc_ref) {
-                    ctx.teardown.deleting(&ctx, &svc);
-                }
-            }
-            Deletion::Gone(uid) => ctx.teardown.gone(&uid),
-        }
-    }
-}
-
-fn tokio_stream_from<T: Send + 'static>(
-    mut rx: mpsc::UnboundedReceiver<T>,
-) -> impl futures::Stream<Item = T> + Send {
-    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }

@@ -2,7 +2,6 @@
 //! subsystem that owns what it changes.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
@@ -140,12 +139,20 @@ pub async fn namespaces(
     }
 }
 
-/// Publishes the leader state as a metric, and stops the controller when leadership is lost.
+/// Every served Service planned again after the fleet's changes (`crate::fleet::Fleet::
+/// replans`: a loxilb left or changed state, the `LoxiURL` pools changed).
+pub async fn replans(ctx: Arc<Context>, mut replans: watch::Receiver<u64>) {
+    while replans.changed().await.is_ok() {
+        ctx.requeue_all_served();
+    }
+}
+
+/// Publishes the leader state as a metric, and stops the controller when leadership is lost
+/// (`lost` set first).
 pub async fn leadership(
     ctx: Arc<Context>,
     stop: Arc<watch::Sender<bool>>,
-    lost: Arc<AtomicBool>,
-    lost_notify: Arc<tokio::sync::Notify>,
+    lost: watch::Sender<bool>,
 ) {
     let mut rx = ctx.gate.leader();
     let mut led = false;
@@ -160,8 +167,7 @@ pub async fn leadership(
                 return; // released on our own shutdown
             }
             warn!("leadership lost: stopping");
-            lost.store(true, Ordering::Relaxed);
-            lost_notify.notify_one();
+            lost.send_replace(true);
             let _ = stop.send(true);
             return;
         }

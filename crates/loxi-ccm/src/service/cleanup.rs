@@ -15,9 +15,9 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use super::context::{Context, rule_owner};
-use super::placement::Placed;
 use super::reconcile::ReconcileError;
 use super::status;
+use crate::fleet::placement::Placed;
 
 /// One step of taking a Service's load balancer down.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,7 +88,7 @@ pub async fn cleanup(svc: &Service, ctx: &Context) -> Result<(), ReconcileError>
         }
     }
     // Its rules are gone: a Service waiting for room in its group may fit now.
-    ctx.placement.service_left(svc, ctx).await;
+    super::placing::service_left(svc, ctx).await;
     Ok(())
 }
 
@@ -168,7 +168,7 @@ pub fn rules_removed(svc: &Service, ctx: &Context, removed: usize) {
 }
 
 /// Adds our finalizer when missing, and records the Service's group of loxilbs when it was
-/// just placed (`placement`) and its HA instance when it has none yet and there are several
+/// just placed (`placing`) and its HA instance when it has none yet and there are several
 /// (`plan::instance_to_pin`), in one patch; returns the Service as written then (its
 /// resourceVersion is the one the status write must match).
 pub async fn ensure_finalizer(

@@ -12,10 +12,10 @@ use tokio::sync::mpsc;
 
 use super::departures::Departures;
 use super::inputs::Inputs;
-use super::placement::Placement;
 use super::reconcile::Backoff;
 use super::report::Report;
 use super::teardown::RulesFirst;
+use crate::fleet::placement::Placement;
 use crate::ipam::Ipam;
 use crate::k8s::view::Selection;
 use crate::leader::Gate;
@@ -94,8 +94,9 @@ pub struct Context {
     pub departures: Departures,
     /// Deleted Services' rules removed ahead of their cleanup (`teardown`).
     pub teardown: RulesFirst,
-    /// Which group of loxilbs each Service goes to (`placement`).
-    pub placement: Placement,
+    /// Which group of loxilbs each Service goes to: the fleet's placement book
+    /// (`crate::fleet::placement`, asked through `placing`).
+    pub placement: Placement<ObjectRef<Service>>,
 }
 
 impl Context {

@@ -135,14 +135,30 @@ pub struct Departures {
     pub filtered: bool,
     inject: mpsc::UnboundedSender<Injected>,
     /// Wakes the sweep after a full listing.
-    relisted: Arc<Notify>,
+    relisted: Relisted,
+}
+
+/// Tells the sweep that the Service watch finished a full listing (the watch's own task
+/// holds one; the sweep waits on another).
+#[derive(Clone, Default)]
+pub struct Relisted(Arc<Notify>);
+
+impl Relisted {
+    /// A full listing of the Services is in the store.
+    pub fn notify(&self) {
+        self.0.notify_one();
+    }
+
+    async fn notified(&self) {
+        self.0.notified().await;
+    }
 }
 
 impl Departures {
     pub fn new(
         filtered: bool,
         inject: mpsc::UnboundedSender<Injected>,
-        relisted: Arc<Notify>,
+        relisted: Relisted,
     ) -> Self {
         Departures {
             filtered,
@@ -159,7 +175,7 @@ impl Departures {
     /// Asks for a sweep (a Service with our finalizer turned up outside the store).
     pub fn sweep_soon(&self) {
         if self.filtered {
-            self.relisted.notify_one();
+            self.relisted.notify();
         }
     }
 }
@@ -205,7 +221,7 @@ pub async fn sweep_loop(
     store: Store<Service>,
     selection: Selection,
     inject: mpsc::UnboundedSender<Injected>,
-    relisted: Arc<Notify>,
+    relisted: Relisted,
 ) {
     loop {
         relisted.notified().await;

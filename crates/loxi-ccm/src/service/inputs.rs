@@ -4,11 +4,15 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::ResourceExt;
+use kube::api::Api;
 use kube::core::PartialObjectMeta;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
+use kube::runtime::{WatchStreamExt, watcher};
 use loxi_domain::{EndpointView, NodeView};
 
 use crate::k8s::view::{
@@ -101,5 +105,74 @@ impl Inputs {
                 })
                 .unwrap_or_default()
         })
+    }
+}
+
+/// The watches behind the stores a reconcile reads besides the Services', and their events.
+pub struct InputWatches {
+    pub node_store: Store<Node>,
+    pub node_events: BoxStream<'static, Result<watcher::Event<Node>, watcher::Error>>,
+    pub slice_store: Store<EndpointSlice>,
+    pub slice_events: BoxStream<'static, Result<EndpointSlice, watcher::Error>>,
+    /// Only with `--multus`.
+    pub pod_store: Option<Store<PartialObjectMeta<Pod>>>,
+    pub pod_events: Option<BoxStream<'static, Result<PartialObjectMeta<Pod>, watcher::Error>>>,
+}
+
+/// Starts the watches of Nodes, EndpointSlices (of `namespace`, or all) and, with `multus`,
+/// Pod metadata; nothing is read before the events are polled.
+pub fn watch(client: &kube::Client, namespace: Option<&str>, multus: bool) -> InputWatches {
+    let (node_store, node_writer) = reflector::store::<Node>();
+    // Whole watch events, not touched objects: a deletion must be told from an update, and a
+    // listing from single changes (crates/loxi-ccm/src/runtime/node_watch.rs).
+    let node_events = reflector(
+        node_writer,
+        watcher(
+            Api::<Node>::all(client.clone()),
+            crate::k8s::trim::list_config(),
+        )
+        .modify(crate::k8s::trim::node),
+    )
+    .default_backoff()
+    .boxed();
+
+    // EndpointSlices: backends for externalTrafficPolicy Local and pod-network mode.
+    let slices_api: Api<EndpointSlice> = match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let (slice_store, slice_writer) = reflector::store::<EndpointSlice>();
+    let slice_events = reflector(
+        slice_writer,
+        watcher(slices_api, crate::k8s::trim::list_config())
+            .modify(crate::k8s::trim::endpoint_slice),
+    )
+    .default_backoff()
+    .touched_objects()
+    .boxed();
+
+    // Pod metadata only (annotations), and only when Multus addresses are wanted.
+    let (pod_store, pod_events) = if multus {
+        // An Api over PartialObjectMeta makes metadata-only requests.
+        let pods: Api<PartialObjectMeta<Pod>> = match namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        };
+        let (store, writer) = reflector::store::<PartialObjectMeta<Pod>>();
+        let events = reflector(writer, watcher(pods, crate::k8s::trim::list_config()))
+            .default_backoff()
+            .touched_objects()
+            .boxed();
+        (Some(store), Some(events))
+    } else {
+        (None, None)
+    };
+    InputWatches {
+        node_store,
+        node_events,
+        slice_store,
+        slice_events,
+        pod_store,
+        pod_events,
     }
 }

@@ -50,7 +50,7 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, R
     let Some(svc) = ctx.inputs.service(&svc) else {
         tracing::debug!(service = %owner_key(&svc), "gone from the store: nothing to do");
         ctx.fleet.forget_waiter(&rule_owner(&svc)).await;
-        ctx.placement.service_left(&svc, &ctx).await;
+        super::placing::service_left(&svc, &ctx).await;
         // Nor is it counted any more (endpoints dropped, not programmed).
         ctx.report.forget(&svc);
         return Ok(Action::await_change());
@@ -92,7 +92,7 @@ async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<PassEnd, Reco
     }
     // 1. Inputs: the Service as the store holds it (read above); the Nodes and endpoints
     //    are read from their stores by the planner in step 3. Its group of loxilbs
-    //    (`placement`): a Service no group has room for waits before anything is claimed.
+    //    (`placing`): a Service no group has room for waits before anything is claimed.
     //    Before anything is claimed, the finalizer that guarantees the cleanup, with the
     //    group and HA instance recorded; the status write matches the Service as that patch
     //    returned it.
@@ -100,7 +100,7 @@ async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<PassEnd, Reco
         .finalizers()
         .iter()
         .any(|f| f == ctx.selection.finalizer_for(svc));
-    let placed = match ctx.placement.place(svc, ctx, already_ours).await {
+    let placed = match super::placing::place(svc, ctx, already_ours).await {
         Ok(placed) => placed,
         Err(e) => {
             report::address_problem(svc, ctx, &Problem::Placement(e)).await?;

@@ -1,15 +1,22 @@
+//! The fleet's records in the cluster, and where they are kept.
+//!
 //! The fleet as an operator can `kubectl get` it (docs/fleet.md#seeing-the-fleet): a
 //! ConfigMap, `<leader-elect-name>-fleet` in the leader-election namespace, one key per group
 //! of loxilbs whose value says which of its loxilbs serve, join or are down, its HA masters,
-//! and how full it is. Written by the leader from the health loop, only when the text
-//! changes and at most every [`MIN_INTERVAL`], so a churn of Services costs few writes.
+//! and how full it is. Written by the leader from the health tick (`super::health`), only
+//! when the text changes and at most every [`MIN_INTERVAL`], so a churn of Services costs few
+//! writes.
 //!
-//! A ConfigMap rather than a resource of our own, like the HA role record (`roles`): no CRD
-//! to install, `kubectl get` and `kubectl describe` show it as it is.
+//! A ConfigMap rather than a resource of our own, like the HA role record (`super::roles`):
+//! no CRD to install, `kubectl get` and `kubectl describe` show it as it is. Both records are
+//! kept through [`Record`], so the fleet runs without an API server too (a [`MemoryRecord`]:
+//! crates/loxi-ccm/tests/fleet_alone.rs).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use loxi_domain::roles::Masters;
@@ -19,15 +26,114 @@ use tracing::warn;
 use crate::leader::Gate;
 use crate::loxilb::Group;
 
-/// Field manager of the ConfigMap's server-side apply.
-const MANAGER: &str = "loxi-ccm-fleet";
+/// Why a record was not read or written.
+pub type RecordError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Where one of the fleet's records (key -> text) is kept.
+pub trait Record: Send + Sync {
+    /// What to call it in logs.
+    fn name(&self) -> &str;
+    /// What it holds (`None`: it does not exist yet).
+    fn read(&self) -> BoxFuture<'_, Result<Option<BTreeMap<String, String>>, RecordError>>;
+    /// Makes it hold exactly `data`.
+    fn write<'a>(
+        &'a self,
+        data: &'a BTreeMap<String, String>,
+    ) -> BoxFuture<'a, Result<(), RecordError>>;
+}
+
+/// A record kept in a ConfigMap, written by server-side apply under its own field manager.
+pub struct ConfigMapRecord {
+    api: Api<ConfigMap>,
+    name: String,
+    manager: &'static str,
+}
+
+impl ConfigMapRecord {
+    /// The ConfigMap `namespace/name`, written under field manager `manager`.
+    pub fn shared(
+        client: kube::Client,
+        namespace: &str,
+        name: &str,
+        manager: &'static str,
+    ) -> Arc<dyn Record> {
+        Arc::new(ConfigMapRecord {
+            api: Api::namespaced(client, namespace),
+            name: name.to_string(),
+            manager,
+        })
+    }
+}
+
+impl Record for ConfigMapRecord {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn read(&self) -> BoxFuture<'_, Result<Option<BTreeMap<String, String>>, RecordError>> {
+        Box::pin(async move {
+            let cm = self.api.get_opt(&self.name).await?;
+            Ok(cm.map(|cm| cm.data.unwrap_or_default()))
+        })
+    }
+
+    fn write<'a>(
+        &'a self,
+        data: &'a BTreeMap<String, String>,
+    ) -> BoxFuture<'a, Result<(), RecordError>> {
+        Box::pin(async move {
+            crate::k8s::api::apply_config_map(&self.api, &self.name, self.manager, data).await?;
+            Ok(())
+        })
+    }
+}
+
+/// A record kept in memory: the fleet without an API server.
+#[derive(Default)]
+pub struct MemoryRecord {
+    data: std::sync::Mutex<Option<BTreeMap<String, String>>>,
+}
+
+impl MemoryRecord {
+    /// What it holds now.
+    pub fn get(&self) -> Option<BTreeMap<String, String>> {
+        self.data
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl Record for MemoryRecord {
+    fn name(&self) -> &str {
+        "in memory"
+    }
+
+    fn read(&self) -> BoxFuture<'_, Result<Option<BTreeMap<String, String>>, RecordError>> {
+        Box::pin(async move { Ok(self.get()) })
+    }
+
+    fn write<'a>(
+        &'a self,
+        data: &'a BTreeMap<String, String>,
+    ) -> BoxFuture<'a, Result<(), RecordError>> {
+        *self
+            .data
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(data.clone());
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// Field manager of the fleet record's server-side apply.
+pub const MANAGER: &str = "loxi-ccm-fleet";
 
 /// At most one write in this time.
 pub const MIN_INTERVAL: Duration = Duration::from_secs(5);
 
-pub struct FleetStatus {
-    api: Api<ConfigMap>,
-    name: String,
+/// The fleet record (module docs).
+pub struct FleetRecord {
+    record: Arc<dyn Record>,
     last: Mutex<Written>,
 }
 
@@ -86,11 +192,10 @@ pub fn describe(group: &GroupReport, masters: &Masters) -> String {
     text
 }
 
-impl FleetStatus {
-    pub fn new(client: kube::Client, namespace: &str, name: &str) -> FleetStatus {
-        FleetStatus {
-            api: Api::namespaced(client, namespace),
-            name: name.to_string(),
+impl FleetRecord {
+    pub fn new(record: Arc<dyn Record>) -> FleetRecord {
+        FleetRecord {
+            record,
             last: Mutex::default(),
         }
     }
@@ -136,13 +241,13 @@ impl FleetStatus {
         {
             return;
         }
-        match crate::k8s::api::apply_config_map(&self.api, &self.name, MANAGER, &data).await {
+        match self.record.write(&data).await {
             Ok(_) => {
                 last.data = Some(data);
                 last.tried = Some(Instant::now());
             }
             Err(e) => {
-                warn!(record = %self.name, error = %e, "cannot write the fleet's status; trying again");
+                warn!(record = self.record.name(), error = %e, "cannot write the fleet's status; trying again");
                 last.tried = Some(Instant::now());
             }
         }

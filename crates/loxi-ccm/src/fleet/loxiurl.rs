@@ -18,10 +18,11 @@ use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Resource, ResourceExt};
 use tracing::warn;
 
-use super::Shared;
-use super::discovery::Source;
+use super::{Fleet, Source};
 pub use crate::config::sources::{LoxiURL, LoxiURLSpec, group_of, urls_of};
+use crate::ipam::Ipam;
 use crate::ipam::address_pools::cidrpool_spec;
+use crate::k8s::events::EventRecorder;
 use crate::loxilb::Member;
 use loxi_domain::pools::PoolSpec;
 
@@ -50,12 +51,18 @@ pub fn given(name: &str, spec: &LoxiURLSpec) -> Result<Given, String> {
     urls_of(spec).map(Given::Urls)
 }
 
-/// Follows the `LoxiURL` resources and keeps their URLs in the fleet. Without kube-loxilb's
-/// CRD it waits for it (`crate::k8s::served`): a CRD installed while the controller runs is
+/// Follows the `LoxiURL` resources and keeps their URLs in the fleet (each in its group, the
+/// default one being `zone`) and their pools in `ipam`'s pool set. Without kube-loxilb's CRD
+/// it waits for it (`crate::k8s::served`): a CRD installed while the controller runs is
 /// followed from then on.
-pub async fn follow(shared: Arc<Shared>) {
-    let ctx = &shared.service;
-    let api: Api<LoxiURL> = Api::all(ctx.kube.clone());
+pub async fn follow(
+    fleet: Fleet,
+    kube: kube::Client,
+    ipam: Arc<Ipam>,
+    recorder: EventRecorder,
+    zone: String,
+) {
+    let api: Api<LoxiURL> = Api::all(kube);
     crate::k8s::served::until_served(
         &api,
         "LoxiURL",
@@ -82,12 +89,8 @@ pub async fn follow(shared: Arc<Shared>) {
         for res in store.state() {
             let name = res.name_any();
             let found = given(&name, &res.spec).and_then(|g| match g {
-                Given::Urls(u) => Ok((Some(group_of(&res.spec, &ctx.settings.zone)?), u, None)),
-                Given::Pool(p) => match ctx
-                    .ipam
-                    .pools()
-                    .name_taken(&p.name, &ctx.ipam.settings().pools)
-                {
+                Given::Urls(u) => Ok((Some(group_of(&res.spec, &zone)?), u, None)),
+                Given::Pool(p) => match ipam.pools().name_taken(&p.name, &ipam.settings().pools) {
                     Some(why) => Err(format!("type cidrpool: {why}: rename one of them")),
                     None => Ok((None, Vec::new(), Some(p))),
                 },
@@ -102,7 +105,7 @@ pub async fn follow(shared: Arc<Shared>) {
                     let name = res.name_any();
                     if refused.get(&name) != Some(&why) {
                         warn!(loxiurl = %name, "{why}");
-                        ctx.report.recorder.publish(
+                        recorder.publish(
                             Event {
                                 type_: EventType::Warning,
                                 reason: "InvalidLoxiURL".into(),
@@ -118,16 +121,14 @@ pub async fn follow(shared: Arc<Shared>) {
             }
         }
         refused = now_refused;
-        shared
-            .members
-            .set_grouped(&shared, Source::Resources, members);
-        ctx.ipam.pools().set_cidrpools(pools);
-        // As for an AddressPool edit (runtime::watches::pools): waiting Services try again,
-        // and with BGP on a pool's advertisement decides the rules' flag.
-        if ctx.ipam.refresh_pools() && ctx.settings.advertise {
-            ctx.requeue_all_served();
+        fleet.set_source(Source::LoxiURL, members);
+        ipam.pools().set_cidrpools(pools);
+        // As for an AddressPool edit (crates/loxi-ccm/src/runtime/watches.rs): waiting
+        // Services try again, and with BGP on a pool's advertisement decides the rules' flag.
+        if ipam.refresh_pools() && fleet.inner.settings.bgp.is_some() {
+            fleet.replan();
         }
-        ctx.ipam.pools().changed.notify_one();
+        ipam.pools().changed.notify_one();
     }
 }
 

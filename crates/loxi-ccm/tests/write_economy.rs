@@ -1,0 +1,166 @@
+//! Programming a slow loxilb: the simulator's `loxilb-0.9.8` cost profile (one rule write at a
+//! time, each completing at the next tick of loxilb's datapath worker), its tick shortened to
+//! 100 ms and the call timeout to 500 ms, so the shape is a real loxilb's at a tenth of the
+//! time. Writes go out as fast as loxilb takes them, never twice, the most urgent first, and a
+//! slow loxilb is never taken for a down one (docs/architecture.md#writing-to-a-slow-loxilb).
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use common::*;
+use loxilb_sim::{Profile, SimConfig};
+
+const CLASS: &str = "loxilb.io/loxilb";
+const TICK: Duration = Duration::from_millis(100);
+const WAIT: Duration = Duration::from_secs(120);
+
+fn slow() -> SimConfig {
+    SimConfig {
+        profile: Profile::Loxilb098 { tick: TICK },
+        ..SimConfig::default()
+    }
+}
+
+fn options(admin_port: u16) -> Options {
+    Options {
+        admin_port: Some(admin_port),
+        extra_args: vec!["--loxilb-timeout=500ms".into()],
+        ..Options::default()
+    }
+}
+
+/// Endpoint addresses of every rule the simulator holds.
+fn endpoints_of_rules(w: &World) -> Vec<BTreeSet<String>> {
+    w.sim
+        .rules()
+        .iter()
+        .map(|r| r.endpoints.iter().map(|e| e.ip.to_string()).collect())
+        .collect()
+}
+
+async fn replays_came_back(port: u16) -> f64 {
+    World::metric_sum(
+        port,
+        "loxi_ccm_loxilb_replays_total",
+        &["reason=\"came_back\""],
+    )
+    .await
+    .unwrap_or_default()
+}
+
+/// A burst of 30 two-port Services on a loxilb that takes one write per tick: 60 writes, one
+/// per rule, none timing out (the window keeps what is in flight within the call timeout),
+/// the loxilb never taken for down nor replayed, and no listing while writes run (a listing
+/// during writes can crash loxilb 0.9.8).
+#[tokio::test]
+async fn a_burst_costs_one_write_per_rule_and_no_outage() {
+    let port = testenv::free_port().unwrap();
+    let opts = options(port);
+    let w = World::with_sim("economy-burst", opts, slow()).await;
+    w.add_node("node-a", "10.7.0.1").await;
+    w.add_node("node-b", "10.7.0.2").await;
+    // Settled: the start's listing and marker are done.
+    wait_for("the controller's metrics", WAIT, || async {
+        World::metric_sum(port, "loxi_ccm_loxilb_up", &[]).await.filter(|v| *v == 1.0)
+    })
+    .await;
+    let replays_before = replays_came_back(port).await;
+    let posts_before = w.sim.rule_posts();
+    let listings_before = w.sim.costs().listings_during_writes;
+    for i in 0..30 {
+        w.create(&World::lb_service(
+            &format!("b{i:02}"),
+            Some(CLASS),
+            &[(80, "TCP"), (443, "TCP")],
+        ))
+        .await;
+    }
+    wait_for("60 rules with both endpoints", WAIT, || async {
+        let rules = endpoints_of_rules(&w);
+        (rules.len() == 60 && rules.iter().all(|e| e.len() == 2)).then_some(())
+    })
+    .await;
+    let posts = w.sim.rule_posts() - posts_before;
+    let unanswered = World::metric_sum(port, "loxi_ccm_loxilb_writes_unanswered_total", &[])
+        .await
+        .unwrap_or_default();
+    let window = World::metric_sum(port, "loxi_ccm_loxilb_write_window", &[]).await;
+    eprintln!("burst: {posts} rule POSTs, {unanswered} unanswered, window {window:?}");
+    assert_eq!(posts, 60, "one write per rule");
+    assert_eq!(unanswered, 0.0, "writes that timed out");
+    assert_eq!(
+        replays_came_back(port).await,
+        replays_before,
+        "the slow loxilb was taken for down and replayed"
+    );
+    assert_eq!(
+        w.sim.costs().listings_during_writes,
+        listings_before,
+        "rules listed while writes ran"
+    );
+    w.finish().await;
+}
+
+/// A Node deletion goes before changes already queued: with every rule's update for a new
+/// Node waiting in the window, the first rule without the deleted Node's address appears
+/// while most of those updates still wait (they go after it).
+#[tokio::test]
+async fn a_node_deletion_overtakes_queued_changes() {
+    let port = testenv::free_port().unwrap();
+    let opts = options(port);
+    let w = World::with_sim("economy-order", opts, slow()).await;
+    w.add_node("node-a", "10.7.1.1").await;
+    w.add_node("node-b", "10.7.1.2").await;
+    for i in 0..40 {
+        w.create(&World::lb_service(
+            &format!("o{i:02}"),
+            Some(CLASS),
+            &[(80, "TCP")],
+        ))
+        .await;
+    }
+    wait_for("40 rules on both Nodes", WAIT, || async {
+        let rules = endpoints_of_rules(&w);
+        (rules.len() == 40 && rules.iter().all(|e| e.len() == 2)).then_some(())
+    })
+    .await;
+    let posts_before = w.sim.rule_posts();
+    // A third Node: 40 updates (an endpoint added each), at one per tick.
+    w.add_node("node-c", "10.7.1.3").await;
+    wait_for("the first rule on node-c", WAIT, || async {
+        endpoints_of_rules(&w)
+            .iter()
+            .any(|e| e.contains("10.7.1.3"))
+            .then_some(())
+    })
+    .await;
+    w.nodes
+        .delete("node-a", &Default::default())
+        .await
+        .unwrap();
+    let waiting_for_c = wait_for("the first rule without node-a", WAIT, || async {
+        let rules = endpoints_of_rules(&w);
+        rules
+            .iter()
+            .any(|e| !e.contains("10.7.1.1"))
+            .then(|| rules.iter().filter(|e| !e.contains("10.7.1.3")).count())
+    })
+    .await;
+    eprintln!("when the first rule lost node-a, {waiting_for_c} of 40 still waited for node-c");
+    assert!(
+        waiting_for_c >= 10,
+        "the removal waited behind the queued additions ({waiting_for_c} left)"
+    );
+    wait_for("every rule on node-b and node-c only", WAIT, || async {
+        let want: BTreeSet<String> = ["10.7.1.2".to_string(), "10.7.1.3".to_string()].into();
+        let rules = endpoints_of_rules(&w);
+        (rules.len() == 40 && rules.iter().all(|e| *e == want)).then_some(())
+    })
+    .await;
+    let posts = w.sim.rule_posts() - posts_before;
+    eprintln!("node added then deleted: {posts} rule POSTs for 40 rules");
+    assert!(posts <= 80, "{posts} writes: at most two per rule");
+    w.finish().await;
+}
