@@ -430,20 +430,27 @@ impl Metrics {
             .inc();
     }
 
-    /// The write window of `instance` as it stands.
-    pub fn set_write_queue(&self, instance: &str, view: &crate::loxilb::WindowView) {
+    /// The write window of `instance` as it stands: writes waiting, how long the oldest has
+    /// waited, and the writes allowed in flight.
+    pub fn set_write_queue(
+        &self,
+        instance: &str,
+        depth: usize,
+        oldest: Option<Duration>,
+        limit: usize,
+    ) {
         let labels = InstanceLabels {
             instance: instance.to_string(),
         };
         self.write_queue
             .get_or_create(&labels)
-            .set(i64::try_from(view.depth).unwrap_or(i64::MAX));
+            .set(i64::try_from(depth).unwrap_or(i64::MAX));
         self.write_queue_oldest
             .get_or_create(&labels)
-            .set(view.oldest.map_or(0.0, |d| d.as_secs_f64()));
+            .set(oldest.map_or(0.0, |d| d.as_secs_f64()));
         self.write_window
             .get_or_create(&labels)
-            .set(i64::try_from(view.limit).unwrap_or(i64::MAX));
+            .set(i64::try_from(limit).unwrap_or(i64::MAX));
     }
 
     pub fn write_superseded(&self, instance: &str) {

@@ -714,8 +714,8 @@ async fn discovered_loxilbs_peer_with_each_other_and_peer_only_ones_get_bgp_only
 async fn a_cidrpool_loxiurl_is_an_address_pool() {
     use kube::CustomResourceExt;
     use kube::api::{DeleteParams, PostParams};
-    use loxi_ccm::ipam::address_pools::{AddressPool, AddressPoolSpec};
     use loxi_ccm::config::sources::{LoxiURL, LoxiURLSpec};
+    use loxi_ccm::ipam::address_pools::{AddressPool, AddressPoolSpec};
     let mut w = World::with("cidrpool", Options::default()).await;
     let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
         Api::all(w.client.clone());

@@ -63,7 +63,9 @@ async fn a_burst_costs_one_write_per_rule_and_no_outage() {
     w.add_node("node-b", "10.7.0.2").await;
     // Settled: the start's listing and marker are done.
     wait_for("the controller's metrics", WAIT, || async {
-        World::metric_sum(port, "loxi_ccm_loxilb_up", &[]).await.filter(|v| *v == 1.0)
+        World::metric_sum(port, "loxi_ccm_loxilb_up", &[])
+            .await
+            .filter(|v| *v == 1.0)
     })
     .await;
     let replays_before = replays_came_back(port).await;
@@ -136,10 +138,7 @@ async fn a_node_deletion_overtakes_queued_changes() {
             .then_some(())
     })
     .await;
-    w.nodes
-        .delete("node-a", &Default::default())
-        .await
-        .unwrap();
+    w.nodes.delete("node-a", &Default::default()).await.unwrap();
     let waiting_for_c = wait_for("the first rule without node-a", WAIT, || async {
         let rules = endpoints_of_rules(&w);
         rules

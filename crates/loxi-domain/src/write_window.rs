@@ -190,7 +190,7 @@ impl WriteWindow {
 
     /// The next decision, when there is one to make now: a superseded write is always
     /// dropped at once; a write is sent while the window has room.
-    pub fn next(&mut self) -> Option<Grant> {
+    pub fn decide(&mut self) -> Option<Grant> {
         // Superseded writes go first, whatever room there is: they cost nothing.
         while let Some(t) = self.stale.pop() {
             if self.waiting.remove(&t).is_some() {
@@ -318,7 +318,7 @@ mod tests {
 
     fn sends(w: &mut WriteWindow) -> Vec<Ticket> {
         let mut out = Vec::new();
-        while let Some(g) = w.next() {
+        while let Some(g) = w.decide() {
             if let Grant::Send(t) = g {
                 out.push(t);
             }
@@ -416,7 +416,7 @@ mod tests {
         let restore = w.enqueue(Some(key(4)), Urgency::Restore, now);
         let change_b = w.enqueue(Some(key(5)), Urgency::Change, now);
         let mut order = Vec::new();
-        while let Some(Grant::Send(t)) = w.next() {
+        while let Some(Grant::Send(t)) = w.decide() {
             order.push(t);
             w.answered(WriteKind::Post, Duration::ZERO, 1);
         }
@@ -428,17 +428,17 @@ mod tests {
         let mut w = window(1);
         let now = Instant::now();
         let busy = w.enqueue(Some(key(9)), Urgency::Change, now);
-        assert_eq!(w.next(), Some(Grant::Send(busy)));
+        assert_eq!(w.decide(), Some(Grant::Send(busy)));
         let old = w.enqueue(Some(key(1)), Urgency::Change, now);
         let other = w.enqueue(Some(key(2)), Urgency::Change, now);
         let new = w.enqueue(Some(key(1)), Urgency::Replay, now);
         // Dropped at once, although the window is full.
-        assert_eq!(w.next(), Some(Grant::Superseded(old)));
-        assert_eq!(w.next(), None);
+        assert_eq!(w.decide(), Some(Grant::Superseded(old)));
+        assert_eq!(w.decide(), None);
         w.answered(WriteKind::Post, Duration::ZERO, 1);
-        assert_eq!(w.next(), Some(Grant::Send(other)));
+        assert_eq!(w.decide(), Some(Grant::Send(other)));
         w.answered(WriteKind::Post, Duration::ZERO, 1);
-        assert_eq!(w.next(), Some(Grant::Send(new)));
+        assert_eq!(w.decide(), Some(Grant::Send(new)));
         assert_eq!(w.superseded(), 1);
         assert_eq!(w.sent(), 3);
     }
@@ -448,14 +448,14 @@ mod tests {
         let mut w = window(2);
         let now = Instant::now();
         let first = w.enqueue(Some(key(1)), Urgency::Change, now);
-        assert_eq!(w.next(), Some(Grant::Send(first)));
+        assert_eq!(w.decide(), Some(Grant::Send(first)));
         let second = w.enqueue(Some(key(1)), Urgency::Change, now);
         w.answered(WriteKind::Post, Duration::ZERO, 1);
-        assert_eq!(w.next(), Some(Grant::Send(second)));
+        assert_eq!(w.decide(), Some(Grant::Send(second)));
         let third = w.enqueue(Some(key(2)), Urgency::Change, now);
         w.withdraw(third);
         assert_eq!(w.depth(), 0);
-        assert_eq!(w.next(), None);
+        assert_eq!(w.decide(), None);
         assert_eq!(w.superseded(), 0);
     }
 
@@ -464,7 +464,7 @@ mod tests {
         let mut w = window(1);
         let now = Instant::now();
         let a = w.enqueue(Some(key(1)), Urgency::Change, now);
-        assert_eq!(w.next(), Some(Grant::Send(a)));
+        assert_eq!(w.decide(), Some(Grant::Send(a)));
         let b = w.enqueue(Some(key(2)), Urgency::Change, now);
         let c = w.enqueue(Some(key(3)), Urgency::Change, now + Duration::from_secs(1));
         assert_eq!(

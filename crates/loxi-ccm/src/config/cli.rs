@@ -427,6 +427,17 @@ pub struct RunArgs {
     )]
     pub loxilb_max_rules: usize,
 
+    /// Rule writes in flight to one loxilb at most. Fewer go when it answers slowly: the
+    /// writes in flight are kept within half of --loxilb-timeout at the time per write
+    /// learnt from its answers (a loxilb since 2026-03-04 takes one rule write per second),
+    /// the most urgent first (docs/architecture.md#writing-to-a-slow-loxilb).
+    #[arg(
+        long = "loxilb-write-window",
+        env = "LOXI_CCM_LOXILB_WRITE_WINDOW",
+        default_value_t = 16
+    )]
+    pub loxilb_write_window: usize,
+
     /// BGP: the local AS number (1-4294967295; 4-byte ASNs and asdot such as 1.10 accepted).
     /// Set, loxi-ccm configures BGP on every loxilb and rules advertise their addresses
     /// (docs/bgp.md); unset or 0: no BGP. (kube-loxilb: --setBGP)

@@ -119,6 +119,8 @@ pub struct Config {
     pub kube_api: crate::k8s::api::RateLimit,
     /// Rules one loxilb instance holds at most.
     pub loxilb_max_rules: usize,
+    /// Rule writes in flight to one loxilb at most (`--loxilb-write-window`).
+    pub loxilb_write_window: usize,
     /// `None`: leader election off (this replica is always the leader).
     pub leader: Option<LeaseConfig>,
     pub node_init: NodeInitArgs,
@@ -899,6 +901,9 @@ impl Config {
         if args.concurrency == 0 {
             return Err(bad("concurrency", "0", "must be at least 1"));
         }
+        if args.loxilb_write_window == 0 {
+            return Err(bad("loxilb_write_window", "0", "must be at least 1"));
+        }
         if !args.kube_api_qps.is_finite() || args.kube_api_qps < 0.0 {
             return Err(bad(
                 "kube_api_qps",
@@ -1221,6 +1226,7 @@ impl Config {
                 burst: args.kube_api_burst,
             },
             loxilb_max_rules: args.loxilb_max_rules,
+            loxilb_write_window: args.loxilb_write_window,
             leader: args.leader_elect.then(|| {
                 let mut lease =
                     LeaseConfig::new(&args.leader_elect_namespace, &lease_name, identity.clone());

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use loxi_domain::ClusterId;
 use loxilb_client::LoxilbClient;
 
-use super::{DEFAULT_CAPACITY, DEFAULT_PARALLEL_CALLS, Instance, RuleOwner};
+use super::{DEFAULT_CAPACITY, DEFAULT_PARALLEL_CALLS, DEFAULT_WRITE_WINDOW, Instance, RuleOwner};
 
 /// The loxilb instances: the configured ones, or those discovery follows
 /// (docs/fleet.md#discovery). A cheap handle: clones share the same members.
@@ -22,6 +22,7 @@ struct FleetInner {
     cluster: ClusterId,
     capacity: AtomicUsize,
     parallel_calls: AtomicUsize,
+    write_window: AtomicUsize,
 }
 
 /// One loxilb of the fleet as its sources name it: its group and its API URL.
@@ -93,6 +94,7 @@ impl Fleet {
                 cluster: cluster.clone(),
                 capacity: AtomicUsize::new(capacity.max(1)),
                 parallel_calls: AtomicUsize::new(DEFAULT_PARALLEL_CALLS),
+                write_window: AtomicUsize::new(DEFAULT_WRITE_WINDOW),
             }),
         };
         fleet.set_capacity(capacity);
@@ -159,6 +161,7 @@ impl Fleet {
                 self.inner.parallel_calls.load(Ordering::Relaxed),
                 Ordering::Relaxed,
             );
+            inst.set_write_window(self.inner.write_window.load(Ordering::Relaxed));
             changed.joined.push(url.clone());
             next.push(Arc::new(inst));
         }
@@ -182,6 +185,15 @@ impl Fleet {
         for inst in self.instances().iter() {
             inst.parallel_calls
                 .store(parallel.max(1), Ordering::Relaxed);
+        }
+    }
+
+    /// Sets the most rule writes in flight to one instance (`--loxilb-write-window`), for
+    /// the instances there and those that join.
+    pub fn set_write_window(&self, max: usize) {
+        self.inner.write_window.store(max.max(1), Ordering::Relaxed);
+        for inst in self.instances().iter() {
+            inst.set_write_window(max);
         }
     }
 

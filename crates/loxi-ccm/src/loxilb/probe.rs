@@ -59,7 +59,8 @@ impl Instance {
     /// answers as if nothing happened, but comes back empty
     /// (docs/loxilb-api.md#detecting-a-restart).
     pub async fn probe(&self, cluster: &ClusterId, metrics: &Metrics) -> Probe {
-        metrics.set_write_queue(self.url(), &self.window.view());
+        let window = self.window.view();
+        metrics.set_write_queue(self.url(), window.depth, window.oldest, window.limit);
         // One attempt while it cannot be reached: a loxilb that hangs is seen down after one
         // timeout. One that answers with an error is alive: asked again as any call is.
         let answer = match self.client.probe_version().await {

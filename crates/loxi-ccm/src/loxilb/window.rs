@@ -31,7 +31,7 @@ struct Inner {
 impl Inner {
     /// Hands out every decision the window can make now.
     fn dispatch(&mut self) {
-        while let Some(grant) = self.window.next() {
+        while let Some(grant) = self.window.decide() {
             let (ticket, turned) = match grant {
                 Grant::Send(t) => (t, Turned::Send),
                 Grant::Superseded(t) => (t, Turned::Superseded),

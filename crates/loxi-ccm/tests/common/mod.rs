@@ -250,6 +250,65 @@ impl Default for Options {
 /// dropped.
 pub struct ControllerProcess(pub std::process::Child);
 
+/// The controller binary with `flags` after `loxi-ccm run`, its output appended to `log`.
+fn spawn_binary(flags: &[String], log: &std::path::Path) -> ControllerProcess {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_loxi-ccm"))
+        .arg("run")
+        .arg(format!(
+            "--kubeconfig={}",
+            control_plane().kubeconfig_path().display()
+        ))
+        .args(flags)
+        .arg("--admin-addr=127.0.0.1:0")
+        .stdout(log)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    ControllerProcess(child)
+}
+
+struct SupervisedState {
+    process: ControllerProcess,
+    restarts: usize,
+    other_exit: Option<String>,
+}
+
+/// A controller process restarted after it gives up its leadership
+/// ([`World::spawn_supervised`]); killed when dropped.
+pub struct Supervised {
+    state: std::sync::Arc<std::sync::Mutex<SupervisedState>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Supervised {
+    /// The current process's id.
+    pub fn pid(&self) -> u32 {
+        self.state.lock().unwrap().process.pid()
+    }
+
+    /// Restarts after a lost leadership so far.
+    pub fn restarts(&self) -> usize {
+        self.state.lock().unwrap().restarts
+    }
+
+    /// An exit that was not a lost leadership, if any.
+    pub fn other_exit(&self) -> Option<String> {
+        self.state.lock().unwrap().other_exit.clone()
+    }
+}
+
+impl Drop for Supervised {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.state.lock().unwrap().process.kill();
+    }
+}
+
 impl ControllerProcess {
     pub fn pid(&self) -> u32 {
         self.0.id()
@@ -352,24 +411,43 @@ impl World {
     /// in-process one, metrics on a free port): for tests that `kill -9` it or measure its
     /// memory. Its standard output is appended to `log`; dropping the handle kills it.
     pub fn spawn_process(&self, opts: &Options, log: &std::path::Path) -> ControllerProcess {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .unwrap();
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_loxi-ccm"))
-            .arg("run")
-            .arg(format!(
-                "--kubeconfig={}",
-                control_plane().kubeconfig_path().display()
-            ))
-            .args(self.run_flags(opts))
-            .arg("--admin-addr=127.0.0.1:0")
-            .stdout(log)
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        ControllerProcess(child)
+        spawn_binary(&self.run_flags(opts), log)
+    }
+
+    /// As [`World::spawn_process`], restarted when it exits after losing its leadership, as
+    /// the kubelet restarts a controller's container (the process exits on purpose then, to
+    /// come back as a standby). Any other exit is left for the test to see.
+    pub fn spawn_supervised(&self, opts: &Options, log: &std::path::Path) -> Supervised {
+        let flags = self.run_flags(opts);
+        let log = log.to_path_buf();
+        let state = std::sync::Arc::new(std::sync::Mutex::new(SupervisedState {
+            process: spawn_binary(&flags, &log),
+            restarts: 0,
+            other_exit: None,
+        }));
+        let watched = state.clone();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopping = stop.clone();
+        std::thread::spawn(move || {
+            while !stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(200));
+                let mut s = watched.lock().unwrap();
+                if s.other_exit.is_some() {
+                    continue;
+                }
+                let Ok(Some(status)) = s.process.0.try_wait() else {
+                    continue;
+                };
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                if text.matches("lost leadership").count() > s.restarts {
+                    s.restarts += 1;
+                    s.process = spawn_binary(&flags, &log);
+                } else {
+                    s.other_exit = Some(format!("exited {status}"));
+                }
+            }
+        });
+        Supervised { state, stop }
     }
 
     /// The flags after `loxi-ccm run` for this world's controller.
