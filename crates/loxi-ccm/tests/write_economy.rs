@@ -163,3 +163,59 @@ async fn a_node_deletion_overtakes_queued_changes() {
     assert!(posts <= 80, "{posts} writes: at most two per rule");
     w.finish().await;
 }
+
+/// A Service whose rule writes wait behind others says so: `Programmed` False, reason
+/// `Queued`, with the writes ahead of it; once its rules are on loxilb it says Programmed.
+#[tokio::test]
+async fn a_service_whose_writes_wait_says_queued_until_programmed() {
+    let port = testenv::free_port().unwrap();
+    // Ticks of 300 ms: the 16 Services reconciled at once (`--concurrency`) then queue 4.8 s
+    // of writes, past the 2 s after which a Service says it is queued (1 s timeout: a write
+    // in flight takes up to two ticks).
+    let opts = Options {
+        admin_port: Some(port),
+        extra_args: vec!["--loxilb-timeout=1s".into()],
+        ..Options::default()
+    };
+    let sim = SimConfig {
+        profile: Profile::Loxilb098 {
+            tick: Duration::from_millis(300),
+        },
+        ..SimConfig::default()
+    };
+    let w = World::with_sim("economy-queued", opts, sim).await;
+    w.add_node("node-a", "10.7.2.1").await;
+    let names: Vec<String> = (0..40).map(|i| format!("q{i:02}")).collect();
+    for name in &names {
+        w.create(&World::lb_service(name, Some(CLASS), &[(80, "TCP")]))
+            .await;
+    }
+    let (name, message) = wait_for("a Service saying its writes are queued", WAIT, || async {
+        for name in &names {
+            let svc = w.get(name).await?;
+            if let Some((status, reason, message)) = World::condition(&svc, "loxilb.io/Programmed")
+                && status == "False"
+                && reason == "Queued"
+            {
+                return Some((name.clone(), message));
+            }
+        }
+        None
+    })
+    .await;
+    eprintln!("{name}: {message}");
+    assert!(message.contains("ahead"), "{message}");
+    wait_for("every Service programmed", WAIT, || async {
+        for name in &names {
+            let svc = w.get(name).await?;
+            let (status, reason, _) = World::condition(&svc, "loxilb.io/Programmed")?;
+            if status != "True" || reason != "Programmed" {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await;
+    assert_eq!(w.sim.rules().len(), 40);
+    w.finish().await;
+}

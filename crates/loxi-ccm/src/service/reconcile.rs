@@ -133,7 +133,11 @@ async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<PassEnd, Reco
     };
 
     // 4. Apply: only the difference, on every reachable loxilb.
-    let programmed = apply_everywhere(svc, ctx, &placed.group, &plan.rules).await;
+    let applying = apply_everywhere(svc, ctx, &placed.group, &plan.rules);
+    let (programmed, queued) =
+        report::while_queued(svc, ctx, &placed.group, &held, applying).await?;
+    // Said queued meanwhile: the status write below goes on from that version.
+    let svc = queued.as_ref().unwrap_or(svc);
     if !ctx.gate.holds_lease() {
         // What the calls met (writes stopped) is not the Service's state to report.
         return Err(ReconcileError::NotLeader);

@@ -106,21 +106,22 @@ impl Report {
         self.recorder.publish(event, svc.object_ref(&()));
     }
 
-    /// Writes `want` when the Service does not show it yet.
+    /// Writes `want` when the Service does not show it yet: the Service as written, if it
+    /// was.
     pub async fn write_status(
         &self,
         api: &Api<Service>,
         svc: &Service,
         want: &DesiredStatus,
-    ) -> kube::Result<bool> {
+    ) -> kube::Result<Option<Service>> {
         if status::is_current(svc, want) {
-            return Ok(false);
+            return Ok(None);
         }
-        status::write(api, svc, want, &self.field_manager).await?;
+        let written = status::write(api, svc, want, &self.field_manager).await?;
         if let Some(rv) = svc.metadata.resource_version.clone() {
             lock(&self.superseded).insert(ObjectRef::from_obj(svc), rv);
         }
-        Ok(true)
+        Ok(Some(written))
     }
 
     /// Whether `svc` is the very version our last status write was based on.
@@ -400,6 +401,76 @@ async fn problem_status(
     }
     Ok(())
 }
+
+/// How long a Service's rules may wait for loxilb before its status says they are queued:
+/// longer than one write takes on a loxilb that takes one per second, so a routine change
+/// does not flip the condition.
+const QUEUED_AFTER: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Runs `applying` (the pass's writes); when they still wait after [`QUEUED_AFTER`] in a
+/// loxilb's write window, the Service says so meanwhile: `Programmed` False, reason
+/// `Queued`, with how many writes are ahead of its first one and when it may go
+/// (docs/architecture.md#writing-to-a-slow-loxilb). It keeps the addresses it shows. Returns
+/// what `applying` returned, and the Service as that status write left it (the pass's own
+/// status write must be based on it).
+pub async fn while_queued<F>(
+    svc: &Service,
+    ctx: &Context,
+    group: &str,
+    held: &Held,
+    applying: F,
+) -> Result<(Programmed, Option<Service>), ReconcileError>
+where
+    F: std::future::Future<Output = Programmed>,
+{
+    let mut applying = std::pin::pin!(applying);
+    tokio::select! {
+        done = &mut applying => return Ok((done, None)),
+        () = tokio::time::sleep(QUEUED_AFTER) => {}
+    }
+    let (namespace, name) = (svc.namespace().unwrap_or_default(), svc.name_any());
+    let furthest = ctx
+        .fleet
+        .instances()
+        .iter()
+        .filter(|i| i.group() == group)
+        .filter_map(|i| {
+            i.queued(&namespace, &name)
+                .map(|p| (i.url().to_string(), p))
+        })
+        .max_by_key(|(_, p)| p.ahead);
+    let mut written = None;
+    if let Some((url, position)) = furthest {
+        let when = position
+            .estimate
+            .map(|d| format!(", about {} s", d.as_secs().max(1)))
+            .unwrap_or_default();
+        let message = format!(
+            "its rule writes wait for loxilb at {url}: {} write(s) ahead{when}",
+            position.ahead
+        );
+        ctx.report
+            .record_not_programmed(&owner_key(svc), Some(REASON_QUEUED));
+        let mut conditions = vec![
+            address_condition(svc, ctx, held),
+            Cond::new(COND_PROGRAMMED, false, REASON_QUEUED, message),
+        ];
+        conditions.extend(carried_over(svc, &[COND_ENDPOINTS]));
+        let want = DesiredStatus {
+            addresses: published_addresses(svc),
+            conditions,
+            ingress: status::ingress_mode(svc, ctx.settings.defaults),
+        };
+        written = ctx
+            .report
+            .write_status(&ctx.services_api(svc), svc, &want)
+            .await?;
+    }
+    Ok((applying.await, written))
+}
+
+/// The reason of `Programmed` while a Service's rule writes wait in a loxilb's write window.
+pub const REASON_QUEUED: &str = "Queued";
 
 /// Lets go of addresses the Service no longer wants; called after the pass's status write.
 /// Reads what it shows right now from the API server (not the store): an address it shows

@@ -194,7 +194,7 @@ pub async fn write(
     svc: &Service,
     want: &DesiredStatus,
     field_manager: &str,
-) -> kube::Result<()> {
+) -> kube::Result<Service> {
     let name = svc.metadata.name.clone().unwrap_or_default();
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let conditions: Vec<Condition> = want
@@ -237,8 +237,7 @@ pub async fn write(
     // manager; the address is unchanged, only its owner.
     let params = PatchParams::apply(field_manager).force();
     api.patch_status(&name, &params, &Patch::Apply(&patch))
-        .await?;
-    Ok(())
+        .await
 }
 
 /// Removes everything this manager wrote in the status (the Service is no longer ours).
