@@ -1,7 +1,7 @@
 //! Programming a slow loxilb: the simulator's `loxilb-0.9.8` cost profile (one rule write at a
 //! time, each completing at the next tick of loxilb's datapath worker), its tick shortened to
-//! 100 ms and the call timeout to 500 ms, so the shape is a real loxilb's at a tenth of the
-//! time. Writes go out as fast as loxilb takes them, never twice, the most urgent first, and a
+//! 200 ms and the call timeout to 1 s, so the shape is a real loxilb's at a fifth of the time
+//! (shorter, the machine's own delays would weigh as much as loxilb's). Writes go out as fast as loxilb takes them, never twice, the most urgent first, and a
 //! slow loxilb is never taken for a down one (docs/architecture.md#writing-to-a-slow-loxilb).
 
 mod common;
@@ -13,7 +13,7 @@ use common::*;
 use loxilb_sim::{Profile, SimConfig};
 
 const CLASS: &str = "loxilb.io/loxilb";
-const TICK: Duration = Duration::from_millis(100);
+const TICK: Duration = Duration::from_millis(200);
 const WAIT: Duration = Duration::from_secs(120);
 
 fn slow() -> SimConfig {
@@ -26,7 +26,7 @@ fn slow() -> SimConfig {
 fn options(admin_port: u16) -> Options {
     Options {
         admin_port: Some(admin_port),
-        extra_args: vec!["--loxilb-timeout=500ms".into()],
+        extra_args: vec!["--loxilb-timeout=1s".into()],
         ..Options::default()
     }
 }

@@ -181,16 +181,32 @@ fn answered<T>(turn: super::window::Turn<'_>, kind: WriteKind, result: &Result<T
     }
 }
 
-/// A write's end as a call result; `None` when it succeeded (the caller knows what that
-/// means for its kind of write). A write that timed out is not a failure of the instance:
-/// its outcome is unknown (`CallResult::Unknown`); a transport failure comes back as
-/// `Failed` for the caller to stop on.
-fn classify(key: RuleKey, sent: Sent) -> Option<CallResult> {
+/// What a DELETE did; `Err`: loxilb could not be reached (the pass stops there). A write
+/// that timed out is no such failure: its outcome is unknown (`CallResult::Unknown`).
+fn deleted(key: RuleKey, sent: Sent) -> Result<CallResult, ClientError> {
     match sent {
-        Sent::Superseded => Some(CallResult::Superseded),
-        Sent::Answered(Ok(())) => None,
-        Sent::Answered(Err(e @ ClientError::Timeout { .. })) => Some(CallResult::Unknown(key, e)),
-        Sent::Answered(Err(e)) => Some(CallResult::Failed(key, e)),
+        Sent::Superseded => Ok(CallResult::Superseded),
+        Sent::Answered(Ok(())) => Ok(CallResult::Deleted(key)),
+        Sent::Answered(Err(e @ ClientError::Timeout { .. })) => Ok(CallResult::Unknown(key, e)),
+        Sent::Answered(Err(e)) if is_transport(&e) => Err(e),
+        Sent::Answered(Err(e)) => Ok(CallResult::Failed(key, e)),
+    }
+}
+
+/// What a POST did, a refusal for one of loxilb's limits named as such; `Err` as for
+/// [`deleted`].
+fn posted(rule: Rule, update: bool, sent: Sent) -> Result<CallResult, ClientError> {
+    match sent {
+        Sent::Superseded => Ok(CallResult::Superseded),
+        Sent::Answered(Ok(())) => Ok(CallResult::Posted { rule, update }),
+        Sent::Answered(Err(e @ ClientError::Timeout { .. })) => {
+            Ok(CallResult::Unknown(rule.key, e))
+        }
+        Sent::Answered(Err(e)) if is_transport(&e) => Err(e),
+        Sent::Answered(Err(e)) => Ok(match limit_of(&e) {
+            Some(limit) => CallResult::Refused { rule, limit },
+            None => CallResult::Failed(rule.key, e),
+        }),
     }
 }
 
@@ -519,18 +535,17 @@ impl Instance {
                 )
             })
             .collect();
-        let deleted: Vec<Sent> = futures::stream::iter(calls)
+        let sent_deletes: Vec<Sent> = futures::stream::iter(calls)
             .buffered(parallel)
             .collect()
             .await;
         let mut transport = None;
-        for (rule, sent) in work.deletes.iter().zip(deleted) {
-            match classify(rule.key, sent) {
-                Some(CallResult::Failed(_, e)) if is_transport(&e) => {
+        for (rule, sent) in work.deletes.iter().zip(sent_deletes) {
+            match deleted(rule.key, sent) {
+                Ok(r) => out.push(r),
+                Err(e) => {
                     transport.get_or_insert(e);
                 }
-                Some(r) => out.push(r),
-                None => out.push(CallResult::Deleted(rule.key)),
             }
         }
         if transport.is_some() {
@@ -561,21 +576,16 @@ impl Instance {
                 )
             })
             .collect();
-        let posted: Vec<Sent> = futures::stream::iter(calls)
+        let sent_posts: Vec<Sent> = futures::stream::iter(calls)
             .buffered(parallel)
             .collect()
             .await;
-        for (rule, sent) in updates.into_iter().zip(posted) {
-            match classify(rule.key, sent) {
-                Some(CallResult::Failed(_, e)) if is_transport(&e) => {
+        for (rule, sent) in updates.into_iter().zip(sent_posts) {
+            match posted(rule, true, sent) {
+                Ok(r) => out.push(r),
+                Err(e) => {
                     transport.get_or_insert(e);
                 }
-                Some(CallResult::Failed(key, e)) => match limit_of(&e) {
-                    Some(limit) => out.push(CallResult::Refused { rule, limit }),
-                    None => out.push(CallResult::Failed(key, e)),
-                },
-                Some(r) => out.push(r),
-                None => out.push(CallResult::Posted { rule, update: true }),
             }
         }
         if transport.is_some() {
@@ -590,34 +600,26 @@ impl Instance {
             let sent = self
                 .delete(&rule.key, stored_bgp, urgency, sender.owner(), metrics)
                 .await;
-            match classify(rule.key, sent) {
-                Some(CallResult::Failed(_, e)) if is_transport(&e) => return (out, Some(e)),
-                Some(r) => {
+            match deleted(rule.key, sent) {
+                Err(e) => return (out, Some(e)),
+                Ok(r @ CallResult::Deleted(_)) => out.push(r),
+                Ok(r) => {
                     out.push(r);
                     continue;
                 }
-                None => out.push(CallResult::Deleted(rule.key)),
             }
             let sent = self
                 .post(&rule, false, urgency, sender.owner(), metrics)
                 .await;
-            match classify(rule.key, sent) {
-                Some(CallResult::Failed(_, e)) if is_transport(&e) => return (out, Some(e)),
-                Some(CallResult::Failed(key, e)) => match limit_of(&e) {
-                    Some(limit) => out.push(CallResult::Refused { rule, limit }),
-                    None => out.push(CallResult::Failed(key, e)),
-                },
-                Some(r) => out.push(r),
-                None => out.push(CallResult::Posted {
-                    rule,
-                    update: false,
-                }),
+            match posted(rule, false, sent) {
+                Err(e) => return (out, Some(e)),
+                Ok(r) => out.push(r),
             }
         }
         let mut created = Vec::new();
         let mut refused = false;
         for rule in work.creates {
-            let key = rule.key;
+            let (key, bgp) = (rule.key, rule.bgp);
             let sent = self
                 .post(
                     &rule,
@@ -627,24 +629,18 @@ impl Instance {
                     metrics,
                 )
                 .await;
-            match classify(key, sent) {
-                Some(CallResult::Failed(_, e)) if is_transport(&e) => return (out, Some(e)),
-                Some(CallResult::Failed(key, e)) => match limit_of(&e) {
-                    Some(limit) => {
-                        out.push(CallResult::Refused { rule, limit });
-                        refused = true;
-                        break;
-                    }
-                    None => out.push(CallResult::Failed(key, e)),
-                },
-                Some(r) => out.push(r),
-                None => {
-                    created.push((key, rule.bgp));
-                    out.push(CallResult::Posted {
-                        rule,
-                        update: false,
-                    });
+            match posted(rule, false, sent) {
+                Err(e) => return (out, Some(e)),
+                Ok(r @ CallResult::Posted { .. }) => {
+                    created.push((key, bgp));
+                    out.push(r);
                 }
+                Ok(r @ CallResult::Refused { .. }) => {
+                    out.push(r);
+                    refused = true;
+                    break;
+                }
+                Ok(r) => out.push(r),
             }
         }
         if refused {
@@ -653,14 +649,14 @@ impl Instance {
                 let sent = self
                     .delete(&key, bgp, Urgency::Restore, sender.owner(), metrics)
                     .await;
-                match classify(key, sent) {
-                    Some(CallResult::Failed(_, e)) if is_transport(&e) => return (out, Some(e)),
-                    Some(CallResult::Failed(key, e)) => {
+                match deleted(key, sent) {
+                    Err(e) => return (out, Some(e)),
+                    Ok(CallResult::Deleted(key)) => out.push(CallResult::RolledBack(key)),
+                    Ok(CallResult::Failed(key, e)) => {
                         warn!(instance = self.url(), %key, error = %e, "could not roll back a rule");
                         out.push(CallResult::Failed(key, e));
                     }
-                    Some(r) => out.push(r),
-                    None => out.push(CallResult::RolledBack(key)),
+                    Ok(r) => out.push(r),
                 }
             }
         }
