@@ -219,3 +219,71 @@ async fn a_service_whose_writes_wait_says_queued_until_programmed() {
     assert_eq!(w.sim.rules().len(), 40);
     w.finish().await;
 }
+
+/// A Service deleted while its create waits in the window costs no write: the waiting
+/// create is dropped unsent, and there is nothing to delete.
+#[tokio::test]
+async fn a_service_deleted_while_its_create_waits_costs_no_write() {
+    let port = testenv::free_port().unwrap();
+    let w = World::with_sim("economy-dropped", options(port), slow()).await;
+    w.add_node("node-a", "10.7.3.1").await;
+    let names: Vec<String> = (0..30).map(|i| format!("d{i:02}")).collect();
+    for name in &names {
+        w.create(&World::lb_service(name, Some(CLASS), &[(80, "TCP")]))
+            .await;
+    }
+    // The Service with the most writes ahead of its own: it waits longest.
+    let gone = wait_for("a Service queued behind several writes", WAIT, || async {
+        let mut furthest: Option<(usize, String)> = None;
+        for name in &names {
+            let svc = w.get(name).await?;
+            let Some((_, reason, message)) = World::condition(&svc, "loxilb.io/Programmed") else {
+                continue;
+            };
+            let ahead: usize = message
+                .split(": ")
+                .nth(1)
+                .and_then(|rest| rest.split(' ').next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            if reason == "Queued" && ahead >= 4 && furthest.as_ref().is_none_or(|f| ahead > f.0) {
+                furthest = Some((ahead, name.clone()));
+            }
+        }
+        furthest.map(|(_, name)| name)
+    })
+    .await;
+    let deletes_before = w
+        .sim
+        .write_log()
+        .iter()
+        .filter(|l| l.method == "DELETE")
+        .count();
+    w.services.delete(&gone, &Default::default()).await.unwrap();
+    wait_for("the deleted Service gone", WAIT, || async {
+        w.get(&gone).await.is_none().then_some(())
+    })
+    .await;
+    wait_for("29 rules", WAIT, || async {
+        (w.sim.rules().len() == 29).then_some(())
+    })
+    .await;
+    let deletes = w
+        .sim
+        .write_log()
+        .iter()
+        .filter(|l| l.method == "DELETE")
+        .count()
+        - deletes_before;
+    let posts = w.sim.rule_posts();
+    eprintln!("{gone} deleted while queued: {posts} rule POSTs, {deletes} DELETEs");
+    assert_eq!(
+        deletes, 0,
+        "a rule of the deleted Service was created, then deleted"
+    );
+    assert_eq!(
+        posts, 29,
+        "one write per remaining rule, none for the deleted Service"
+    );
+    w.finish().await;
+}

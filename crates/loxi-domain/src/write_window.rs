@@ -180,6 +180,16 @@ impl WriteWindow {
         }
     }
 
+    /// A waiting write no longer wanted (its Service is being deleted): dropped unsent at
+    /// the next decision, as a superseded one.
+    pub fn drop_waiting(&mut self, ticket: Ticket) {
+        let Some(key) = self.waiting.get(&ticket).map(|w| w.key) else {
+            return;
+        };
+        self.forget_newest(key, ticket);
+        self.stale.push(ticket);
+    }
+
     fn forget_newest(&mut self, key: Option<RuleKey>, ticket: Ticket) {
         if let Some(k) = key
             && self.newest.get(&k) == Some(&ticket)
@@ -457,6 +467,24 @@ mod tests {
         assert_eq!(w.depth(), 0);
         assert_eq!(w.decide(), None);
         assert_eq!(w.superseded(), 0);
+    }
+
+    #[test]
+    fn a_dropped_waiting_write_is_never_sent() {
+        let mut w = window(1);
+        let now = Instant::now();
+        let busy = w.enqueue(Some(key(9)), Urgency::Change, now);
+        assert_eq!(w.decide(), Some(Grant::Send(busy)));
+        let unwanted = w.enqueue(Some(key(1)), Urgency::Restore, now);
+        let other = w.enqueue(Some(key(2)), Urgency::Change, now);
+        w.drop_waiting(unwanted);
+        assert_eq!(w.decide(), Some(Grant::Superseded(unwanted)));
+        w.answered(WriteKind::Post, Duration::ZERO, 1);
+        assert_eq!(w.decide(), Some(Grant::Send(other)));
+        // A later write of the same rule is not affected.
+        let again = w.enqueue(Some(key(1)), Urgency::Change, now);
+        w.answered(WriteKind::Post, Duration::ZERO, 1);
+        assert_eq!(w.decide(), Some(Grant::Send(again)));
     }
 
     #[test]

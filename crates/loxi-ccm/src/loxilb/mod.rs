@@ -375,6 +375,11 @@ impl Instance {
         self.window.queued(&format!("{namespace}/{name}"))
     }
 
+    /// Drops the Service's writes that still wait in the window (it is being deleted).
+    pub fn drop_queued(&self, namespace: &str, name: &str) {
+        self.window.drop_owner(&format!("{namespace}/{name}"));
+    }
+
     /// Sets the most writes in flight to it at once (`--loxilb-write-window`).
     pub fn set_write_window(&self, max: usize) {
         self.window

@@ -192,6 +192,21 @@ impl Window {
         }
     }
 
+    /// Drops the Service's waiting writes unsent (it is being deleted: they would only cost
+    /// loxilb time, and its rules are taken away anyway).
+    pub fn drop_owner(&self, owner: &str) {
+        let mut inner = self.lock();
+        let tickets: Vec<Ticket> = inner
+            .by_owner
+            .get(owner)
+            .map(|t| t.iter().copied().collect())
+            .unwrap_or_default();
+        for t in tickets {
+            inner.window.drop_waiting(t);
+        }
+        inner.dispatch();
+    }
+
     /// Where the Service's first waiting write stands (`None`: it has none waiting).
     pub fn queued(&self, owner: &str) -> Option<Position> {
         let inner = self.lock();

@@ -122,6 +122,12 @@ pub async fn deletions(ctx: Arc<Context>, mut rx: mpsc::UnboundedReceiver<Deleti
     while let Some(deletion) = rx.recv().await {
         match deletion {
             Deletion::Deleting(svc_ref) => {
+                // Its writes still waiting for a loxilb go unsent: a Service deleted while
+                // its create waited costs no write at all.
+                let namespace = svc_ref.namespace.clone().unwrap_or_default();
+                for inst in ctx.fleet.instances().iter() {
+                    inst.drop_queued(&namespace, &svc_ref.name);
+                }
                 if let Some(svc) = ctx.inputs.services.get(&svc_ref) {
                     ctx.teardown.deleting(&ctx, &svc);
                 }
