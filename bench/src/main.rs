@@ -299,7 +299,10 @@ async fn main() -> Result<()> {
     if let Some(name) = &args.profile {
         let tick = Duration::from_millis(args.profile_tick_ms);
         let Some(p) = loxilb_sim::Profile::named(name, tick) else {
-            bail!("--profile {name} with --profile-tick-ms {}", args.profile_tick_ms);
+            bail!(
+                "--profile {name} with --profile-tick-ms {}",
+                args.profile_tick_ms
+            );
         };
         return profile::main(&args, &root, &ccm_bin, command, p).await;
     }
@@ -308,7 +311,10 @@ async fn main() -> Result<()> {
     let date = command_output("date", &["-u", "+%Y-%m-%d %H:%M:%S UTC"]);
     progress(&format!(
         "N={:?}, {} ports, {} nodes, {flips} flips, steady {}/s, load {load_before}",
-        args.n, args.ports, args.nodes(), args.rate
+        args.n,
+        args.ports,
+        args.nodes(),
+        args.rate
     ));
     let run_started = Instant::now();
 

@@ -271,14 +271,20 @@ async fn follow_node(
 
 /// Quiet time before a phase's writes are counted: 2 s, and at least 5 ticks.
 fn quiet(profile: Profile) -> Duration {
-    profile
-        .tick()
-        .map_or(Duration::from_secs(2), |t| (t * 5).max(Duration::from_secs(2)))
+    profile.tick().map_or(Duration::from_secs(2), |t| {
+        (t * 5).max(Duration::from_secs(2))
+    })
 }
 
 /// The phases against loxi-ccm (default flags plus any `--ccm-arg`).
 #[allow(clippy::too_many_lines)]
-async fn run_ccm(env: &Env, lb: &Loxilb, profile: Profile, n: usize, out: &mut Value) -> Result<()> {
+async fn run_ccm(
+    env: &Env,
+    lb: &Loxilb,
+    profile: Profile,
+    n: usize,
+    out: &mut Value,
+) -> Result<()> {
     let args = &env.args;
     let total = n * args.ports;
     let (quiet, timeout) = (quiet(profile), env.timeout);
@@ -603,6 +609,10 @@ fn tick_s(results: &Value) -> Option<f64> {
     results["config"]["tick_ms"].as_f64().map(|ms| ms / 1000.0)
 }
 
+/// A phase's value and whether it meets its target, from loxi-ccm's phase and its bound
+/// (`None`: not measured).
+type Check = dyn Fn(&Value, &Value) -> Option<(Value, bool)>;
+
 /// Every target, per run and phase where it applies: `{name, per N: value and met}`.
 pub fn targets(results: &Value) -> Value {
     let tick = tick_s(results);
@@ -623,7 +633,7 @@ pub fn targets(results: &Value) -> Value {
         .map(|r| r.iter().filter(|r| r.get("error").is_none()).collect())
         .unwrap_or_default();
     for ph in &PHASES {
-        let per_run = |f: &dyn Fn(&Value, &Value) -> Option<(Value, bool)>| {
+        let per_run = |f: &Check| {
             runs.iter()
                 .filter_map(|r| {
                     let (v, ok) = f(&r["ccm"][ph.key], &r["bound"][ph.key])?;
@@ -696,8 +706,16 @@ pub fn targets(results: &Value) -> Value {
         .filter(|r| r["rules"].as_u64().is_some_and(|x| x >= 500))
         .collect();
     for (key, goal, limit) in [
-        ("first_rule_s", "first rule changed < 1.5 ticks", FIRST_RULE_TICKS),
-        ("first_service_s", "all rules of one Service < 3 ticks", FIRST_SERVICE_TICKS),
+        (
+            "first_rule_s",
+            "first rule changed < 1.5 ticks",
+            FIRST_RULE_TICKS,
+        ),
+        (
+            "first_service_s",
+            "all rules of one Service < 3 ticks",
+            FIRST_SERVICE_TICKS,
+        ),
     ] {
         add(
             format!("Node deletion with ≥ 500 updates queued: {goal} (ticks)"),
@@ -798,17 +816,15 @@ pub fn render(results: &Value) -> String {
         .collect();
     let align: String = runs.iter().map(|_| "---:|").collect();
     for ph in &PHASES {
-        let _ = writeln!(
-            s,
-            "\n#### {}\n\n| metric |{header}\n|---|{align}",
-            ph.title
-        );
+        let _ = writeln!(s, "\n#### {}\n\n| metric |{header}\n|---|{align}", ph.title);
         let row = |s: &mut String, label: &str, f: &dyn Fn(&Value) -> Value| {
             let cells: String = runs.iter().map(|r| format!(" {} |", fmt(&f(r)))).collect();
             let _ = writeln!(s, "| {label} |{cells}");
         };
         let k = ph.key;
-        row(&mut s, "minimum rule writes", &|r| r["bound"][k]["min_writes"].clone());
+        row(&mut s, "minimum rule writes", &|r| {
+            r["bound"][k]["min_writes"].clone()
+        });
         row(
             &mut s,
             if ph.ticked {
@@ -818,16 +834,24 @@ pub fn render(results: &Value) -> String {
             },
             &|r| r["bound"][k]["lower_bound_s"].clone(),
         );
-        row(&mut s, "**loxi-ccm time** (s)", &|r| r["ccm"][k]["time_s"].clone());
+        row(&mut s, "**loxi-ccm time** (s)", &|r| {
+            r["ccm"][k]["time_s"].clone()
+        });
         row(&mut s, "loxi-ccm / lower bound", &|r| {
             ratio(&r["ccm"][k]["time_s"], &r["bound"][k]["lower_bound_s"])
         });
-        row(&mut s, "**loxi-ccm rule writes**", &|r| writes_cell(&r["ccm"][k]));
-        row(&mut s, "baseline time (s)", &|r| r["baseline"][k]["time_s"].clone());
+        row(&mut s, "**loxi-ccm rule writes**", &|r| {
+            writes_cell(&r["ccm"][k])
+        });
+        row(&mut s, "baseline time (s)", &|r| {
+            r["baseline"][k]["time_s"].clone()
+        });
         row(&mut s, "baseline / lower bound", &|r| {
             ratio(&r["baseline"][k]["time_s"], &r["bound"][k]["lower_bound_s"])
         });
-        row(&mut s, "baseline rule writes", &|r| writes_cell(&r["baseline"][k]));
+        row(&mut s, "baseline rule writes", &|r| {
+            writes_cell(&r["baseline"][k])
+        });
         row(&mut s, "loxi-ccm / baseline (time)", &|r| {
             ratio(&r["ccm"][k]["time_s"], &r["baseline"][k]["time_s"])
         });
@@ -918,7 +942,11 @@ pub fn render(results: &Value) -> String {
                 .flatten()
                 .map(|(w, v)| format!("`{w}` × {}", fmt(v)))
                 .collect();
-            json!(if o.is_empty() { "none".into() } else { o.join(", ") })
+            json!(if o.is_empty() {
+                "none".into()
+            } else {
+                o.join(", ")
+            })
         });
     }
     s
@@ -1041,7 +1069,11 @@ mod tests {
         assert_eq!(met("burst: time"), Some(json!(true)));
         assert_eq!(met("node_deleted: time"), Some(json!(false)));
         assert_eq!(met("node_deleted: rule writes"), Some(json!(false)));
-        assert_eq!(met("teardown: time"), None, "no time target without a tick cost");
+        assert_eq!(
+            met("teardown: time"),
+            None,
+            "no time target without a tick cost"
+        );
         assert_eq!(
             met("Node deletion with ≥ 500 updates queued: first rule"),
             Some(json!(true))

@@ -528,7 +528,13 @@ pub fn render(results: &Value) -> String {
 /// Replaces the text between `begin` and `end` of `old` with `generated` (markers included);
 /// without them, puts it right after the first of `after` (other sections' end markers)
 /// that `old` holds, or at the end.
-pub fn splice_section(old: &str, begin: &str, end: &str, after: &[&str], generated: &str) -> String {
+pub fn splice_section(
+    old: &str,
+    begin: &str,
+    end: &str,
+    after: &[&str],
+    generated: &str,
+) -> String {
     let block = format!("{begin}\n{generated}{end}");
     match (old.find(begin), old.find(end)) {
         (Some(b), Some(e)) if e > b => format!("{}{block}{}", &old[..b], &old[e + end.len()..]),
