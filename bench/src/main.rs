@@ -246,6 +246,17 @@ async fn main() -> Result<()> {
             println!("{}", fleet::summary_text(&results));
             return Ok(());
         }
+        if results["config"]["profile"].is_string() {
+            results["targets"] = profile::targets(&results);
+            std::fs::write(path, serde_json::to_string_pretty(&results)?)?;
+            let md = args
+                .markdown
+                .clone()
+                .unwrap_or_else(|| root.join("docs/BENCHMARKS.md"));
+            profile::write_markdown(&md, &results)?;
+            println!("{}", profile::summary_text(&results));
+            return Ok(());
+        }
         results["targets"] = report::targets(&results);
         std::fs::write(path, serde_json::to_string_pretty(&results)?)?;
         let md = args

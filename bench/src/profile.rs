@@ -818,7 +818,7 @@ pub fn render(results: &Value) -> String {
     for ph in &PHASES {
         let _ = writeln!(s, "\n#### {}\n\n| metric |{header}\n|---|{align}", ph.title);
         let row = |s: &mut String, label: &str, f: &dyn Fn(&Value) -> Value| {
-            let cells: String = runs.iter().map(|r| format!(" {} |", fmt(&f(r)))).collect();
+            let cells: String = runs.iter().map(|r| format!(" {} |", cell(&f(r)))).collect();
             let _ = writeln!(s, "| {label} |{cells}");
         };
         let k = ph.key;
@@ -952,6 +952,14 @@ pub fn render(results: &Value) -> String {
     s
 }
 
+/// A table cell: text as is, numbers as `fmt` writes them.
+fn cell(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => fmt(other),
+    }
+}
+
 /// `total (POST 2xx, POST refused, DELETE)` of one phase's rule writes.
 fn writes_cell(p: &Value) -> Value {
     if p["rule_writes"].is_null() {
@@ -1082,6 +1090,10 @@ mod tests {
         results["targets"] = t;
         let md = render(&results);
         assert!(md.contains("| loxi-ccm / lower bound | 1.02 |"), "{md}");
+        assert!(
+            md.contains("| 500 (– POST 2xx"),
+            "text cells unquoted: {md}"
+        );
         let once = crate::report::splice_section("# B\n", BEGIN, END, &[], &md);
         let twice = crate::report::splice_section(&once, BEGIN, END, &[], "x\n");
         assert!(twice.contains(&format!("{BEGIN}\nx\n{END}")) && !twice.contains("1.02"));
