@@ -8,7 +8,8 @@
 //! loxilb-client's `apply_rule`), one server-side-apply status patch with a sequential
 //! ingress IP. Per deleted Service: two rule DELETEs, the claim's deletion and one finalizer
 //! merge patch. No Events, no conditions, no re-planning, no bookkeeping beyond a name ->
-//! rules map.
+//! rules map. It watches no Node: the benchmark tells it of a Node change
+//! ([`Baseline::reprogram`]) as it tells it of a loxilb restart ([`Baseline::replay`]).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
@@ -44,6 +45,7 @@ enum Phase {
 
 struct Shared {
     api: Api<Service>,
+    namespace: String,
     /// `AddressClaim`s (ipam.loxilb.io/v1alpha1), untyped: the baseline knows nothing of
     /// loxi-ccm's code.
     claims: Api<DynamicObject>,
@@ -79,6 +81,7 @@ impl Baseline {
         );
         let shared = Arc::new(Shared {
             api: Api::namespaced(client.clone(), namespace),
+            namespace: namespace.to_string(),
             claims: Api::all_with(client.clone(), &claim_resource),
             claim_resource,
             lb: LoxilbClient::new(ClientConfig::new(loxilb_url))?,
@@ -131,15 +134,59 @@ impl Baseline {
             .flatten()
             .cloned()
             .collect();
-        let n = all.len();
+        self.post_all(all).await
+    }
+
+    /// Re-POSTs every rule it has programmed with the endpoints `node_ips` give (what a Node
+    /// deleted or added asks of any controller when every rule forwards to every Node: one
+    /// update per rule); the rules written.
+    pub async fn reprogram(&self, node_ips: &[IpAddr]) -> Result<usize> {
+        let all: Vec<LoadbalanceEntry> = {
+            let mut rules = self
+                .shared
+                .rules
+                .lock()
+                .map_err(|_| anyhow::anyhow!("poisoned"))?;
+            for (name, list) in rules.iter_mut() {
+                let chosen = stable_subset(
+                    &format!("{}/{name}", self.shared.namespace),
+                    node_ips,
+                    MAX_ENDPOINTS,
+                );
+                for rule in list.iter_mut() {
+                    let node_port = rule.endpoints.first().map_or(0, |e| e.target_port);
+                    rule.endpoints = endpoints(&chosen, node_port);
+                }
+            }
+            rules.values().flatten().cloned().collect()
+        };
+        self.post_all(all).await
+    }
+
+    /// POSTs `rules`, as many in flight as Services are worked on at once.
+    async fn post_all(&self, rules: Vec<LoadbalanceEntry>) -> Result<usize> {
+        let n = rules.len();
         let lb = &self.shared.lb;
-        futures::stream::iter(all)
+        futures::stream::iter(rules)
             .map(move |rule| async move { lb.apply_rule(&rule).await })
             .buffer_unordered(self.concurrency)
             .try_for_each(|_| async { Ok(()) })
             .await?;
         Ok(n)
     }
+}
+
+/// One endpoint per chosen Node, `NodeIP:NodePort`, weight 1.
+fn endpoints(chosen: &[IpAddr], node_port: u16) -> Vec<EndpointEntry> {
+    chosen
+        .iter()
+        .map(|ip| EndpointEntry {
+            endpoint_ip: ip.to_string(),
+            target_port: node_port,
+            weight: 1,
+            ..EndpointEntry::default()
+        })
+        .collect()
 }
 
 impl Drop for Baseline {
@@ -259,15 +306,7 @@ impl Shared {
                     name: RuleName::new(&self.cluster, &ns, &name, port, Protocol::Tcp).to_string(),
                     ..ServiceArguments::default()
                 },
-                endpoints: chosen
-                    .iter()
-                    .map(|ip| EndpointEntry {
-                        endpoint_ip: ip.to_string(),
-                        target_port: node_port,
-                        weight: 1,
-                        ..EndpointEntry::default()
-                    })
-                    .collect(),
+                endpoints: endpoints(&chosen, node_port),
                 ..LoadbalanceEntry::default()
             });
         }

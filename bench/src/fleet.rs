@@ -208,7 +208,7 @@ pub async fn main(args: &Args, root: &Path, ccm_bin: &Path, command: String) -> 
             "groups": args.fleet_groups,
             "loxilbs_per_group": args.fleet_loxilbs_per_group,
             "loxilb_max_rules": args.fleet_max_rules,
-            "nodes": args.nodes,
+            "nodes": args.nodes(),
             "create_concurrency": args.create_concurrency,
             "ccm_bin": ccm_bin.display().to_string(),
             "ccm_extra_args": args.ccm_args,
@@ -763,17 +763,7 @@ pub fn render(results: &Value) -> String {
 /// Replaces the text between `BEGIN` and `END` of `old` with `generated` (markers included);
 /// without them, puts it right after the main generated section (report.rs) or at the end.
 pub fn splice(old: &str, generated: &str) -> String {
-    let block = format!("{BEGIN}\n{generated}{END}");
-    match (old.find(BEGIN), old.find(END)) {
-        (Some(b), Some(e)) if e > b => format!("{}{block}{}", &old[..b], &old[e + END.len()..]),
-        _ => match old.find(crate::report::END) {
-            Some(e) => {
-                let at = e + crate::report::END.len();
-                format!("{}\n\n{block}{}", &old[..at], &old[at..])
-            }
-            None => format!("{}\n\n{block}\n", old.trim_end()),
-        },
-    }
+    crate::report::splice_section(old, BEGIN, END, &[crate::report::END], generated)
 }
 
 pub fn write_markdown(path: &Path, results: &Value) -> Result<()> {

@@ -10,6 +10,7 @@ mod baseline;
 mod ccm;
 mod cluster;
 mod fleet;
+mod profile;
 mod report;
 mod scale;
 mod stats;
@@ -42,9 +43,10 @@ pub struct Args {
     /// TCP ports per Service (one rule each).
     #[arg(long, default_value_t = 2)]
     ports: usize,
-    /// Ready Nodes with an InternalIP.
-    #[arg(long, default_value_t = 50)]
-    nodes: usize,
+    /// Ready Nodes with an InternalIP. Default 50 (--profile: 3, so that every rule forwards
+    /// to every Node).
+    #[arg(long)]
+    nodes: Option<usize>,
     /// Node readiness flips in the endpoint-churn scenario. Default 100 (quick: 20).
     #[arg(long)]
     flips: Option<usize>,
@@ -117,6 +119,24 @@ pub struct Args {
     /// default --loxilb-max-rules unless given with --ccm-arg).
     #[arg(long, default_value_t = 2048)]
     fleet_max_rules: usize,
+    /// Run only the slow-loxilb scenario set (docs/BENCHMARKS.md, "On a slow loxilb") on a
+    /// simulator with this cost profile: `instant` or `loxilb-0.9.8`. Writes
+    /// target/bench/results-profile.json and that section of docs/BENCHMARKS.md. Default N:
+    /// 100,250.
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(loxilb_sim::Profile::NAMES))]
+    profile: Option<String>,
+    /// The profile's datapath tick, ms (1000 on loxilb 0.9.8; shorter runs the same shape
+    /// faster).
+    #[arg(long, default_value_t = 1000)]
+    profile_tick_ms: u64,
+}
+
+impl Args {
+    /// `--nodes`, or its default: 3 for `--profile`, else 50.
+    fn nodes(&self) -> usize {
+        self.nodes
+            .unwrap_or(if self.profile.is_some() { 3 } else { 50 })
+    }
 }
 
 fn parse_env(s: &str) -> Result<(String, String), String> {
@@ -197,7 +217,9 @@ fn machine() -> Value {
 async fn main() -> Result<()> {
     let mut args = Args::parse();
     if args.n.is_empty() {
-        args.n = if args.quick {
+        args.n = if args.profile.is_some() {
+            vec![100, 250]
+        } else if args.quick {
             vec![50]
         } else {
             vec![250, 500, 1000]
@@ -222,6 +244,17 @@ async fn main() -> Result<()> {
                 .unwrap_or_else(|| root.join("docs/BENCHMARKS.md"));
             fleet::write_markdown(&md, &results)?;
             println!("{}", fleet::summary_text(&results));
+            return Ok(());
+        }
+        if results["config"]["profile"].is_string() {
+            results["targets"] = profile::targets(&results);
+            std::fs::write(path, serde_json::to_string_pretty(&results)?)?;
+            let md = args
+                .markdown
+                .clone()
+                .unwrap_or_else(|| root.join("docs/BENCHMARKS.md"));
+            profile::write_markdown(&md, &results)?;
+            println!("{}", profile::summary_text(&results));
             return Ok(());
         }
         results["targets"] = report::targets(&results);
@@ -274,12 +307,25 @@ async fn main() -> Result<()> {
     if args.fleet {
         return fleet::main(&args, &root, &ccm_bin, command).await;
     }
+    if let Some(name) = &args.profile {
+        let tick = Duration::from_millis(args.profile_tick_ms);
+        let Some(p) = loxilb_sim::Profile::named(name, tick) else {
+            bail!(
+                "--profile {name} with --profile-tick-ms {}",
+                args.profile_tick_ms
+            );
+        };
+        return profile::main(&args, &root, &ccm_bin, command, p).await;
+    }
 
     let load_before = loadavg();
     let date = command_output("date", &["-u", "+%Y-%m-%d %H:%M:%S UTC"]);
     progress(&format!(
         "N={:?}, {} ports, {} nodes, {flips} flips, steady {}/s, load {load_before}",
-        args.n, args.ports, args.nodes, args.rate
+        args.n,
+        args.ports,
+        args.nodes(),
+        args.rate
     ));
     let run_started = Instant::now();
 
@@ -330,7 +376,7 @@ async fn main() -> Result<()> {
         "config": {
             "n": args.n,
             "ports": args.ports,
-            "nodes": args.nodes,
+            "nodes": args.nodes(),
             "flips": flips,
             "steady_rate_per_s": args.rate,
             "create_concurrency": args.create_concurrency,
@@ -423,8 +469,8 @@ async fn start_cluster(args: &Args, root: &Path, api_args: &[&str]) -> Result<Cl
         .collect();
     install_crds(&cp, root)?;
     warm_up_claims(&client).await?;
-    progress(&format!("creating {} nodes", args.nodes));
-    let nodes = cluster::create_nodes(&client, args.nodes).await?;
+    progress(&format!("creating {} nodes", args.nodes()));
+    let nodes = cluster::create_nodes(&client, args.nodes()).await?;
     Ok(Cluster {
         cp,
         client,

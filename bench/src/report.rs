@@ -525,6 +525,26 @@ pub fn render(results: &Value) -> String {
 }
 
 /// Rewrites the generated section of `path`, keeping everything outside the markers.
+/// Replaces the text between `begin` and `end` of `old` with `generated` (markers included);
+/// without them, puts it right after the first of `after` (other sections' end markers)
+/// that `old` holds, or at the end.
+pub fn splice_section(
+    old: &str,
+    begin: &str,
+    end: &str,
+    after: &[&str],
+    generated: &str,
+) -> String {
+    let block = format!("{begin}\n{generated}{end}");
+    match (old.find(begin), old.find(end)) {
+        (Some(b), Some(e)) if e > b => format!("{}{block}{}", &old[..b], &old[e + end.len()..]),
+        _ => match after.iter().find_map(|m| old.find(m).map(|e| e + m.len())) {
+            Some(at) => format!("{}\n\n{block}{}", &old[..at], &old[at..]),
+            None => format!("{}\n\n{block}\n", old.trim_end()),
+        },
+    }
+}
+
 pub fn write_markdown(path: &Path, results: &Value) -> Result<()> {
     let generated = format!("{BEGIN}\n{}{END}", render(results));
     let text = match std::fs::read_to_string(path) {

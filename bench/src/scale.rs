@@ -36,7 +36,7 @@ async fn settle(tracker: &Tracker, quiet: Duration, timeout: Duration) -> Result
 
 /// Polls the tracker and the simulator together until every Service shows an IP and the
 /// simulator holds `rules` rules; returns (all IPs seen, both true), measured from `t0`.
-async fn wait_converged(
+pub(crate) async fn wait_converged(
     env: &Env,
     tracker: &Tracker,
     n: usize,
@@ -69,7 +69,7 @@ async fn wait_converged(
 
 /// Deletes the Services and waits until the simulator holds no rule and every object is
 /// gone; returns (rules gone, objects gone), measured from the first delete.
-async fn teardown(
+pub(crate) async fn teardown(
     env: &Env,
     api: &Api<Service>,
     names: &[String],
@@ -119,18 +119,17 @@ async fn teardown(
     }
 }
 
-/// Wipes the simulator and waits until it holds `rules` rules again; returns (first rule
-/// back, all back).
 /// When the replay after a wipe at `t0` made progress.
-struct Replay {
+pub(crate) struct Replay {
     /// The simulator's first API call after the wipe (its counter restarts at 0): the
     /// controller's probe that notices the restart; the baseline's first POST.
-    noticed: Duration,
-    first_rule: Duration,
-    all: Duration,
+    pub noticed: Duration,
+    pub first_rule: Duration,
+    pub all: Duration,
 }
 
-async fn wait_replay(env: &Env, rules: usize, t0: Instant) -> Result<Replay> {
+/// Waits (after a wipe at `t0`) until the simulator holds `rules` rules again.
+pub(crate) async fn wait_replay(env: &Env, rules: usize, t0: Instant) -> Result<Replay> {
     let mut noticed = None;
     let mut first = None;
     loop {

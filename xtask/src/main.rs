@@ -11,7 +11,8 @@
 //!   built fails the run.
 //! - `deny`: `cargo deny check licenses bans sources` against `deny.toml`, with a cargo-deny
 //!   of a pinned version installed once into the cache (works offline afterwards).
-//! - `bench [--quick | --fleet]`: builds the release binaries and runs `loxi-bench`
+//! - `bench [--quick | --fleet | --profile <instant|loxilb-0.9.8> [--profile-tick-ms MS]]`:
+//!   builds the release binaries and runs `loxi-bench` with the flags given
 //!   (docs/BENCHMARKS.md).
 //! - `manifests`: renders the plain manifests of `deploy/` from the Helm chart
 //!   (`charts/loxi-ccm`, values `charts/deploy-values.yaml`); the chart tests fail while
@@ -66,15 +67,16 @@ fn main() -> Result<()> {
         Some("manifests") => manifests(),
         _ => {
             eprintln!(
-                "usage: cargo xtask <demo [--exit] | test | deny | bench [--quick | --fleet] [loxi-bench flags] | manifests>"
+                "usage: cargo xtask <demo [--exit] | test | deny | bench [--quick | --fleet | --profile <instant|loxilb-0.9.8> [--profile-tick-ms MS]] [loxi-bench flags] | manifests>"
             );
             std::process::exit(2);
         }
     }
 }
 
-/// `bench [--quick] [flags]`: the release loxi-ccm binary against a real API server and the
-/// simulator (see bench/ and docs/BENCHMARKS.md); `--help` lists the flags.
+/// `bench [--quick | --fleet | --profile NAME] [flags]`: the release loxi-ccm binary against
+/// a real API server and the simulator (see bench/ and docs/BENCHMARKS.md); every flag goes
+/// to `loxi-bench` as given (`--profile`, `--profile-tick-ms` included); `--help` lists them.
 fn bench(args: &[String]) -> Result<()> {
     let mut build = cargo();
     build.args(["build", "--release", "-p", "loxi-ccm", "-p", "loxi-bench"]);
