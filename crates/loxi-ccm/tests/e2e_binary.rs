@@ -754,6 +754,7 @@ async fn a_frozen_leader_once_resumed_writes_nothing_to_loxilb() {
     let logged_before = sim.write_log().len();
 
     let mut frozen = frozen;
+    let resumed_at = sim.uptime();
     unsafe {
         libc_kill(frozen.0.id() as i32, 18); // SIGCONT
     }
@@ -773,18 +774,31 @@ async fn a_frozen_leader_once_resumed_writes_nothing_to_loxilb() {
         .iter()
         .map(|w| {
             format!(
-                "{} {} {} by {}",
+                "{} {} {} by {} (accepted {:?}, completed {:?} after the simulator's start)",
                 w.method,
                 w.path,
                 w.status,
-                w.caller.as_deref().unwrap_or("?")
+                w.caller.as_deref().unwrap_or("?"),
+                w.accepted,
+                w.completed
             )
         })
         .collect();
+    // Read before the check: on a failure its tail tells what the old leader did on resuming
+    // (the control plane's directory does not outlive the run).
+    let log = std::fs::read_to_string(
+        cp.dir()
+            .join(format!("pause-{}.log", if leader == 0 { 1 } else { 2 })),
+    )
+    .unwrap_or_default();
+    let tail: Vec<&str> = log.lines().rev().take(60).collect();
     assert_eq!(
         sim.writes_from(&old_leader),
         old_writes_before,
-        "the resumed old leader {old_leader} wrote to loxilb: {since:?}"
+        "the resumed old leader {old_leader} wrote to loxilb: {since:?}; SIGCONT {:?} after \
+         the simulator's start; its log, last lines first:\n{}",
+        resumed_at,
+        tail.join("\n")
     );
     // Anybody else's (the new leader's) are only reported.
     eprintln!(
@@ -795,11 +809,6 @@ async fn a_frozen_leader_once_resumed_writes_nothing_to_loxilb() {
     let ips: std::collections::BTreeSet<String> =
         sim.rules().into_iter().map(|r| r.external_ip).collect();
     assert_eq!(ips, live, "rules for exactly the live Services");
-    let log = std::fs::read_to_string(
-        cp.dir()
-            .join(format!("pause-{}.log", if leader == 0 { 1 } else { 2 })),
-    )
-    .unwrap_or_default();
     eprintln!(
         "old leader after SIGCONT: {} write(s) stopped by the Lease check",
         log.matches("may no longer write").count()

@@ -722,6 +722,12 @@ impl Simulator {
             .map(|(_, state, _)| state)
     }
 
+    /// Time since the simulator started: the clock of [`SimWrite::accepted`] and
+    /// [`SimWrite::completed`].
+    pub fn uptime(&self) -> Duration {
+        self.inner.shared.born.elapsed()
+    }
+
     /// The API writes (every call but GET) answered since start or the last restart, in
     /// order, with their status (the last [`WRITE_LOG_LIMIT`]).
     pub fn write_log(&self) -> Vec<SimWrite> {
