@@ -97,7 +97,7 @@ struct Work {
 }
 
 /// Who sends a pass's writes: their urgency in the write window (`window.rs`).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 enum Sender {
     /// A Service's own pass (`namespace/name`); `restoring`: the keys whose writes restore
     /// service (an endpoint taken out, the Service's first rules).
@@ -106,7 +106,6 @@ enum Sender {
         restoring: HashSet<RuleKey>,
     },
     /// A drift check or a replay.
-    #[default]
     Whole,
 }
 
@@ -335,7 +334,7 @@ impl Instance {
                 .collect();
             let work = Work {
                 sender: Sender::Service {
-                    owner: format!("{namespace}/{name}"),
+                    owner: super::window::owner_key(namespace, name),
                     restoring: restoring(&h, (namespace, name), &actions, &creates),
                 },
                 deletes: deletes.into_iter().filter(|r| !unsure(&r.key)).collect(),

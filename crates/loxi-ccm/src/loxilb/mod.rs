@@ -62,7 +62,6 @@ mod window;
 
 pub use members::{Fleet, Group, Member, MembersChanged};
 pub use roles::HaSettings;
-pub use window::WindowView;
 
 use std::fmt;
 use std::sync::Arc;
@@ -361,23 +360,18 @@ impl Instance {
         }
     }
 
-    /// Its write window as it stands (queue, writes in flight, what a write costs there).
-    pub fn write_window(&self) -> WindowView {
-        self.window.view()
-    }
-
     /// Where the Service's first waiting write stands in the window (`None`: none waits).
     pub fn queued(
         &self,
         namespace: &str,
         name: &str,
     ) -> Option<loxi_domain::write_window::Position> {
-        self.window.queued(&format!("{namespace}/{name}"))
+        self.window.queued(&window::owner_key(namespace, name))
     }
 
     /// Drops the Service's writes that still wait in the window (it is being deleted).
     pub fn drop_queued(&self, namespace: &str, name: &str) {
-        self.window.drop_owner(&format!("{namespace}/{name}"));
+        self.window.drop_owner(&window::owner_key(namespace, name));
     }
 
     /// Sets the most writes in flight to it at once (`--loxilb-write-window`).

@@ -14,6 +14,11 @@ use loxi_domain::write_window::{
 };
 use tokio::sync::oneshot;
 
+/// How the window names the Service a write is for (`namespace/name`).
+pub(super) fn owner_key(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
+}
+
 /// What a waiting write learns when its turn comes.
 enum Turned {
     Send,
@@ -113,15 +118,13 @@ impl Drop for Waiting<'_> {
     }
 }
 
-/// What the window shows: for metrics and `loxi-ccm check`.
+/// What the window shows: for metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WindowView {
     pub depth: usize,
     pub oldest: Option<Duration>,
     pub in_flight: usize,
     pub limit: usize,
-    pub per_write: Option<Duration>,
-    pub sent: u64,
     pub superseded: u64,
 }
 
@@ -222,8 +225,6 @@ impl Window {
             oldest: w.oldest(Instant::now()),
             in_flight: w.in_flight(),
             limit: w.limit(),
-            per_write: w.per_write(),
-            sent: w.sent(),
             superseded: w.superseded(),
         }
     }
