@@ -19,6 +19,7 @@
 //! semantic checks of [`Config::from_args_with`] name the source the same way.
 pub mod check;
 pub mod cli;
+pub mod queues;
 pub mod sources;
 pub mod token;
 
