@@ -96,14 +96,7 @@ pub(super) fn check_bgp_needs(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::cli::{Cli, Command};
-    use clap::Parser;
-
-    fn run_args(flags: &[&str]) -> crate::config::cli::RunArgs {
-        let argv = ["loxi-ccm", "run"].iter().chain(flags);
-        let Command::Run(args) = Cli::try_parse_from(argv).unwrap().command;
-        *args
-    }
+    use crate::config::run_args;
 
     #[test]
     fn bgp_settings_name_the_option_at_fault() {

@@ -88,14 +88,7 @@ pub(super) fn lease(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::cli::{Cli, Command, RunArgs};
-    use clap::Parser;
-
-    fn run_args(flags: &[&str]) -> RunArgs {
-        let argv = ["loxi-ccm", "run"].iter().chain(flags);
-        let Command::Run(args) = Cli::try_parse_from(argv).unwrap().command;
-        *args
-    }
+    use crate::config::run_args;
 
     #[test]
     fn each_controller_gets_its_own_lease_unless_named() {

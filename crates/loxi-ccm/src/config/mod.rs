@@ -308,6 +308,15 @@ impl Config {
     }
 }
 
+/// The options of `loxi-ccm run <flags>`, for the validators' unit tests.
+#[cfg(test)]
+fn run_args(flags: &[&str]) -> RunArgs {
+    use clap::Parser;
+    let argv = ["loxi-ccm", "run"].iter().chain(flags);
+    let cli::Command::Run(args) = cli::Cli::try_parse_from(argv).unwrap().command;
+    *args
+}
+
 #[cfg(test)]
 mod tests {
     use super::file::LEGACY_KEYS;

@@ -268,13 +268,10 @@ pub(super) fn build_pools(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::cli::{Cli, Command};
-    use clap::Parser;
+    use crate::config::run_args;
 
     fn pool_args(flags: &[&str]) -> PoolArgs {
-        let argv = ["loxi-ccm", "run"].iter().chain(flags);
-        let Command::Run(args) = Cli::try_parse_from(argv).unwrap().command;
-        args.pools
+        run_args(flags).pools
     }
 
     fn names(pools: &[Pool]) -> Vec<&str> {

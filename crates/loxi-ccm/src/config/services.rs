@@ -98,14 +98,7 @@ pub(super) fn kube_api_rate_limit(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::cli::{Cli, Command, RunArgs};
-    use clap::Parser;
-
-    fn run_args(flags: &[&str]) -> RunArgs {
-        let argv = ["loxi-ccm", "run"].iter().chain(flags);
-        let Command::Run(args) = Cli::try_parse_from(argv).unwrap().command;
-        *args
-    }
+    use crate::config::run_args;
 
     #[test]
     fn service_defaults_and_the_controller_name() {

@@ -3,7 +3,9 @@
 //! EndpointSlices, and the watches of kinds whose CRD may be installed later (`served`).
 
 pub mod api;
+pub mod conditions;
 pub mod events;
+pub mod schema;
 pub mod served;
 pub mod triggers;
 pub mod trim;
