@@ -25,6 +25,12 @@ pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
+/// `actionlint` (github.com/rhysd/actionlint): `$LOXI_ACTIONLINT` if set, else built by
+/// `scripts/go-tool.sh`.
+pub fn actionlint() -> Result<PathBuf> {
+    go_tool("actionlint", "LOXI_ACTIONLINT")
+}
+
 fn go_tool(name: &str, override_var: &str) -> Result<PathBuf> {
     if let Ok(path) = std::env::var(override_var) {
         return Ok(PathBuf::from(path));
