@@ -191,11 +191,22 @@ fn build_context(arch: &str) -> Result<PathBuf> {
     .join("\x1f");
     let mut build = cargo();
     build
-        .args(["build", "--release", "--locked", "-p", "loxi-ccm", "--target", target])
+        .args([
+            "build",
+            "--release",
+            "--locked",
+            "-p",
+            "loxi-ccm",
+            "--target",
+            target,
+        ])
         .env("CARGO_ENCODED_RUSTFLAGS", rustflags)
         // ring's C and assembly parts: musl-gcc of Debian's musl-tools (native builds).
         .env(format!("CC_{}", target.replace('-', "_")), "musl-gcc");
-    run(build, &format!("cargo build --release -p loxi-ccm --target {target}"))?;
+    run(
+        build,
+        &format!("cargo build --release -p loxi-ccm --target {target}"),
+    )?;
     let binary = target_dir().join(target).join("release/loxi-ccm");
 
     let context = target_dir().join("image/context");
@@ -280,7 +291,10 @@ fn build_archive(context: &Path, options: &Options, out: &Path) -> Result<String
     .arg("-cf")
     .arg(out)
     .arg(".");
-    run(tar, &format!("tar of the OCI layout into {}", out.display()))?;
+    run(
+        tar,
+        &format!("tar of the OCI layout into {}", out.display()),
+    )?;
     let digest = std::fs::read_to_string(&digest_file)?.trim().to_string();
     check_config(&layout, &digest)?;
     std::fs::remove_dir_all(&work)?;
@@ -308,7 +322,9 @@ fn check_config(layout: &Path, digest: &str) -> Result<()> {
         || config["Entrypoint"] != serde_json::json!(["/loxi-ccm"])
         || version != Some(env!("CARGO_PKG_VERSION"))
     {
-        bail!("the image's config is not the one the chart expects (user {user}, port {port}, entrypoint /loxi-ccm, version label): {config}");
+        bail!(
+            "the image's config is not the one the chart expects (user {user}, port {port}, entrypoint /loxi-ccm, version label): {config}"
+        );
     }
     Ok(())
 }
@@ -365,10 +381,16 @@ mod tests {
             r#"CMD ["run"]"#.to_string(),
         ];
         for line in &expected {
-            assert!(instructions.contains(line), "no `{line}` in deploy/Dockerfile");
+            assert!(
+                instructions.contains(line),
+                "no `{line}` in deploy/Dockerfile"
+            );
         }
         assert_eq!(
-            instructions.iter().filter(|i| i.starts_with("FROM ")).count(),
+            instructions
+                .iter()
+                .filter(|i| i.starts_with("FROM "))
+                .count(),
             1,
             "one stage"
         );

@@ -87,7 +87,10 @@ struct Clock(Instant);
 
 impl Clock {
     fn lap(&mut self, what: &str) {
-        eprintln!("real node: {what} in {:.1} s", self.0.elapsed().as_secs_f64());
+        eprintln!(
+            "real node: {what} in {:.1} s",
+            self.0.elapsed().as_secs_f64()
+        );
         self.0 = Instant::now();
     }
 }
@@ -118,33 +121,40 @@ impl Drop for KillOnDrop {
 #[ignore = "opt-in tier: cargo xtask realnode (root, containerd, kubelet; docs/testing.md)"]
 async fn a_real_node_end_to_end() {
     let mut clock = Clock(Instant::now());
-    let archive = PathBuf::from(
-        std::env::var("LOXI_IMAGE_ARCHIVE")
-            .expect("LOXI_IMAGE_ARCHIVE: the archive of `cargo xtask image` (cargo xtask realnode sets it)"),
-    );
+    let archive = PathBuf::from(std::env::var("LOXI_IMAGE_ARCHIVE").expect(
+        "LOXI_IMAGE_ARCHIVE: the archive of `cargo xtask image` (cargo xtask realnode sets it)",
+    ));
     let ip = testenv::node::node_ip().unwrap();
-    let cp = ControlPlane::start_for_node(&ip).await.expect("control plane");
+    let cp = ControlPlane::start_for_node(&ip)
+        .await
+        .expect("control plane");
     let admin = cp.admin_client().await.unwrap();
     clock.lap("control plane");
     let node = RealNode::start(&cp, NODE, std::slice::from_ref(&archive))
         .await
         .expect("the real node");
     let _logs = LogsOnFailure(&node);
-    clock.lap("containerd, images imported, kubelet, kube-proxy, scheduler, controller-manager started");
+    clock.lap(
+        "containerd, images imported, kubelet, kube-proxy, scheduler, controller-manager started",
+    );
 
     // 1. Node initialization of the Node the real kubelet registered.
     let nodes: Api<Node> = Api::all(admin.clone());
-    let registered = wait_for("the kubelet's Node, tainted uninitialized", &node, || async {
-        let n = nodes.get_opt(NODE).await.ok()??;
-        let tainted = n
-            .spec
-            .as_ref()?
-            .taints
-            .as_ref()?
-            .iter()
-            .any(|t| t.key == "node.cloudprovider.kubernetes.io/uninitialized");
-        tainted.then_some(n)
-    })
+    let registered = wait_for(
+        "the kubelet's Node, tainted uninitialized",
+        &node,
+        || async {
+            let n = nodes.get_opt(NODE).await.ok()??;
+            let tainted = n
+                .spec
+                .as_ref()?
+                .taints
+                .as_ref()?
+                .iter()
+                .any(|t| t.key == "node.cloudprovider.kubernetes.io/uninitialized");
+            tainted.then_some(n)
+        },
+    )
     .await;
     assert_eq!(
         registered
@@ -211,13 +221,21 @@ async fn a_real_node_end_to_end() {
             .spawn()
             .unwrap(),
     );
-    let initialized = wait_for("loxi-ccm to initialize the kubelet's Node", &node, || async {
-        let n = nodes.get_opt(NODE).await.ok()??;
-        let tainted = n.spec.as_ref()?.taints.iter().flatten().any(|t| {
-            t.key == "node.cloudprovider.kubernetes.io/uninitialized"
-        });
-        (!tainted && n.spec.as_ref()?.provider_id.is_some()).then_some(n)
-    })
+    let initialized = wait_for(
+        "loxi-ccm to initialize the kubelet's Node",
+        &node,
+        || async {
+            let n = nodes.get_opt(NODE).await.ok()??;
+            let tainted = n
+                .spec
+                .as_ref()?
+                .taints
+                .iter()
+                .flatten()
+                .any(|t| t.key == "node.cloudprovider.kubernetes.io/uninitialized");
+            (!tainted && n.spec.as_ref()?.provider_id.is_some()).then_some(n)
+        },
+    )
     .await;
     assert_eq!(
         initialized.spec.as_ref().unwrap().provider_id.as_deref(),
@@ -248,7 +266,8 @@ async fn a_real_node_end_to_end() {
     let _ = ccm.0.wait();
     clock.lap("Node initialized by loxi-ccm (taint, providerID, addresses, topology)");
 
-    // 2. The chart with the image, on the node.
+    // 2. The chart with the image, on the node: the default image and pull policy
+    // (IfNotPresent), as docs/getting-started.md installs it with the archive loaded.
     let helm = testenv::tools::helm().expect("helm");
     let out = testenv::tools::helm_command(&helm)
         .arg("--kubeconfig")
@@ -262,8 +281,6 @@ async fn a_real_node_end_to_end() {
             &format!("loxilb.urls={{{sim_url}}}"),
             "--set",
             "pools.externalCIDR=198.51.100.0/24",
-            "--set",
-            "image.pullPolicy=Never",
         ])
         .output()
         .unwrap();
@@ -304,8 +321,15 @@ async fn a_real_node_end_to_end() {
         assert_eq!(spec.node_name.as_deref(), Some(NODE));
         let status = pod.status.as_ref().unwrap();
         let cs = &status.container_statuses.as_ref().unwrap()[0];
-        assert!(cs.ready, "{} not Ready", pod.metadata.name.as_deref().unwrap_or_default());
-        assert_eq!(cs.image, format!("ghcr.io/loxi-ccm/loxi-ccm:{}", env!("CARGO_PKG_VERSION")));
+        assert!(
+            cs.ready,
+            "{} not Ready",
+            pod.metadata.name.as_deref().unwrap_or_default()
+        );
+        assert_eq!(
+            cs.image,
+            format!("ghcr.io/loxi-ccm/loxi-ccm:{}", env!("CARGO_PKG_VERSION"))
+        );
     }
     let names: Vec<String> = ready
         .iter()
@@ -434,11 +458,16 @@ async fn a_real_node_end_to_end() {
         eps.sort();
         eps
     };
-    let node_port = wait_for("the web Service's rule on the Node and its NodePort", &node, || async {
-        let svc = services.get("web").await.ok()?;
-        let node_port = svc.spec?.ports?.first()?.node_port?;
-        (endpoints_of("_default_web_80_tcp") == [format!("{ip}:{node_port}")]).then_some(node_port)
-    })
+    let node_port = wait_for(
+        "the web Service's rule on the Node and its NodePort",
+        &node,
+        || async {
+            let svc = services.get("web").await.ok()?;
+            let node_port = svc.spec?.ports?.first()?.node_port?;
+            (endpoints_of("_default_web_80_tcp") == [format!("{ip}:{node_port}")])
+                .then_some(node_port)
+        },
+    )
     .await;
     let page = wait_for("kube-proxy to answer on NodeIP:NodePort", &node, || async {
         let addr = format!("{ip}:{node_port}");
@@ -447,14 +476,21 @@ async fn a_real_node_end_to_end() {
             .ok()?
     })
     .await;
-    assert_eq!(page, "loxi-web\n", "the Pod's page through kube-proxy's NodePort");
+    assert_eq!(
+        page, "loxi-web\n",
+        "the Pod's page through kube-proxy's NodePort"
+    );
     clock.lap("LoadBalancer Service: rule on NodeIP:NodePort, kube-proxy serves it");
 
-    let both = wait_for("both web Pods Ready, in the pod-network rule", &node, || async {
-        let ips = pod_ips().await?;
-        let expected: Vec<String> = ips.iter().map(|ip| format!("{ip}:8080")).collect();
-        (ips.len() == 2 && endpoints_of("_default_web-pods_80_tcp") == expected).then_some(ips)
-    })
+    let both = wait_for(
+        "both web Pods Ready, in the pod-network rule",
+        &node,
+        || async {
+            let ips = pod_ips().await?;
+            let expected: Vec<String> = ips.iter().map(|ip| format!("{ip}:8080")).collect();
+            (ips.len() == 2 && endpoints_of("_default_web-pods_80_tcp") == expected).then_some(ips)
+        },
+    )
     .await;
     let victim = web_pods
         .list(&ListParams::default().labels("app=web"))
@@ -472,10 +508,14 @@ async fn a_real_node_end_to_end() {
         .await
         .unwrap();
     let gone = format!("{}:8080", both[0]);
-    wait_for("the deleted Pod's address to leave the rule", &node, || async {
-        let eps = endpoints_of("_default_web-pods_80_tcp");
-        (!eps.is_empty() && !eps.contains(&gone)).then_some(())
-    })
+    wait_for(
+        "the deleted Pod's address to leave the rule",
+        &node,
+        || async {
+            let eps = endpoints_of("_default_web-pods_80_tcp");
+            (!eps.is_empty() && !eps.contains(&gone)).then_some(())
+        },
+    )
     .await;
     clock.lap("pod-network rule follows the real EndpointSlices (a deleted Pod leaves it)");
 

@@ -205,13 +205,12 @@ impl ControlPlane {
         let ca_cert = ca_params.self_signed(&ca_key)?;
         let ca = rcgen::Issuer::new(ca_params, ca_key);
         let srv_key = rcgen::KeyPair::generate()?;
-        let mut srv_params =
-            rcgen::CertificateParams::new(
-                ["localhost".to_string(), "127.0.0.1".to_string()]
-                    .into_iter()
-                    .chain(extra_sans.iter().cloned())
-                    .collect::<Vec<_>>(),
-            )?;
+        let mut srv_params = rcgen::CertificateParams::new(
+            ["localhost".to_string(), "127.0.0.1".to_string()]
+                .into_iter()
+                .chain(extra_sans.iter().cloned())
+                .collect::<Vec<_>>(),
+        )?;
         srv_params
             .distinguished_name
             .push(rcgen::DnType::CommonName, "kube-apiserver");

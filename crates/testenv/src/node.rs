@@ -199,7 +199,9 @@ state = "{state}"
             .to_string(),
         )?;
         let mut containerd = Command::new("containerd");
-        containerd.arg("--config").arg(d.join("containerd/config.toml"));
+        containerd
+            .arg("--config")
+            .arg(d.join("containerd/config.toml"));
         self.spawn("containerd", containerd)?;
         wait_until("containerd's socket", Duration::from_secs(60), || {
             self.ctr()
@@ -412,7 +414,10 @@ fileCheckFrequency: 5s
         // The Pods' containers outlive kubelet (their shims belong to containerd).
         if let Ok(out) = self.ctr().args(["tasks", "ls", "-q"]).output() {
             for id in String::from_utf8_lossy(&out.stdout).lines() {
-                let _ = self.ctr().args(["tasks", "kill", "-s", "SIGKILL", id]).output();
+                let _ = self
+                    .ctr()
+                    .args(["tasks", "kill", "-s", "SIGKILL", id])
+                    .output();
             }
             for id in String::from_utf8_lossy(&out.stdout).lines() {
                 let _ = self.ctr().args(["tasks", "delete", "-f", id]).output();
