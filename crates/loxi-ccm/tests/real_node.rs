@@ -13,7 +13,10 @@
 //! 3. a LoadBalancer Service of real Pods (a busybox httpd image built here): EndpointSlices
 //!    written by kube-controller-manager; the loxilb rule (simulator) carries the Node and
 //!    NodePort, kube-proxy answers on that NodePort with the Pod's page; in pod-network mode
-//!    the rule carries the Pods' addresses and a deleted Pod leaves it.
+//!    the rule carries the Pods' addresses and a deleted Pod leaves it;
+//! 4. `kubectl drain` of the node (the chart's Pods): the PodDisruptionBudget keeps one Pod,
+//!    which holds the Lease; a rolling update moves leadership to a new Pod; `loxi-ccm audit`
+//!    is clean after each.
 //!
 //! Ignored by `cargo test` (needs root, Debian packages and the node binaries, which
 //! `cargo xtask realnode` installs and builds before running it with `--ignored`).
@@ -519,6 +522,141 @@ async fn a_real_node_end_to_end() {
     .await;
     clock.lap("pod-network rule follows the real EndpointSlices (a deleted Pod leaves it)");
 
+    // 4. A drain of the node and a rolling update: the PDB holds, leadership moves, nothing
+    // is lost.
+    let out = Command::new(cp.k8s_bin_dir().join("kubectl"))
+        .arg("--kubeconfig")
+        .arg(cp.kubeconfig_path())
+        .args([
+            "drain",
+            NODE,
+            "--pod-selector=app.kubernetes.io/name=loxi-ccm",
+            "--timeout=30s",
+        ])
+        .output()
+        .unwrap();
+    let drain_log = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        !out.status.success() && drain_log.contains("disruption budget"),
+        "kubectl drain: the PDB must stop the second eviction (one node: the evicted Pod's \
+         replacement cannot be scheduled):\n{drain_log}"
+    );
+    let survivor = wait_for("one chart Pod left Running and Ready", &node, || async {
+        let list = pods
+            .list(&ListParams::default().labels("app.kubernetes.io/name=loxi-ccm"))
+            .await
+            .ok()?;
+        let ready: Vec<String> = list
+            .items
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter(|p| {
+                p.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            })
+            .filter_map(|p| p.metadata.name.clone())
+            .collect();
+        (ready.len() == 1).then(|| ready[0].clone())
+    })
+    .await;
+    wait_for("the remaining Pod to hold the Lease", &node, || async {
+        let holder = leases
+            .get_opt("loxi-ccm")
+            .await
+            .ok()??
+            .spec?
+            .holder_identity?;
+        holder.starts_with(&survivor).then_some(())
+    })
+    .await;
+    audit_clean(&admin, &sim_url, &node).await;
+    kubectl(&cp, &["uncordon", NODE]);
+    clock.lap("drain: the PDB held one Pod, which leads; audit clean");
+
+    kubectl(
+        &cp,
+        &[
+            "-n",
+            "kube-system",
+            "rollout",
+            "restart",
+            "deployment/loxi-ccm",
+        ],
+    );
+    kubectl(
+        &cp,
+        &[
+            "-n",
+            "kube-system",
+            "rollout",
+            "status",
+            "deployment/loxi-ccm",
+            "--timeout=300s",
+        ],
+    );
+    let before: Vec<String> = ready
+        .iter()
+        .filter_map(|p| p.metadata.name.clone())
+        .chain(std::iter::once(survivor))
+        .collect();
+    wait_for(
+        "a Pod of the new ReplicaSet to hold the Lease",
+        &node,
+        || async {
+            let holder = leases
+                .get_opt("loxi-ccm")
+                .await
+                .ok()??
+                .spec?
+                .holder_identity?;
+            let list = pods
+                .list(&ListParams::default().labels("app.kubernetes.io/name=loxi-ccm"))
+                .await
+                .ok()?;
+            list.items
+                .iter()
+                .filter_map(|p| p.metadata.name.clone())
+                .filter(|n| !before.contains(n))
+                .any(|n| holder.starts_with(&n))
+                .then_some(())
+        },
+    )
+    .await;
+    audit_clean(&admin, &sim_url, &node).await;
+    clock.lap("rolling update: leadership moved to a new Pod; audit clean");
+
     node.stop();
     clock.lap("node stopped");
+}
+
+/// Waits until `loxi-ccm audit`'s checks (with the chart's settings) report no violation.
+async fn audit_clean(admin: &kube::Client, sim_url: &str, node: &RealNode) {
+    let cli = <loxi_ccm::config::cli::Cli as clap::Parser>::try_parse_from([
+        "loxi-ccm".to_string(),
+        "run".into(),
+        format!("--loxilb-url={sim_url}"),
+        "--external-cidr=198.51.100.0/24".into(),
+    ])
+    .unwrap();
+    let loxi_ccm::config::cli::Command::Run(run) = cli.command;
+    let cfg = loxi_ccm::config::Config::from_args(&run).unwrap();
+    wait_for("loxi-ccm audit to be clean", node, || {
+        let cfg = &cfg;
+        async move {
+            match loxi_ccm::audit::audit(admin, cfg).await {
+                Ok(f) if f.clean() => Some(()),
+                Ok(f) => {
+                    eprintln!("audit: {f}{}", f.summary());
+                    None
+                }
+                Err(e) => {
+                    eprintln!("audit: {e}");
+                    None
+                }
+            }
+        }
+    })
+    .await;
 }
