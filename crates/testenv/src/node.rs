@@ -394,8 +394,8 @@ fileCheckFrequency: 5s
     }
 
     /// Stops kubelet, kube-scheduler, kube-proxy and kube-controller-manager, removes every
-    /// container of the node, stops containerd, then removes kube-proxy's rules and the
-    /// bridge. Idempotent.
+    /// container of the node, stops containerd, then removes kube-proxy's rules, the bridge
+    /// and the iptables chains of the CNI plugins and kubelet. Idempotent.
     pub fn stop(&self) {
         let Ok(mut children) = self.children.lock() else {
             return;
@@ -438,6 +438,7 @@ fileCheckFrequency: 5s
             .args(["--cleanup", "--proxy-mode=nftables"])
             .output();
         let _ = Command::new("ip").args(["link", "del", BRIDGE]).output();
+        remove_iptables_chains();
         // Sandboxes' network namespaces and mounts under the folder.
         let _ = Command::new("umount")
             .args(["-R", "--lazy"])
@@ -502,4 +503,43 @@ pub fn build_scratch_image(context: &Path, name: &str, dockerfile: &str) -> Resu
         &format!("buildah push ({name})"),
     )?;
     Ok(archive)
+}
+
+/// The iptables chains the node leaves behind: the CNI plugins' `CNI-*` (masquerading,
+/// port maps: their sandboxes were removed without a CNI DEL) and kubelet's `KUBE-*`
+/// (kubelet's own firewall and canary chains), with every rule that jumps to them. Each
+/// table is rewritten without those lines; nothing else on this machine uses them.
+fn remove_iptables_chains() {
+    for (save, restore) in [
+        ("iptables-save", "iptables-restore"),
+        ("ip6tables-save", "ip6tables-restore"),
+    ] {
+        for table in ["nat", "filter", "mangle"] {
+            let Ok(out) = Command::new(save).args(["-t", table]).output() else {
+                continue;
+            };
+            let text = String::from_utf8_lossy(&out.stdout);
+            if !out.status.success() || !(text.contains("CNI-") || text.contains("KUBE-")) {
+                continue;
+            }
+            let kept: String = text
+                .lines()
+                .filter(|l| !l.contains("CNI-") && !l.contains("KUBE-"))
+                .map(|l| format!("{l}\n"))
+                .collect();
+            let Ok(mut child) = Command::new(restore)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+            else {
+                continue;
+            };
+            if let Some(mut stdin) = child.stdin.take() {
+                use std::io::Write;
+                let _ = stdin.write_all(kept.as_bytes());
+            }
+            let _ = child.wait();
+        }
+    }
 }
