@@ -958,3 +958,51 @@ fn good_urls_are_accepted() {
         assert_eq!(c.url(), url.trim_end_matches('/'));
     }
 }
+
+#[tokio::test]
+async fn firewall_rules_are_added_listed_and_deleted() {
+    use loxi_domain::firewall::{FwAction, FwRule, Preferences};
+    use loxilb_client::firewall::{owned_firewall_rule, to_firewall_entry};
+    let sim = start_sim(SimConfig::default()).await;
+    let client = client_for(&sim);
+    let prefs = Preferences {
+        drop: 40_000,
+        allow: 40_001,
+    };
+    let rule = FwRule {
+        source: "198.51.100.0/24".parse().unwrap(),
+        destination: "192.0.2.10".parse().unwrap(),
+        port: 443,
+        protocol: Protocol::Tcp,
+        preference: prefs.allow,
+        action: FwAction::Allow,
+    };
+    let entry = to_firewall_entry(&rule);
+    assert_eq!(
+        client.add_firewall_rule(&entry).await.unwrap(),
+        WriteOutcome::Applied
+    );
+    assert_eq!(
+        client.add_firewall_rule(&entry).await.unwrap(),
+        WriteOutcome::AlreadyPresent
+    );
+    let listed = client.list_firewall().await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(owned_firewall_rule(&listed[0], prefs), Some(rule));
+    assert_eq!(sim.firewall_rules().len(), 1);
+    assert_eq!(
+        client
+            .delete_firewall_rule(&listed[0].rule_arguments)
+            .await
+            .unwrap(),
+        DeleteOutcome::Deleted
+    );
+    assert_eq!(
+        client
+            .delete_firewall_rule(&entry.rule_arguments)
+            .await
+            .unwrap(),
+        DeleteOutcome::AlreadyAbsent
+    );
+    assert!(sim.firewall_rules().is_empty());
+}
