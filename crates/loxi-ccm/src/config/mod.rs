@@ -108,8 +108,11 @@ pub struct Config {
     pub controller: ControllerName,
     pub ccm_mode: bool,
     pub defaults: Defaults,
-    /// `--source-ranges`: rules carry the Services' source ranges (else they are left out).
+    /// `--source-ranges` is not `ignore`: the Services' source ranges are enforced.
     pub enforce_source_ranges: bool,
+    /// `--source-ranges=firewall`: enforced by loxilb's firewall rather than the rules'
+    /// `allowedSources` (docs/configuration.md#source-ranges).
+    pub source_ranges_firewall: bool,
     pub cluster_id: Option<ClusterId>,
     pub namespace: Option<String>,
     pub health_interval: Duration,
@@ -1215,7 +1218,8 @@ impl Config {
                 monitor: args.monitor,
                 use_pod_network: args.use_pod_network,
             },
-            enforce_source_ranges: args.source_ranges == "enforce",
+            enforce_source_ranges: args.source_ranges != "ignore",
+            source_ranges_firewall: args.source_ranges == "firewall",
             cluster_id,
             namespace: args.namespace.clone(),
             health_interval: args.health_interval,

@@ -16,6 +16,7 @@ use super::plan::{Desired, desired};
 use crate::fleet::workers::Replay;
 use crate::ipam::claims::ClaimedBy;
 use crate::loxilb::{Instance, ServiceRules};
+use loxi_domain::firewall::{FwRule, Preferences};
 
 /// The replay of one loxilb for its worker (`crate::fleet::workers`): every rule of its
 /// group's Services, from the stores.
@@ -130,16 +131,39 @@ fn desired_in<'a>(ctx: &'a Context, group: &'a str) -> impl Iterator<Item = Serv
 
 /// Converges one instance to the rules of every served Service of its group, from the
 /// stores; true when it now holds every rule it should (nothing failed, nothing held back).
+/// With `--source-ranges=firewall` the rules go without their source ranges and the
+/// firewall is converged after them; in the other settings our firewall rules (left by an
+/// earlier `firewall` setting) are removed.
 async fn converge_instance(ctx: &Context, inst: &Instance) -> bool {
-    match inst
+    let firewall = ctx.settings.source_ranges_firewall;
+    let prefs = Preferences::of(&ctx.cluster);
+    let wanted_fw: std::sync::Mutex<(Vec<FwRule>, Vec<(String, String)>)> = Default::default();
+    let desired = || {
+        desired_in(ctx, inst.group()).map(|sr| {
+            let mut fw = wanted_fw.lock().unwrap_or_else(|e| e.into_inner());
+            match sr {
+                ServiceRules::Want(rules) if firewall => {
+                    let (lb, rules_fw) = loxi_domain::firewall::split(&rules, prefs);
+                    fw.0.extend(rules_fw);
+                    ServiceRules::Want(lb)
+                }
+                ServiceRules::Keep(ns, name) => {
+                    fw.1.push((ns.clone(), name.clone()));
+                    ServiceRules::Keep(ns, name)
+                }
+                want => want,
+            }
+        })
+    };
+    let lb = inst
         .converge_all(
             &ctx.cluster,
             ctx.settings.namespace.as_deref(),
-            || desired_in(ctx, inst.group()),
+            desired,
             &ctx.report.metrics,
         )
-        .await
-    {
+        .await;
+    let complete = match lb {
         Ok(report) => {
             if report.changes > 0 {
                 info!(
@@ -152,7 +176,31 @@ async fn converge_instance(ctx: &Context, inst: &Instance) -> bool {
         }
         Err(e) => {
             warn!(instance = inst.url(), error = %e, "drift check failed");
-            false
+            return false;
+        }
+    };
+    let (fw, keep) = wanted_fw.into_inner().unwrap_or_else(|e| e.into_inner());
+    match inst
+        .converge_firewall(
+            &ctx.cluster,
+            ctx.settings.namespace.as_deref(),
+            &fw,
+            &keep,
+            &ctx.report.metrics,
+        )
+        .await
+    {
+        Ok(changes) => {
+            if changes > 0 {
+                info!(instance = inst.url(), changes, "firewall repaired");
+            }
+            complete
+        }
+        Err(e) => {
+            warn!(instance = inst.url(), error = %e, "firewall check failed");
+            // A replay is complete without the firewall only when nothing there is ours to
+            // restore.
+            complete && fw.is_empty()
         }
     }
 }
