@@ -32,6 +32,38 @@ async fn wait_traffic(sim: &Simulator, src: &str, vip: &str, want: fn(&Traffic) 
     .await;
 }
 
+/// New connections from each of `sources` to each of `vips` (port 80, tcp) in the model:
+/// (balanced, dropped by the firewall, anything else).
+fn census(sim: &Simulator, vips: &[String], sources: &[&str]) -> (usize, usize, usize) {
+    let mut counts = (0, 0, 0);
+    for vip in vips {
+        for src in sources {
+            match sim.traffic(ip(src), ip(vip), 80, "tcp") {
+                Traffic::Balanced { .. } => counts.0 += 1,
+                Traffic::DroppedByFirewall { .. } => counts.1 += 1,
+                _ => counts.2 += 1,
+            }
+        }
+    }
+    counts
+}
+
+/// Five open Services and one restricted to 198.51.100.0/24, the restricted one's address
+/// last.
+async fn six_services(w: &World) -> Vec<String> {
+    let mut vips = Vec::new();
+    for i in 0..5 {
+        vips.push(w.serve_one_port(&format!("open{i}"), 80).await);
+    }
+    let mut svc = World::lb_service("restricted", Some(CLASS), &[(80, "TCP")]);
+    svc.spec.as_mut().unwrap().load_balancer_source_ranges = Some(vec!["198.51.100.0/24".into()]);
+    w.create(&svc).await;
+    vips.push(w.wait_for_ip("restricted").await);
+    vips
+}
+
+const SOURCES: [&str; 3] = [INSIDE, OTHER_RANGE, OUTSIDE];
+
 fn balanced(t: &Traffic) -> bool {
     t.is_balanced()
 }
@@ -48,12 +80,8 @@ async fn firewall_ranges_block_other_sources_and_nothing_else() {
     };
     let w = World::with("fwranges", opts.clone()).await;
     w.add_node("node-a", "10.3.1.1").await;
-    let open = w.serve_one_port("open", 80).await;
-    let mut svc = World::lb_service("restricted", Some(CLASS), &[(80, "TCP")]);
-    svc.spec.as_mut().unwrap().load_balancer_source_ranges = Some(vec!["198.51.100.0/24".into()]);
-    w.create(&svc).await;
-    let vip = w.wait_for_ip("restricted").await;
-    assert_ne!(vip, open);
+    let vips = six_services(&w).await;
+    let (open, vip) = (vips[0].clone(), vips[5].clone());
 
     // The range reaches it; other sources do not; the other Service is reachable by all.
     wait_traffic(&w.sim, OUTSIDE, &vip, dropped).await;
@@ -69,6 +97,11 @@ async fn firewall_ranges_block_other_sources_and_nothing_else() {
     let s = w.get("restricted").await.unwrap();
     let (status, reason, _) = World::condition(&s, "loxilb.io/SourceRangesEnforced").unwrap();
     assert_eq!((status.as_str(), reason.as_str()), ("True", "Enforced"));
+    // The model's census: every flow the ranges allow is balanced (5 open Services x 3
+    // sources + 1 source to the restricted one), the 2 others are dropped, nothing is lost.
+    let counts = census(&w.sim, &vips, &SOURCES);
+    eprintln!("firewall: (balanced, dropped, other) = {counts:?} of {} flows", vips.len() * 3);
+    assert_eq!(counts, (16, 2, 0));
     let fw = w.sim.firewall_rules();
     assert_eq!(fw.len(), 2, "one allow, one drop: {fw:#?}");
     assert!(fw.iter().all(|r| r.destination == format!("{vip}/32")));
@@ -165,17 +198,19 @@ async fn enforce_in_rules_stops_every_service_in_the_model() {
     };
     let w = World::with("rulesranges", opts).await;
     w.add_node("node-a", "10.3.2.1").await;
-    let open = w.serve_one_port("open", 80).await;
+    let open = w.serve_one_port("first", 80).await;
     wait_traffic(&w.sim, OUTSIDE, &open, balanced).await;
-    let mut svc = World::lb_service("restricted", Some(CLASS), &[(80, "TCP")]);
-    svc.spec.as_mut().unwrap().load_balancer_source_ranges = Some(vec!["198.51.100.0/24".into()]);
-    w.create(&svc).await;
-    let vip = w.wait_for_ip("restricted").await;
+    let vips = six_services(&w).await;
+    let vip = vips[5].clone();
     wait_traffic(&w.sim, INSIDE, &vip, |t| *t == Traffic::Issue1036).await;
     assert_eq!(
         w.sim.traffic(ip(OUTSIDE), ip(&open), 80, "tcp"),
         Traffic::Issue1036
     );
+    // The same census as under `firewall`: no flow at all is balanced.
+    let counts = census(&w.sim, &vips, &SOURCES);
+    eprintln!("enforce: (balanced, dropped, other) = {counts:?} of {} flows", vips.len() * 3);
+    assert_eq!(counts, (0, 0, 18));
     assert!(w.sim.firewall_rules().is_empty());
     w.finish().await;
 }
