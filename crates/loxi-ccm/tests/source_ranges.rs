@@ -100,7 +100,10 @@ async fn firewall_ranges_block_other_sources_and_nothing_else() {
     // The model's census: every flow the ranges allow is balanced (5 open Services x 3
     // sources + 1 source to the restricted one), the 2 others are dropped, nothing is lost.
     let counts = census(&w.sim, &vips, &SOURCES);
-    eprintln!("firewall: (balanced, dropped, other) = {counts:?} of {} flows", vips.len() * 3);
+    eprintln!(
+        "firewall: (balanced, dropped, other) = {counts:?} of {} flows",
+        vips.len() * 3
+    );
     assert_eq!(counts, (16, 2, 0));
     let fw = w.sim.firewall_rules();
     assert_eq!(fw.len(), 2, "one allow, one drop: {fw:#?}");
@@ -209,7 +212,10 @@ async fn enforce_in_rules_stops_every_service_in_the_model() {
     );
     // The same census as under `firewall`: no flow at all is balanced.
     let counts = census(&w.sim, &vips, &SOURCES);
-    eprintln!("enforce: (balanced, dropped, other) = {counts:?} of {} flows", vips.len() * 3);
+    eprintln!(
+        "enforce: (balanced, dropped, other) = {counts:?} of {} flows",
+        vips.len() * 3
+    );
     assert_eq!(counts, (0, 0, 18));
     assert!(w.sim.firewall_rules().is_empty());
     w.finish().await;

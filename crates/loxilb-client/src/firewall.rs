@@ -7,6 +7,7 @@
 use std::net::IpAddr;
 
 use ipnet::IpNet;
+use loxi_domain::egress::SnatRule;
 use loxi_domain::firewall::{FwAction, FwRule, Preferences, protocol_number, protocol_of};
 use serde::{Deserialize, Serialize};
 
@@ -168,6 +169,59 @@ pub fn owned_firewall_rule(entry: &FirewallEntry, prefs: Preferences) -> Option<
         protocol: protocol_of(m.protocol)?,
         preference: m.preference,
         action,
+    })
+}
+
+/// The wire form of an egress SNAT rule (kube-loxilb's shape: source only, `doSnat` to the
+/// vip with `onDefault`, ports kept), at our preference.
+pub fn to_snat_entry(rule: &SnatRule) -> FirewallEntry {
+    FirewallEntry {
+        rule_arguments: FirewallMatch {
+            source_ip: rule.source.to_string(),
+            preference: rule.preference,
+            ..FirewallMatch::default()
+        },
+        opts: FirewallOptions {
+            do_snat: true,
+            to_ip: rule.to.to_string(),
+            on_default: true,
+            ..FirewallOptions::default()
+        },
+    }
+}
+
+/// A listed rule as one of our SNAT rules (`preference`: `loxi_domain::egress::snat_preference`),
+/// or `None`.
+pub fn owned_snat_rule(entry: &FirewallEntry, preference: u16) -> Option<SnatRule> {
+    let m = &entry.rule_arguments;
+    let o = &entry.opts;
+    let plain = m.preference == preference
+        && o.do_snat
+        && o.on_default
+        && o.to_port == 0
+        && !o.allow
+        && !o.drop
+        && m.protocol == 0
+        && m.port_name.is_empty()
+        && [
+            m.min_source_port,
+            m.max_source_port,
+            m.min_destination_port,
+            m.max_destination_port,
+        ]
+        .iter()
+        .all(|p| *p == 0);
+    if !plain {
+        return None;
+    }
+    let destination: IpNet = m.destination_ip.parse().ok()?;
+    if destination.prefix_len() != 0 {
+        return None;
+    }
+    Some(SnatRule {
+        source: m.source_ip.parse::<IpNet>().ok()?.trunc(),
+        to: o.to_ip.parse().ok()?,
+        preference,
     })
 }
 
