@@ -129,6 +129,14 @@ fn desired_in<'a>(ctx: &'a Context, group: &'a str) -> impl Iterator<Item = Serv
         })
 }
 
+/// What a whole-instance pass collects for the firewall while the Services' rules go by:
+/// the firewall rules wanted, and the Services that keep what they have.
+#[derive(Default)]
+struct FirewallWanted {
+    rules: Vec<FwRule>,
+    keep: Vec<(String, String)>,
+}
+
 /// Converges one instance to the rules of every served Service of its group, from the
 /// stores; true when it now holds every rule it should (nothing failed, nothing held back).
 /// With `--source-ranges=firewall` the rules go without their source ranges and the
@@ -137,18 +145,18 @@ fn desired_in<'a>(ctx: &'a Context, group: &'a str) -> impl Iterator<Item = Serv
 async fn converge_instance(ctx: &Context, inst: &Instance) -> bool {
     let firewall = ctx.settings.source_ranges_firewall;
     let prefs = Preferences::of(&ctx.cluster);
-    let wanted_fw: std::sync::Mutex<(Vec<FwRule>, Vec<(String, String)>)> = Default::default();
+    let wanted_fw: std::sync::Mutex<FirewallWanted> = Default::default();
     let desired = || {
         desired_in(ctx, inst.group()).map(|sr| {
             let mut fw = wanted_fw.lock().unwrap_or_else(|e| e.into_inner());
             match sr {
                 ServiceRules::Want(rules) if firewall => {
                     let (lb, rules_fw) = loxi_domain::firewall::split(&rules, prefs);
-                    fw.0.extend(rules_fw);
+                    fw.rules.extend(rules_fw);
                     ServiceRules::Want(lb)
                 }
                 ServiceRules::Keep(ns, name) => {
-                    fw.1.push((ns.clone(), name.clone()));
+                    fw.keep.push((ns.clone(), name.clone()));
                     ServiceRules::Keep(ns, name)
                 }
                 want => want,
@@ -179,7 +187,8 @@ async fn converge_instance(ctx: &Context, inst: &Instance) -> bool {
             return false;
         }
     };
-    let (fw, keep) = wanted_fw.into_inner().unwrap_or_else(|e| e.into_inner());
+    let FirewallWanted { rules: fw, keep } =
+        wanted_fw.into_inner().unwrap_or_else(|e| e.into_inner());
     match inst
         .converge_firewall(
             &ctx.cluster,
