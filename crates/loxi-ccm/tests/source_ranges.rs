@@ -220,3 +220,40 @@ async fn enforce_in_rules_stops_every_service_in_the_model() {
     assert!(w.sim.firewall_rules().is_empty());
     w.finish().await;
 }
+
+/// A firewall that refuses our rules: the Service's rule is not created (never open to every
+/// source), the Service says why, others go on, and once loxilb takes them (the Service's
+/// retry with back-off, or the drift check) both arrive.
+#[tokio::test]
+async fn a_restricted_rule_never_goes_in_without_its_firewall_rules() {
+    let w = World::new("fwrefused").await;
+    w.add_node("node-a", "10.3.3.1").await;
+    // A full firewall table: loxilb refuses our rules (and only them).
+    w.sim.set_firewall_capacity(0);
+    let mut svc = World::lb_service("restricted", Some(CLASS), &[(80, "TCP")]);
+    svc.spec.as_mut().unwrap().load_balancer_source_ranges = Some(vec!["198.51.100.0/24".into()]);
+    w.create(&svc).await;
+    let vip = w.wait_for_ip("restricted").await;
+    wait_for("Programmed=False", WAIT, || async {
+        let s = w.get("restricted").await?;
+        World::condition(&s, "loxilb.io/Programmed").filter(|c| c.0 == "False")
+    })
+    .await;
+    assert!(
+        w.rules_for(&vip).is_empty(),
+        "no rule without its firewall: {:#?}",
+        w.sim.writes_since_restart()
+    );
+    assert!(w.sim.firewall_rules().is_empty());
+    // The other Service is not held up.
+    let open = w.serve_one_port("open", 80).await;
+    assert!(
+        w.sim
+            .traffic(ip(OUTSIDE), ip(&open), 80, "tcp")
+            .is_balanced()
+    );
+    w.sim.set_firewall_capacity(8192);
+    wait_traffic(&w.sim, OUTSIDE, &vip, dropped).await;
+    wait_traffic(&w.sim, INSIDE, &vip, balanced).await;
+    w.finish().await;
+}

@@ -325,7 +325,10 @@ impl FwRequest {
 }
 
 impl FwState {
-    fn alloc_number(&mut self) -> Option<u32> {
+    fn alloc_number(&mut self, capacity: usize) -> Option<u32> {
+        if self.rules.len() >= capacity {
+            return None;
+        }
         if let Some(n) = self.free_numbers.pop() {
             return Some(n);
         }
@@ -338,13 +341,19 @@ impl FwState {
 
     /// `POST /config/firewall`. A SNAT rule also needs its implicit LB rule, which the
     /// caller makes (it lives in the LB table).
-    pub(crate) fn add(&mut self, req: &FwRequest) -> Result<Option<ImplicitSnat>, String> {
+    /// `capacity`: the table's size, [`MAX_FW_RULES`] unless a test makes it smaller
+    /// (`Simulator::set_firewall_capacity`).
+    pub(crate) fn add(
+        &mut self,
+        req: &FwRequest,
+        capacity: usize,
+    ) -> Result<Option<ImplicitSnat>, String> {
         let key = req.key()?;
         let action = req.action()?;
         if self.rules.contains_key(&key) {
             return Err("fwrule-exists error".into());
         }
-        let Some(number) = self.alloc_number() else {
+        let Some(number) = self.alloc_number(capacity) else {
             return Err("rule-mark error".into());
         };
         let snat = match &action {
@@ -494,17 +503,23 @@ mod tests {
         }
     }
 
+    impl FwState {
+        fn add_all(&mut self, req: &FwRequest) -> Result<Option<ImplicitSnat>, String> {
+            self.add(req, MAX_FW_RULES)
+        }
+    }
+
     #[test]
     fn identity_includes_preference_and_order_is_by_preference() {
         let mut fw = FwState::default();
-        fw.add(&req("10.0.0.0/8", "192.0.2.1/32", 10)).unwrap();
+        fw.add_all(&req("10.0.0.0/8", "192.0.2.1/32", 10)).unwrap();
         assert_eq!(
-            fw.add(&req("10.1.2.3/8", "192.0.2.1/32", 10)),
+            fw.add_all(&req("10.1.2.3/8", "192.0.2.1/32", 10)),
             Err("fwrule-exists error".into()),
             "the prefix is compared as a network"
         );
-        fw.add(&req("10.0.0.0/8", "192.0.2.1/32", 20)).unwrap();
-        fw.add(&req("", "192.0.2.2/32", 20)).unwrap();
+        fw.add_all(&req("10.0.0.0/8", "192.0.2.1/32", 20)).unwrap();
+        fw.add_all(&req("", "192.0.2.2/32", 20)).unwrap();
         let order: Vec<(u32, &str)> = fw
             .ordered()
             .iter()
@@ -525,18 +540,18 @@ mod tests {
     fn bad_prefixes_and_ranges_are_refused_with_loxilbs_words() {
         let mut fw = FwState::default();
         assert_eq!(
-            fw.add(&req("10.0.0.1", "", 0)),
+            fw.add_all(&req("10.0.0.1", "", 0)),
             Err("malformed-rule error".into())
         );
         let mut r = req("", "", 70_000);
-        assert!(fw.add(&r).unwrap_err().starts_with("invalid firewall"));
+        assert!(fw.add_all(&r).unwrap_err().starts_with("invalid firewall"));
         r.preference = 1;
         r.allow = false;
         r.do_snat = true;
         r.to_ip = "nope".into();
-        assert_eq!(fw.add(&r), Err("malformed-args error".into()));
+        assert_eq!(fw.add_all(&r), Err("malformed-args error".into()));
         r.to_ip = "192.0.2.9".into();
-        let snat = fw.add(&r).unwrap().unwrap();
+        let snat = fw.add_all(&r).unwrap().unwrap();
         assert_eq!(snat.block, 1 | SNAT_BLOCK_BIT);
         assert_eq!(fw.delete(&r), Ok(Some(1 | SNAT_BLOCK_BIT)));
         assert_eq!(fw.delete(&r), Err("no-rule error".into()));

@@ -157,6 +157,9 @@ pub(crate) struct Shared {
     pub(crate) born: std::time::Instant,
     /// The traffic model reproduces loxilb issue #1036 ([`Simulator::set_issue_1036`]).
     pub(crate) issue_1036: AtomicBool,
+    /// Firewall table size ([`Simulator::set_firewall_capacity`]); a start option, so a
+    /// restart keeps it.
+    pub(crate) fw_capacity: std::sync::atomic::AtomicUsize,
 }
 
 /// How many API writes [`Simulator::write_log`] keeps.
@@ -242,6 +245,7 @@ impl Shared {
             costs: profile::CostCounters::default(),
             born: std::time::Instant::now(),
             issue_1036: AtomicBool::new(true),
+            fw_capacity: std::sync::atomic::AtomicUsize::new(firewall::MAX_FW_RULES),
             cfg,
             write_log: Mutex::default(),
         }

@@ -521,7 +521,7 @@ async fn handle(shared: &Shared, parts: &Parts, body: Body) -> Result<Response, 
             let req = crate::firewall::decode_post(&bytes)?;
             shared
                 .state()
-                .add_firewall(&req)
+                .add_firewall(&req, shared.firewall_capacity())
                 .map_err(ApiError::Handler)?;
             Ok(success())
         }

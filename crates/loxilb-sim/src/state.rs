@@ -574,8 +574,8 @@ impl SimState {
     /// `POST /config/firewall`: the rule, and for `doSnat` the LB rule loxilb makes with it
     /// (`0.0.0.0:0`, protocol `none`, `block` = rule number | 0x1000, named
     /// `snat:<toIP>:<toPort>`, listed with `snat`); no room for that LB rule refuses both.
-    pub(crate) fn add_firewall(&mut self, req: &FwRequest) -> Result<(), String> {
-        let Some(snat) = self.firewall.add(req)? else {
+    pub(crate) fn add_firewall(&mut self, req: &FwRequest, capacity: usize) -> Result<(), String> {
+        let Some(snat) = self.firewall.add(req, capacity)? else {
             return Ok(());
         };
         let ImplicitSnat {

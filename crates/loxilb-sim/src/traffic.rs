@@ -61,6 +61,12 @@ fn prefix_contains(prefix: &str, ip: IpAddr) -> bool {
         .is_ok_and(|n| n.contains(&ip))
 }
 
+impl crate::Shared {
+    pub(crate) fn firewall_capacity(&self) -> usize {
+        self.fw_capacity.load(Ordering::Relaxed)
+    }
+}
+
 impl Simulator {
     /// What loxilb would do with a new connection from `src` to `vip:port` over `protocol`
     /// (`tcp`, `udp`, `sctp`), from the rules held now.
@@ -117,6 +123,15 @@ impl Simulator {
             .into_iter()
             .cloned()
             .collect()
+    }
+
+    /// How many firewall rules loxilb takes (8192, its table size; smaller to test a full
+    /// table): a POST beyond it is refused with loxilb's `rule-mark error` (500).
+    pub fn set_firewall_capacity(&self, rules: usize) {
+        self.inner
+            .shared
+            .fw_capacity
+            .store(rules.min(crate::firewall::MAX_FW_RULES), Ordering::Relaxed);
     }
 
     /// Whether the traffic model reproduces loxilb issue #1036 (on by default, as loxilb

@@ -64,18 +64,45 @@ impl Instance {
     ) -> Result<ApplyReport, ClientError> {
         let prefs = Preferences::of(cluster);
         let (lb, fw) = split(desired, prefs);
-        let mut scope: HashSet<Dest> = self.service_dests(cluster, namespace, name).await;
+        let held_before: HashSet<Dest> = self.service_dests(cluster, namespace, name).await;
+        let mut scope = held_before.clone();
         scope.extend(desired.iter().map(|r| dest_of_key(&r.key)));
-        let changes = self.firewall_changes(prefs, &scope, &fw, metrics).await?;
+        // A firewall that cannot be read or written: the Service's new rules with source
+        // ranges are held back (never open to all), its other rules go on.
+        let (changes, mut failed) = match self.firewall_changes(prefs, &scope, &fw, metrics).await {
+            Ok(changes) => (changes, Vec::new()),
+            Err(e) if e.is_transport() => return Err(e),
+            Err(_) if fw.is_empty() => (FwChanges::default(), Vec::new()),
+            Err(e) => {
+                let keys: BTreeSet<RuleKey> = desired
+                    .iter()
+                    .filter(|r| !r.allowed_sources.is_empty())
+                    .map(|r| r.key)
+                    .collect();
+                (
+                    FwChanges::default(),
+                    keys.into_iter().map(|k| (k, e.clone())).collect(),
+                )
+            }
+        };
         let (before, after) = halves(&changes);
-        let mut failed = self.firewall_calls(&before, metrics).await?;
+        failed.extend(self.firewall_calls(&before, metrics).await?);
+        let unprotected: HashSet<Dest> = failed.iter().map(|(k, _)| dest_of_key(k)).collect();
+        let lb: Vec<Rule> = lb
+            .into_iter()
+            .filter(|r| {
+                let d = dest_of_key(&r.key);
+                !unprotected.contains(&d) || held_before.contains(&d)
+            })
+            .collect();
         let mut report = self
             .apply_service(cluster, namespace, name, &lb, metrics, requeue)
             .await?;
-        failed.extend(self.firewall_calls(&after, metrics).await?);
-        report.changes +=
-            (changes.create.len() + changes.delete.len()).saturating_sub(failed.len());
+        let failed_after = self.firewall_calls(&after, metrics).await?;
+        let calls = changes.create.len() + changes.delete.len();
+        report.changes += calls.saturating_sub(failed.len() + failed_after.len());
         report.failed.extend(failed);
+        report.failed.extend(failed_after);
         Ok(report)
     }
 
@@ -174,6 +201,38 @@ impl Instance {
             Some((_, e)) => Err(e),
             None => Ok(calls.len()),
         }
+    }
+
+    /// The creates of a whole-instance pass, sent before its LB rules (a replay): lists the
+    /// firewall and adds the rules of `desired` it lacks; nothing is deleted here
+    /// ([`Instance::converge_firewall`] does, after the LB rules).
+    pub async fn add_firewall_rules(
+        &self,
+        cluster: &ClusterId,
+        desired: &[FwRule],
+        metrics: &Metrics,
+    ) -> Result<usize, ClientError> {
+        let prefs = Preferences::of(cluster);
+        let mut book = self.firewall.lock().await;
+        self.list_firewall(&mut book, prefs, metrics).await?;
+        let missing: Vec<FwCall> = diff(desired, &book.held)
+            .ordered()
+            .into_iter()
+            .filter(|c| matches!(c, FwCall::Create(_)))
+            .collect();
+        let failed = self.send_firewall(&mut book, &missing, metrics).await?;
+        match failed.into_iter().next() {
+            Some((_, e)) => Err(e),
+            None => Ok(missing.len()),
+        }
+    }
+
+    /// Our firewall rules on this instance as last listed or written (`None`: not known, its
+    /// firewall could not be listed): a whole-instance pass creates no LB rule whose
+    /// firewall rules are not there (`crate::service::drift`).
+    pub async fn firewall_held(&self) -> Option<BTreeSet<FwRule>> {
+        let book = self.firewall.lock().await;
+        book.known.then(|| book.held.clone())
     }
 
     /// The addresses, ports and protocols of the LB rules this cluster holds here for the
