@@ -74,8 +74,8 @@ fn print_report(report: &Report) -> ExitCode {
 
 async fn run(loaded: Loaded) -> ExitCode {
     init_logging(
-        loaded.args.log_format,
-        &loaded.args.log_level,
+        loaded.args.admin.log_format,
+        &loaded.args.admin.log_level,
         LogTo::Stdout,
     );
     let cfg = match loaded.config() {
@@ -89,7 +89,9 @@ async fn run(loaded: Loaded) -> ExitCode {
         tracing::info!(file = %path.display(), "configuration file read");
     }
     let client =
-        match loxi_ccm::k8s::api::client(loaded.args.kubeconfig.as_deref(), cfg.kube_api).await {
+        match loxi_ccm::k8s::api::client(loaded.args.kube_api.kubeconfig.as_deref(), cfg.kube_api)
+            .await
+        {
             Ok(c) => c,
             Err(e) => {
                 eprintln!(
@@ -99,7 +101,13 @@ async fn run(loaded: Loaded) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-    match loxi_ccm::runtime::run(client, cfg, Some(loaded.args.admin_addr), shutdown_signal()).await
+    match loxi_ccm::runtime::run(
+        client,
+        cfg,
+        Some(loaded.args.admin.admin_addr),
+        shutdown_signal(),
+    )
+    .await
     {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -120,7 +128,9 @@ async fn audit(loaded: &Loaded) -> ExitCode {
         }
     };
     let client =
-        match loxi_ccm::k8s::api::client(loaded.args.kubeconfig.as_deref(), cfg.kube_api).await {
+        match loxi_ccm::k8s::api::client(loaded.args.kube_api.kubeconfig.as_deref(), cfg.kube_api)
+            .await
+        {
             Ok(c) => c,
             Err(e) => {
                 eprintln!(
@@ -214,16 +224,16 @@ async fn run_main() -> ExitCode {
         Mode::Run => run(loaded).await,
         Mode::Audit => {
             init_logging(
-                loaded.args.log_format,
-                &loaded.args.log_level,
+                loaded.args.admin.log_format,
+                &loaded.args.admin.log_level,
                 LogTo::Stderr,
             );
             audit(&loaded).await
         }
         Mode::Check => {
             init_logging(
-                loaded.args.log_format,
-                &loaded.args.log_level,
+                loaded.args.admin.log_format,
+                &loaded.args.admin.log_level,
                 LogTo::Stderr,
             );
             print_report(&loxi_ccm::config::check::run(&loaded).await)

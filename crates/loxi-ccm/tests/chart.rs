@@ -13,10 +13,12 @@
 //!   controller's own list/watch by name) and no other Secret, and the controller's watch,
 //!   run with that ServiceAccount's token, sees a rotated token.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::Pod;
@@ -469,23 +471,15 @@ async fn every_scenario_applies_to_the_real_api_server() {
     }
 }
 
+/// [`common::poll_for`] with the chart's timeout (helm installs and Pods take time), failing
+/// with the control plane's log tails.
 async fn wait_for<T, Fut: std::future::Future<Output = Option<T>>>(
     what: &str,
     cp: &testenv::ControlPlane,
-    mut f: impl FnMut() -> Fut,
+    f: impl FnMut() -> Fut,
 ) -> T {
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}\n{}",
-            cp.log_tails()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let (timeout, every) = (Duration::from_secs(90), Duration::from_millis(200));
+    common::poll_for(what, timeout, every, || format!("\n{}", cp.log_tails()), f).await
 }
 
 #[tokio::test]

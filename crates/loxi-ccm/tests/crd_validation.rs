@@ -384,7 +384,7 @@ async fn good_address_pools_are_accepted() {
         {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["apool-123"]}
     ]}});
     let cases: Vec<Value> = vec![
-        // The shapes of tests/ipam.rs.
+        // The shapes of tests/ipam_pools.rs.
         pool(&["198.51.100.0/29"], only_ns.clone()),
         pool(
             &["198.51.100.0/29"],

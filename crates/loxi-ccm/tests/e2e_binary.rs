@@ -2,27 +2,24 @@
 //! and the built `loxi-ccm` binary started as a user would, authenticated as the shipped
 //! ServiceAccount, so the shipped ClusterRole is what is tested.
 
+mod common;
+
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, Node, Service};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use loxilb_sim::{SimConfig, Simulator};
 use serde_json::json;
 
+/// [`common::poll_for`] with the end-to-end timeout (the binary starts, takes its Lease).
 async fn wait_for<T, Fut: std::future::Future<Output = Option<T>>>(
     what: &str,
-    mut f: impl FnMut() -> Fut,
+    f: impl FnMut() -> Fut,
 ) -> T {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let (timeout, every) = (Duration::from_secs(60), Duration::from_millis(100));
+    common::poll_for(what, timeout, every, String::new, f).await
 }
 
 #[tokio::test]
@@ -335,24 +332,7 @@ async fn two_process_setup(
 }
 
 async fn add_node(admin: &kube::Client, name: &str, ip: &str) {
-    let nodes: Api<Node> = Api::all(admin.clone());
-    nodes
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": name}})).unwrap(),
-        )
-        .await
-        .unwrap();
-    nodes
-        .patch_status(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({"status": {"addresses": [{"type": "InternalIP", "address": ip}]}}),
-            ),
-        )
-        .await
-        .unwrap();
+    common::nodes::add_node(&Api::all(admin.clone()), name, ip).await;
 }
 
 /// Two processes of the binary WITHOUT leader election (a misconfigured Deployment, or two

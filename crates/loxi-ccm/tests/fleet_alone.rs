@@ -5,6 +5,8 @@
 //! with the cluster's objects (discovery's EndpointSlices, `LoxiURL` resources, the records
 //! as ConfigMaps) is in tests/fleet.rs, against a real API server.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -171,16 +173,13 @@ impl Alone {
     }
 }
 
-/// Polls `check` every 20 ms until it gives a value, for `WAIT` at most.
+/// Polls `check` every 20 ms until it gives a value, for `WAIT` at most ([`common::poll_for`]).
 async fn wait_for<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let every = Duration::from_millis(20);
+    common::poll_for(what, WAIT, every, String::new, || {
+        std::future::ready(check())
+    })
+    .await
 }
 
 fn holds_rule(s: &Simulator) -> bool {

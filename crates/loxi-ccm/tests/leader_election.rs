@@ -4,8 +4,9 @@
 //! Timing-sensitive, so the tests run one at a time (on a 2-core machine, parallel tests would
 //! starve each other's renewals) against one control plane per test binary.
 
+mod common;
+
 use std::future::Future;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -13,7 +14,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ObjectMeta, PostParams};
 use loxi_ccm::leader::{LeaderElector, LeaseConfig};
 use testenv::ControlPlane;
-use tokio::sync::{Mutex, MutexGuard, oneshot, watch};
+use tokio::sync::{MutexGuard, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -23,23 +24,6 @@ const POLL: Duration = Duration::from_millis(50);
 /// Interval for checking the one-leader invariant: finer than POLL to catch short overlaps.
 const SAMPLE: Duration = Duration::from_millis(10);
 const WAIT: Duration = Duration::from_secs(20);
-
-static CONTROL_PLANE: OnceLock<ControlPlane> = OnceLock::new();
-static SERIAL: Mutex<()> = Mutex::const_new(());
-
-/// Started on its own runtime: each test has its own, and the processes outlive any one test.
-fn control_plane() -> &'static ControlPlane {
-    CONTROL_PLANE.get_or_init(|| {
-        std::thread::spawn(|| {
-            tokio::runtime::Runtime::new()
-                .unwrap()
-                .block_on(ControlPlane::start())
-                .expect("control plane starts")
-        })
-        .join()
-        .expect("control plane thread")
-    })
-}
 
 /// The short timing of tests 1, 3 and 4: expiry after 2 s.
 fn short(ns: &str, identity: &str) -> LeaseConfig {
@@ -67,8 +51,8 @@ impl Env {
             )
             .with_test_writer()
             .try_init();
-        let serial = SERIAL.lock().await;
-        let cp = control_plane();
+        let serial = common::serial().await;
+        let cp = common::control_plane();
         let client = cp.admin_client().await.unwrap();
         let ns = format!("leader-{name}-{}", std::process::id() % 100_000);
         Api::<Namespace>::all(client.clone())
@@ -156,28 +140,28 @@ fn leaders(cs: &[&Contender]) -> Vec<usize> {
 }
 
 /// Polls `check` every POLL until it yields, checking the one-leader invariant every SAMPLE
-/// meanwhile; panics after WAIT naming `what`.
+/// meanwhile ([`common::poll_for`] at SAMPLE); panics after WAIT naming `what`.
 async fn wait_for<T, F, Fut>(what: &str, cs: &[&Contender], mut check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + WAIT;
     let mut next_poll = Instant::now();
-    loop {
+    common::poll_for(what, WAIT, SAMPLE, String::new, || {
         leaders(cs);
-        if Instant::now() >= next_poll {
-            if let Some(v) = check().await {
-                return v;
-            }
+        let due = Instant::now() >= next_poll;
+        if due {
             next_poll = Instant::now() + POLL;
         }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {WAIT:?} waiting for {what}"
-        );
-        tokio::time::sleep(SAMPLE).await;
-    }
+        let polled = due.then(&mut check);
+        async move {
+            match polled {
+                Some(check) => check.await,
+                None => None,
+            }
+        }
+    })
+    .await
 }
 
 /// Waits until exactly one of `cs` leads and returns its index.

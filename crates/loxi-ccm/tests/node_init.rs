@@ -5,11 +5,12 @@
 //! One control plane per test binary; tests run one at a time since Nodes are cluster-scoped
 //! and each test runs its own controller over all of them. Node names start with "ni-".
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, NodeAddress, NodeSpec, Taint};
 use k8s_openapi::api::events::v1::Event;
@@ -19,49 +20,19 @@ use loxi_ccm::node_init::{
     NodeInitArgs, TAINT_SHUTDOWN, TAINT_UNINITIALIZED,
 };
 use serde_json::json;
-use testenv::ControlPlane;
-use tokio::sync::{Mutex, MutexGuard, oneshot};
+use tokio::sync::{MutexGuard, oneshot};
 
 const WAIT: Duration = Duration::from_secs(30);
-const POLL: Duration = Duration::from_millis(50);
 /// Namespace of the inventory ConfigMaps.
 const NS: &str = "ni-inventory";
 
-static CONTROL_PLANE: OnceLock<ControlPlane> = OnceLock::new();
-static SERIAL: Mutex<()> = Mutex::const_new(());
-
-/// The shared control plane, started on first use on its own runtime (each test has its own
-/// runtime, and the processes must outlive any one of them).
-fn control_plane() -> &'static ControlPlane {
-    CONTROL_PLANE.get_or_init(|| {
-        std::thread::spawn(|| {
-            tokio::runtime::Runtime::new()
-                .unwrap()
-                .block_on(ControlPlane::start())
-                .expect("control plane starts")
-        })
-        .join()
-        .expect("control plane thread")
-    })
-}
-
-/// Polls `check` every 50 ms until it returns `Some`, or panics after 30 s naming `what`.
-async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> T
+/// [`common::wait_for`] for `WAIT`.
+async fn wait_for<T, F, Fut>(what: &str, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {WAIT:?} waiting for {what}"
-        );
-        tokio::time::sleep(POLL).await;
-    }
+    common::wait_for(what, WAIT, check).await
 }
 
 fn taint(key: &str, value: Option<&str>, effect: &str) -> Taint {
@@ -147,8 +118,8 @@ impl World {
             )
             .with_test_writer()
             .try_init();
-        let serial = SERIAL.lock().await;
-        let client = control_plane().admin_client().await.unwrap();
+        let serial = common::serial().await;
+        let client = common::control_plane().admin_client().await.unwrap();
         let nodes: Api<Node> = Api::all(client.clone());
         // A test that panicked leaves its Nodes behind: start from none of ours.
         for n in nodes.list(&ListParams::default()).await.unwrap() {

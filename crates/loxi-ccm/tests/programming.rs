@@ -5,16 +5,13 @@ mod common;
 
 use std::time::Duration;
 
-use common::{CLASS, Options, WAIT, World, annotated, wait_for};
+use common::{CLASS, COND_ADDRESS, COND_PROGRAMMED, Options, WAIT, World, annotated, wait_for};
 use k8s_openapi::api::core::v1::{LoadBalancerIngress, Service};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use loxi_domain::RuleName;
 use loxilb_client::{ClientConfig, LoadbalanceEntry, LoxilbClient};
 use loxilb_sim::{Fault, SimConfig, Simulator};
 use serde_json::json;
-
-const COND_ADDRESS: &str = "loxilb.io/AddressAllocated";
-const COND_PROGRAMMED: &str = "loxilb.io/Programmed";
 
 async fn start_sim() -> Simulator {
     Simulator::start("127.0.0.1:0".parse().unwrap(), SimConfig::default())

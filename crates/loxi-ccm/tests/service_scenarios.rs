@@ -13,6 +13,8 @@
 //! The stores are filled by hand, as the watches would have filled them; the `Context` is
 //! built as `runtime::run` builds it.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
@@ -20,8 +22,8 @@ use std::time::Duration;
 
 use http::{Method, Request, Response, StatusCode};
 use k8s_openapi::api::core::v1::{
-    LoadBalancerIngress, LoadBalancerStatus, Namespace, Node, NodeAddress, NodeCondition,
-    NodeStatus, Service, ServicePort, ServiceSpec, ServiceStatus,
+    LoadBalancerIngress, LoadBalancerStatus, Namespace, Node, Service, ServicePort, ServiceSpec,
+    ServiceStatus,
 };
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -547,27 +549,11 @@ fn lines(calls: &[Call]) -> Vec<String> {
     calls.iter().map(Call::line).collect()
 }
 
+/// [`common::nodes::ready_node`] as a store holds it (with a resourceVersion).
 fn ready_node(name: &str, ip: &str) -> Node {
-    Node {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            resource_version: Some("1".into()),
-            ..Default::default()
-        },
-        status: Some(NodeStatus {
-            addresses: Some(vec![NodeAddress {
-                type_: "InternalIP".into(),
-                address: ip.into(),
-            }]),
-            conditions: Some(vec![NodeCondition {
-                type_: "Ready".into(),
-                status: "True".into(),
-                ..Default::default()
-            }]),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
+    let mut node = common::nodes::ready_node(name, ip);
+    node.metadata.resource_version = Some("1".into());
+    node
 }
 
 /// A new LoadBalancer Service of our class: one TCP port, no finalizer, no status.

@@ -10,30 +10,9 @@
 
 use kube::core::{Message, Reason, Rule};
 use schemars::Schema;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
-type Object = Map<String, Value>;
-
-fn rule(expr: impl Into<String>, message: &str) -> Rule {
-    Rule::new(expr).message(message)
-}
-
-fn add(at: &mut Object, rules: impl IntoIterator<Item = Rule>) {
-    let list = at
-        .entry("x-kubernetes-validations")
-        .or_insert_with(|| Value::Array(Vec::new()));
-    if let Value::Array(list) = list {
-        list.extend(
-            rules
-                .into_iter()
-                .filter_map(|r| serde_json::to_value(r).ok()),
-        );
-    }
-}
-
-fn set(at: &mut Object, key: &str, value: impl Into<Value>) {
-    at.insert(key.to_string(), value.into());
-}
+use crate::k8s::schema::{Object, add, rule, set};
 
 /// The object schema of an optional value: schemars may write `Option<T>` as
 /// `anyOf: [T, null]` (kube folds that into `nullable` later).

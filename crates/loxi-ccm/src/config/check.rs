@@ -121,7 +121,7 @@ pub async fn run(loaded: &Loaded) -> Report {
     };
     report.pass("configuration", describe_config(&cfg, loaded));
     report.pass("fleet", describe_fleet(&cfg));
-    let (mut kube_lines, api) = kube_checks(loaded.args.kubeconfig.as_deref(), &cfg).await;
+    let (mut kube_lines, api) = kube_checks(loaded.args.kube_api.kubeconfig.as_deref(), &cfg).await;
     kube_lines
         .lines
         .extend(inventory_check(api.as_ref(), &cfg).await);
@@ -464,7 +464,14 @@ impl fmt::Display for Need {
 /// What `run` does with the API, as configured (see deploy/20-clusterrole.yaml and
 /// deploy/22-role-leases.yaml).
 fn needs(cfg: &Config) -> Vec<Need> {
-    let ns = cfg.namespace.as_deref();
+    let mut needs = always_needed(cfg.namespace.as_deref());
+    needs.extend(feature_needs(cfg));
+    needs.extend(named_object_needs(cfg));
+    needs
+}
+
+/// What `run` always does: Services, Nodes, Events, address claims and pools, LoxiURLs.
+fn always_needed(ns: Option<&str>) -> Vec<Need> {
     let mut needs = vec![
         Need::new("list", "", "services").ns(ns),
         Need::new("watch", "", "services").ns(ns),
@@ -489,6 +496,14 @@ fn needs(cfg: &Config) -> Vec<Need> {
     for verb in ["list", "watch"] {
         needs.push(Need::new(verb, "loxiurl.loxilb.io", "loxiurls"));
     }
+    needs
+}
+
+/// What the optional features need: Multus, the BGP custom resources, discovery, node
+/// initialization.
+fn feature_needs(cfg: &Config) -> Vec<Need> {
+    let ns = cfg.namespace.as_deref();
+    let mut needs = Vec::new();
     if cfg.multus {
         for verb in ["list", "watch"] {
             needs.push(Need::new(verb, "", "pods").ns(ns));
@@ -514,28 +529,42 @@ fn needs(cfg: &Config) -> Vec<Need> {
         }
         needs.push(Need::new("create", "events.k8s.io", "events").ns(Some("default")));
     }
+    for d in cfg.discovery.iter().chain(&cfg.peer_discovery) {
+        // The in-cluster loxilbs (docs/fleet.md#discovery), BGP-peer-only ones too.
+        for verb in ["list", "watch"] {
+            needs.push(
+                Need::new(verb, "discovery.k8s.io", "endpointslices").ns(d.namespace.as_deref()),
+            );
+        }
+    }
+    if !cfg.node_init.disable_node_init {
+        needs.push(Need::new("patch", "", "nodes"));
+        needs.push(Need::new("patch", "", "nodes").sub("status"));
+        needs.push(Need::new("create", "events.k8s.io", "events").ns(Some("default")));
+        if let Some(cm) = &cfg.node_init.inventory_configmap {
+            let cns = Some(cm.namespace.as_str());
+            needs.push(Need::new("get", "", "configmaps").ns(cns).named(&cm.name));
+            needs.push(Need::new("watch", "", "configmaps").ns(cns));
+        }
+    }
+    needs
+}
+
+/// What is read or written by name: kube-system (for the cluster id), the Lease, the token
+/// Secret, the HA role record.
+fn named_object_needs(cfg: &Config) -> Vec<Need> {
+    let mut needs = Vec::new();
     if cfg.cluster_id.is_none() {
         needs.push(Need::new("get", "", "namespaces").named("kube-system"));
     }
     if let Some(lease) = &cfg.leader {
         let lns = Some(lease.namespace.as_str());
         needs.push(Need::new("create", "coordination.k8s.io", "leases").ns(lns));
-        needs.push(
-            Need::new("get", "coordination.k8s.io", "leases")
-                .ns(lns)
-                .named(&lease.name),
-        );
-        needs.push(
-            Need::new("update", "coordination.k8s.io", "leases")
-                .ns(lns)
-                .named(&lease.name),
-        );
-    }
-    for d in cfg.discovery.iter().chain(&cfg.peer_discovery) {
-        // The in-cluster loxilbs (docs/fleet.md#discovery), BGP-peer-only ones too.
-        for verb in ["list", "watch"] {
+        for verb in ["get", "update"] {
             needs.push(
-                Need::new(verb, "discovery.k8s.io", "endpointslices").ns(d.namespace.as_deref()),
+                Need::new(verb, "coordination.k8s.io", "leases")
+                    .ns(lns)
+                    .named(&lease.name),
             );
         }
     }
@@ -558,16 +587,6 @@ fn needs(cfg: &Config) -> Vec<Need> {
         needs.push(Need::new("create", "", "configmaps").ns(rns));
         for verb in ["get", "patch"] {
             needs.push(Need::new(verb, "", "configmaps").ns(rns).named(name));
-        }
-    }
-    if !cfg.node_init.disable_node_init {
-        needs.push(Need::new("patch", "", "nodes"));
-        needs.push(Need::new("patch", "", "nodes").sub("status"));
-        needs.push(Need::new("create", "events.k8s.io", "events").ns(Some("default")));
-        if let Some(cm) = &cfg.node_init.inventory_configmap {
-            let cns = Some(cm.namespace.as_str());
-            needs.push(Need::new("get", "", "configmaps").ns(cns).named(&cm.name));
-            needs.push(Need::new("watch", "", "configmaps").ns(cns));
         }
     }
     needs
@@ -606,6 +625,20 @@ async fn kube_checks(kubeconfig: Option<&Path>, cfg: &Config) -> (Report, Option
             return (r, None);
         }
     };
+    if !api_version_check(&mut r, &client, &url).await {
+        return (r, None);
+    }
+    service_checks(&mut r, &client, cfg).await;
+    node_check(&mut r, &client).await;
+    cluster_id_check(&mut r, &client, cfg).await;
+    r.pass("controller", controller_line(cfg));
+    permissions_check(&mut r, &client, cfg).await;
+    (r, Some(client))
+}
+
+/// GET /version; false when the other checks cannot go on (no answer, or the credentials
+/// refused).
+async fn api_version_check(r: &mut Report, client: &kube::Client, url: &str) -> bool {
     let api_name = format!("kubernetes API {url}");
     match with_timeout(client.apiserver_version()).await {
         Ok(info) => r.pass(api_name, format!("reachable, version {}", info.git_version)),
@@ -626,12 +659,15 @@ async fn kube_checks(kubeconfig: Option<&Path>, cfg: &Config) -> (Report, Option
                 None => (format!("unreachable: {e}"), false),
             };
             r.fail(api_name, detail);
-            if !go_on {
-                return (r, None);
-            }
+            return go_on;
         }
     }
 
+    true
+}
+
+/// Listing Services (the credentials), and whether the API server filters them by type.
+async fn service_checks(r: &mut Report, client: &kube::Client, cfg: &Config) {
     // Who we are (informational; older API servers may not serve SelfSubjectReview).
     let whoami: Api<SelfSubjectReview> = Api::all(client.clone());
     let who = with_timeout(whoami.create(&PostParams::default(), &SelfSubjectReview::default()))
@@ -689,7 +725,11 @@ async fn kube_checks(kubeconfig: Option<&Path>, cfg: &Config) -> (Report, Option
             e.explain(&format!("listing Services in {scope}"), &list_services),
         ),
     }
+}
+
+async fn node_check(r: &mut Report, client: &kube::Client) {
     let nodes: Api<Node> = Api::all(client.clone());
+    let one = ListParams::default().limit(1);
     match with_timeout(nodes.list(&one)).await {
         Ok(list) => r.pass(
             "kubernetes nodes",
@@ -707,7 +747,10 @@ async fn kube_checks(kubeconfig: Option<&Path>, cfg: &Config) -> (Report, Option
             e.explain("listing Nodes", &Need::new("list", "", "nodes")),
         ),
     }
+}
 
+/// The cluster id: configured, or from the kube-system namespace's UID.
+async fn cluster_id_check(r: &mut Report, client: &kube::Client, cfg: &Config) {
     match &cfg.cluster_id {
         Some(id) => r.pass("cluster id", format!("{} (configured)", id.as_str())),
         None => {
@@ -733,14 +776,15 @@ async fn kube_checks(kubeconfig: Option<&Path>, cfg: &Config) -> (Report, Option
             }
         }
     }
+}
 
-    r.pass("controller", controller_line(cfg));
-
+/// Every permission `run` needs, asked with SelfSubjectAccessReviews.
+async fn permissions_check(r: &mut Report, client: &kube::Client, cfg: &Config) {
     let needs = needs(cfg);
     let mut missing = Vec::new();
     let mut errors = Vec::new();
     for need in &needs {
-        match allowed(&client, need).await {
+        match allowed(client, need).await {
             Ok(true) => {}
             Ok(false) => missing.push(need.to_string()),
             Err(e) => errors.push(format!("{need}: {e}")),
@@ -767,7 +811,6 @@ async fn kube_checks(kubeconfig: Option<&Path>, cfg: &Config) -> (Report, Option
             format!("all {} permissions `run` uses are granted", needs.len()),
         );
     }
-    (r, Some(client))
 }
 
 /// The node-initialization inventory, loaded and validated by node initialization's own code

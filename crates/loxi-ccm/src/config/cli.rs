@@ -81,7 +81,8 @@ pub enum LogFormat {
     Json,
 }
 
-/// The options of `run` (and `check`, `audit`). Those of [`GO_BOOLS`] are Go-style booleans.
+/// The options of `run` (and `check`, `audit`), one group per concern, each shown under its
+/// own heading in `--help`. Those of [`GO_BOOLS`] are Go-style booleans.
 #[derive(Debug, Clone, Args)]
 #[command(mut_args(go_bools))]
 pub struct RunArgs {
@@ -90,10 +91,71 @@ pub struct RunArgs {
     #[arg(long, env = "LOXI_CCM_CONFIG")]
     pub config: Option<PathBuf>,
 
+    #[command(flatten)]
+    pub kube_api: KubeApiArgs,
+
+    #[command(flatten)]
+    pub loxilbs: LoxilbArgs,
+
+    #[command(flatten)]
+    pub loxilb_api: LoxilbApiArgs,
+
+    #[command(flatten)]
+    pub pools: PoolArgs,
+
+    #[command(flatten)]
+    pub services: ServiceArgs,
+
+    #[command(flatten)]
+    pub bgp: BgpArgs,
+
+    #[command(flatten)]
+    pub ha: HaArgs,
+
+    #[command(flatten)]
+    pub leader: LeaderArgs,
+
+    #[command(flatten)]
+    pub admin: AdminArgs,
+
+    #[command(flatten, next_help_heading = "Node initialization")]
+    pub node_init: crate::node_init::NodeInitArgs,
+}
+
+/// Where the Kubernetes API is and how much this controller may ask of it.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Kubernetes API")]
+pub struct KubeApiArgs {
     /// Path to a kubeconfig. Without it: in-cluster configuration, then ~/.kube/config.
     #[arg(long, env = "KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
 
+    /// Client-side limit on Kubernetes API requests per second (client-go's QPS); 0, the
+    /// default, sets none: the API server protects itself (API Priority and Fairness) and
+    /// answers 429 when it must, which the client retries. Set a limit to cap what this
+    /// controller may ask of a shared API server; a burst of new Services costs about five
+    /// requests per Service. Requests held back for a second or more are logged.
+    #[arg(
+        long = "kube-api-qps",
+        env = "LOXI_CCM_KUBE_API_QPS",
+        default_value_t = 0.0
+    )]
+    pub kube_api_qps: f64,
+
+    /// Requests allowed at once above --kube-api-qps before the limit applies (client-go's
+    /// Burst). Only used with a --kube-api-qps above 0.
+    #[arg(
+        long = "kube-api-burst",
+        env = "LOXI_CCM_KUBE_API_BURST",
+        default_value_t = 100
+    )]
+    pub kube_api_burst: u32,
+}
+
+/// Which loxilbs are programmed: named, or followed in the cluster, and their groups.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "loxilbs")]
+pub struct LoxilbArgs {
     /// loxilb API endpoint(s), e.g. http://10.0.0.5:11111. Repeat the flag or separate with
     /// commas. Every loxilb of a group gets the rules of the Services placed on that group;
     /// GROUP=URL (east=http://10.0.0.5:11111) puts a loxilb in group GROUP, a plain URL in
@@ -202,7 +264,90 @@ pub struct RunArgs {
         env = "LOXI_CCM_LOXILB_PEER_SERVICE_NAMESPACE"
     )]
     pub loxilb_peer_service_namespace: Option<String>,
+}
 
+/// How every loxilb is called (token, TLS, timeouts) and how much it is given.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "loxilb API")]
+pub struct LoxilbApiArgs {
+    /// Token sent verbatim in the Authorization header to loxilb (when loxilb runs with auth).
+    /// Prefer --loxilb-token-file or --loxilb-token-secret: a flag's value shows in the
+    /// process list, and it can only change with a restart. Never logged or printed.
+    #[arg(
+        long = "loxilb-token",
+        env = "LOXI_CCM_LOXILB_TOKEN",
+        hide_env_values = true
+    )]
+    pub loxilb_token: Option<SecretText>,
+
+    /// File holding the loxilb token (e.g. a mounted Secret); surrounding whitespace is
+    /// ignored. Re-read every 2 s: a new token is used without a restart (an unreadable or
+    /// empty file keeps the token in use). Only one of the three token options.
+    #[arg(long = "loxilb-token-file", env = "LOXI_CCM_LOXILB_TOKEN_FILE")]
+    pub loxilb_token_file: Option<PathBuf>,
+
+    /// Secret holding the loxilb token, namespace/name[:key] (key default: token), e.g.
+    /// kube-system/loxi-ccm-loxilb-auth. Watched: a new token is used without a restart; a
+    /// missing Secret or key means no token. Needs get/list/watch on that Secret.
+    #[arg(long = "loxilb-token-secret", env = "LOXI_CCM_LOXILB_TOKEN_SECRET")]
+    pub loxilb_token_secret: Option<String>,
+
+    /// PEM file with the CA(s) that sign loxilb's HTTPS certificate (https:// URLs); without
+    /// it, the system's trusted roots. The certificate must name the URL's host.
+    #[arg(long = "loxilb-ca-file", env = "LOXI_CCM_LOXILB_CA_FILE")]
+    pub loxilb_ca_file: Option<PathBuf>,
+
+    /// Accept any HTTPS certificate from loxilb, without checking who signed it or whom it
+    /// names: the traffic is encrypted but anybody in the path can read the token. For
+    /// tests only; logged as a warning at start-up and by check.
+    #[arg(
+        long = "loxilb-insecure-skip-tls-verify",
+        env = "LOXI_CCM_LOXILB_INSECURE_SKIP_TLS_VERIFY"
+    )]
+    pub loxilb_insecure_skip_tls_verify: bool,
+
+    /// Timeout of one loxilb API call.
+    #[arg(long = "loxilb-timeout", env = "LOXI_CCM_LOXILB_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub loxilb_timeout: Duration,
+
+    /// How often each loxilb is probed: liveness (GET /version) and, while up, whether it
+    /// restarted since the last probe (GET /config/cistate/all: the controller's restart
+    /// marker is gone), in which case every rule is replayed at once. Both answers are a few
+    /// bytes; a loxilb that refuses the marker is probed by listing its rules instead.
+    #[arg(long = "health-interval", env = "LOXI_CCM_HEALTH_INTERVAL", default_value = "1s", value_parser = parse_duration)]
+    pub health_interval: Duration,
+
+    /// How often the rules held by each loxilb are compared with what should exist: missing
+    /// rules are created, changed ones fixed, orphans this cluster owns deleted.
+    #[arg(long = "drift-interval", env = "LOXI_CCM_DRIFT_INTERVAL", default_value = "30s", value_parser = parse_duration)]
+    pub drift_interval: Duration,
+
+    /// Rules one loxilb instance holds at most (loxilb's own limit is 2048). A Service whose
+    /// rules would not fit gets the condition reason CapacityExceeded instead of a retry storm,
+    /// and is programmed as soon as room frees.
+    #[arg(
+        long = "loxilb-max-rules",
+        env = "LOXI_CCM_LOXILB_MAX_RULES",
+        default_value_t = 2048
+    )]
+    pub loxilb_max_rules: usize,
+
+    /// Rule writes in flight to one loxilb at most. Fewer go when it answers slowly: the
+    /// writes in flight are kept within half of --loxilb-timeout at the time per write
+    /// learnt from its answers (a loxilb since 2026-03-04 takes one rule write per second),
+    /// the most urgent first (docs/architecture.md#writing-to-a-slow-loxilb).
+    #[arg(
+        long = "loxilb-write-window",
+        env = "LOXI_CCM_LOXILB_WRITE_WINDOW",
+        default_value_t = 16
+    )]
+    pub loxilb_write_window: usize,
+}
+
+/// The address pools external IPs are taken from, and whether Services share them.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Address pools")]
+pub struct PoolArgs {
     /// Default IPv4 pool, named "default": a CIDR (network and broadcast addresses are never
     /// handed out) or a range a.b.c.d-a.b.c.e. (kube-loxilb: --externalCIDR; loxi-ccm: externalIPcidr)
     #[arg(
@@ -259,7 +404,12 @@ pub struct RunArgs {
         env = "LOXI_CCM_SET_UNIQUE_IP"
     )]
     pub set_unique_ip: bool,
+}
 
+/// Which Services this controller serves, and their defaults.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Services")]
+pub struct ServiceArgs {
     /// Serve Services whose spec.loadBalancerClass equals this value.
     /// (kube-loxilb: --loxilbLoadBalancerClass)
     #[arg(
@@ -340,105 +490,16 @@ pub struct RunArgs {
     #[arg(long, env = "LOXI_CCM_NAMESPACE")]
     pub namespace: Option<String>,
 
-    /// Token sent verbatim in the Authorization header to loxilb (when loxilb runs with auth).
-    /// Prefer --loxilb-token-file or --loxilb-token-secret: a flag's value shows in the
-    /// process list, and it can only change with a restart. Never logged or printed.
-    #[arg(
-        long = "loxilb-token",
-        env = "LOXI_CCM_LOXILB_TOKEN",
-        hide_env_values = true
-    )]
-    pub loxilb_token: Option<SecretText>,
-
-    /// File holding the loxilb token (e.g. a mounted Secret); surrounding whitespace is
-    /// ignored. Re-read every 2 s: a new token is used without a restart (an unreadable or
-    /// empty file keeps the token in use). Only one of the three token options.
-    #[arg(long = "loxilb-token-file", env = "LOXI_CCM_LOXILB_TOKEN_FILE")]
-    pub loxilb_token_file: Option<PathBuf>,
-
-    /// Secret holding the loxilb token, namespace/name[:key] (key default: token), e.g.
-    /// kube-system/loxi-ccm-loxilb-auth. Watched: a new token is used without a restart; a
-    /// missing Secret or key means no token. Needs get/list/watch on that Secret.
-    #[arg(long = "loxilb-token-secret", env = "LOXI_CCM_LOXILB_TOKEN_SECRET")]
-    pub loxilb_token_secret: Option<String>,
-
-    /// PEM file with the CA(s) that sign loxilb's HTTPS certificate (https:// URLs); without
-    /// it, the system's trusted roots. The certificate must name the URL's host.
-    #[arg(long = "loxilb-ca-file", env = "LOXI_CCM_LOXILB_CA_FILE")]
-    pub loxilb_ca_file: Option<PathBuf>,
-
-    /// Accept any HTTPS certificate from loxilb, without checking who signed it or whom it
-    /// names: the traffic is encrypted but anybody in the path can read the token. For
-    /// tests only; logged as a warning at start-up and by check.
-    #[arg(
-        long = "loxilb-insecure-skip-tls-verify",
-        env = "LOXI_CCM_LOXILB_INSECURE_SKIP_TLS_VERIFY"
-    )]
-    pub loxilb_insecure_skip_tls_verify: bool,
-
-    /// Timeout of one loxilb API call.
-    #[arg(long = "loxilb-timeout", env = "LOXI_CCM_LOXILB_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
-    pub loxilb_timeout: Duration,
-
-    /// How often each loxilb is probed: liveness (GET /version) and, while up, whether it
-    /// restarted since the last probe (GET /config/cistate/all: the controller's restart
-    /// marker is gone), in which case every rule is replayed at once. Both answers are a few
-    /// bytes; a loxilb that refuses the marker is probed by listing its rules instead.
-    #[arg(long = "health-interval", env = "LOXI_CCM_HEALTH_INTERVAL", default_value = "1s", value_parser = parse_duration)]
-    pub health_interval: Duration,
-
-    /// How often the rules held by each loxilb are compared with what should exist: missing
-    /// rules are created, changed ones fixed, orphans this cluster owns deleted.
-    #[arg(long = "drift-interval", env = "LOXI_CCM_DRIFT_INTERVAL", default_value = "30s", value_parser = parse_duration)]
-    pub drift_interval: Duration,
-
     /// How many Services are reconciled at the same time; also how many Services' rules a
     /// replay (after a loxilb restart) or a drift repair sends to one loxilb at once.
     #[arg(long, env = "LOXI_CCM_CONCURRENCY", default_value_t = 16)]
     pub concurrency: u16,
+}
 
-    /// Client-side limit on Kubernetes API requests per second (client-go's QPS); 0, the
-    /// default, sets none: the API server protects itself (API Priority and Fairness) and
-    /// answers 429 when it must, which the client retries. Set a limit to cap what this
-    /// controller may ask of a shared API server; a burst of new Services costs about five
-    /// requests per Service. Requests held back for a second or more are logged.
-    #[arg(
-        long = "kube-api-qps",
-        env = "LOXI_CCM_KUBE_API_QPS",
-        default_value_t = 0.0
-    )]
-    pub kube_api_qps: f64,
-
-    /// Requests allowed at once above --kube-api-qps before the limit applies (client-go's
-    /// Burst). Only used with a --kube-api-qps above 0.
-    #[arg(
-        long = "kube-api-burst",
-        env = "LOXI_CCM_KUBE_API_BURST",
-        default_value_t = 100
-    )]
-    pub kube_api_burst: u32,
-
-    /// Rules one loxilb instance holds at most (loxilb's own limit is 2048). A Service whose
-    /// rules would not fit gets the condition reason CapacityExceeded instead of a retry storm,
-    /// and is programmed as soon as room frees.
-    #[arg(
-        long = "loxilb-max-rules",
-        env = "LOXI_CCM_LOXILB_MAX_RULES",
-        default_value_t = 2048
-    )]
-    pub loxilb_max_rules: usize,
-
-    /// Rule writes in flight to one loxilb at most. Fewer go when it answers slowly: the
-    /// writes in flight are kept within half of --loxilb-timeout at the time per write
-    /// learnt from its answers (a loxilb since 2026-03-04 takes one rule write per second),
-    /// the most urgent first (docs/architecture.md#writing-to-a-slow-loxilb).
-    #[arg(
-        long = "loxilb-write-window",
-        env = "LOXI_CCM_LOXILB_WRITE_WINDOW",
-        default_value_t = 16
-    )]
-    pub loxilb_write_window: usize,
-
+/// BGP on every loxilb (docs/bgp.md).
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "BGP")]
+pub struct BgpArgs {
     /// BGP: the local AS number (1-4294967295; 4-byte ASNs and asdot such as 1.10 accepted).
     /// Set, loxi-ccm configures BGP on every loxilb and rules advertise their addresses
     /// (docs/bgp.md); unset or 0: no BGP. (kube-loxilb: --setBGP)
@@ -480,6 +541,26 @@ pub struct RunArgs {
     )]
     pub bgp_multihop: bool,
 
+    /// Serve kube-loxilb's BGP custom resources (BGPPeerService, BGPPolicyDefinedSetsService,
+    /// BGPPolicyDefinitionService, BGPPolicyApplyService; CRDs in
+    /// deploy/optional/bgp-crds.yaml): their peers and policies are configured on every
+    /// loxilb, with status. Needs --bgp-local-as. (kube-loxilb: --enableBGPCRDs)
+    #[arg(
+        long = "bgp-crds",
+        alias = "enableBGPCRDs",
+        env = "LOXI_CCM_BGP_CRDS",
+        default_value_t = false,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    pub bgp_crds: bool,
+}
+
+/// HA roles of the loxilbs and HA instances of the Services (docs/fleet.md).
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "HA roles and instances")]
+pub struct HaArgs {
     /// HA roles: for each HA instance exactly one reachable loxilb is MASTER and the others
     /// BACKUP (POST /config/cistate, with this VIP; 0.0.0.0 for none). When a master stops
     /// answering another takes over; roles are recorded in the ConfigMap
@@ -517,45 +598,12 @@ pub struct RunArgs {
         value_parser = clap::value_parser!(u16).range(1..=64)
     )]
     pub num_zone_instances: u16,
+}
 
-    /// Serve kube-loxilb's BGP custom resources (BGPPeerService, BGPPolicyDefinedSetsService,
-    /// BGPPolicyDefinitionService, BGPPolicyApplyService; CRDs in
-    /// deploy/optional/bgp-crds.yaml): their peers and policies are configured on every
-    /// loxilb, with status. Needs --bgp-local-as. (kube-loxilb: --enableBGPCRDs)
-    #[arg(
-        long = "bgp-crds",
-        alias = "enableBGPCRDs",
-        env = "LOXI_CCM_BGP_CRDS",
-        default_value_t = false,
-        num_args = 0..=1,
-        default_missing_value = "true",
-        action = clap::ArgAction::Set
-    )]
-    pub bgp_crds: bool,
-
-    /// Address of the admin HTTP server (/metrics, /healthz, /readyz). run refuses to start
-    /// (exit 1, before it asks for the Lease) when it cannot listen there, e.g. when the
-    /// port is in use.
-    #[arg(
-        long = "admin-addr",
-        env = "LOXI_CCM_ADMIN_ADDR",
-        default_value = "0.0.0.0:9500"
-    )]
-    pub admin_addr: SocketAddr,
-
-    /// Log format.
-    #[arg(
-        long = "log-format",
-        env = "LOXI_CCM_LOG_FORMAT",
-        value_enum,
-        default_value = "text"
-    )]
-    pub log_format: LogFormat,
-
-    /// Log filter in tracing's EnvFilter syntax, e.g. info or loxi_ccm=debug.
-    #[arg(long = "log-level", env = "LOXI_CCM_LOG_LEVEL", default_value = "info")]
-    pub log_level: String,
-
+/// One active replica among several.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Leader election")]
+pub struct LeaderArgs {
     /// Elect one active replica through a coordination.k8s.io/v1 Lease; standbys keep warm
     /// caches and take over when the leader stops or its lease expires. Set to false only
     /// when exactly one replica runs.
@@ -583,9 +631,34 @@ pub struct RunArgs {
     /// How long a leader's Lease stays valid without renewal; a standby takes over after it.
     #[arg(long = "leader-elect-lease-duration", env = "LOXI_CCM_LEADER_ELECT_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
     pub leader_elect_lease_duration: Duration,
+}
 
-    #[command(flatten)]
-    pub node_init: crate::node_init::NodeInitArgs,
+/// The admin HTTP server and the logs.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Admin server and logs")]
+pub struct AdminArgs {
+    /// Address of the admin HTTP server (/metrics, /healthz, /readyz). run refuses to start
+    /// (exit 1, before it asks for the Lease) when it cannot listen there, e.g. when the
+    /// port is in use.
+    #[arg(
+        long = "admin-addr",
+        env = "LOXI_CCM_ADMIN_ADDR",
+        default_value = "0.0.0.0:9500"
+    )]
+    pub admin_addr: SocketAddr,
+
+    /// Log format.
+    #[arg(
+        long = "log-format",
+        env = "LOXI_CCM_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
+
+    /// Log filter in tracing's EnvFilter syntax, e.g. info or loxi_ccm=debug.
+    #[arg(long = "log-level", env = "LOXI_CCM_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
 }
 
 /// The boolean options (by clap id) written as kube-loxilb's Go flags: `--flag` (true),
@@ -710,20 +783,23 @@ mod tests {
         ])
         .unwrap();
         let Command::Run(args) = cli.command;
-        assert_eq!(args.loxilb_urls, ["http://a:11111", "http://b:11111"]);
-        assert_eq!(args.external_cidr.as_deref(), Some("192.0.2.0/24"));
-        assert_eq!(args.external_cidr6.as_deref(), Some("2001:db8::/64"));
-        assert_eq!(args.cidr_pools, ["a=10.0.0.0/24", "b=10.0.1.0/24"]);
-        assert_eq!(args.cidr6_pools, ["c=2001:db8:1::/64"]);
         assert_eq!(
-            args.external_secondary_cidrs,
+            args.loxilbs.loxilb_urls,
+            ["http://a:11111", "http://b:11111"]
+        );
+        assert_eq!(args.pools.external_cidr.as_deref(), Some("192.0.2.0/24"));
+        assert_eq!(args.pools.external_cidr6.as_deref(), Some("2001:db8::/64"));
+        assert_eq!(args.pools.cidr_pools, ["a=10.0.0.0/24", "b=10.0.1.0/24"]);
+        assert_eq!(args.pools.cidr6_pools, ["c=2001:db8:1::/64"]);
+        assert_eq!(
+            args.pools.external_secondary_cidrs,
             ["10.1.0.0/24", "10.2.0.0/24"]
         );
-        assert!(args.set_unique_ip);
-        assert!(args.monitor);
-        assert_eq!(args.lb_mode, "2");
-        assert_eq!(args.load_balancer_class, "example.com/lb");
-        assert!(args.no_zone_name);
+        assert!(args.pools.set_unique_ip);
+        assert!(args.services.monitor);
+        assert_eq!(args.services.lb_mode, "2");
+        assert_eq!(args.services.load_balancer_class, "example.com/lb");
+        assert!(args.loxilbs.no_zone_name);
     }
 
     #[test]
@@ -738,7 +814,7 @@ mod tests {
             ("--ccm-mode=true", true),
             ("--ccm-mode=false", false),
         ] {
-            assert_eq!(run(flag).ccm_mode, want, "{flag}");
+            assert_eq!(run(flag).services.ccm_mode, want, "{flag}");
         }
         // kube-loxilb's --noZoneName, every way it is written.
         for (flag, want) in [
@@ -747,7 +823,7 @@ mod tests {
             ("--noZoneName=false", false),
             ("--no-zone-name", true),
         ] {
-            assert_eq!(run(flag).no_zone_name, want, "{flag}");
+            assert_eq!(run(flag).loxilbs.no_zone_name, want, "{flag}");
         }
         assert!(Cli::try_parse_from(["loxi-ccm", "run", "--monitor=maybe"]).is_err());
     }
@@ -757,7 +833,10 @@ mod tests {
         let cli = Cli::try_parse_from(["loxi-ccm", "run", "--loxilb-token=s3cret-value"]).unwrap();
         let Command::Run(args) = cli.command;
         assert_eq!(
-            args.loxilb_token.as_ref().map(SecretText::expose),
+            args.loxilb_api
+                .loxilb_token
+                .as_ref()
+                .map(SecretText::expose),
             Some("s3cret-value")
         );
         assert!(!format!("{args:?}").contains("s3cret-value"));

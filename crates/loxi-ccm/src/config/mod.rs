@@ -17,29 +17,41 @@
 //! with the layer the value came from: `environment LOXI_CCM_LB_MODE: invalid value "x": ...`,
 //! `config file /etc/loxi-ccm/config.yaml: key "externalCidr": invalid value ...`. The
 //! semantic checks of [`Config::from_args_with`] name the source the same way.
+//!
+//! The code follows the option groups of [`cli::RunArgs`]: [`load`] (the layers), [`origins`]
+//! (where each value came from), [`file`] (the config file's keys), and one validator module
+//! per group ([`services`], [`leader`], [`loxilbs`], [`pools`], [`bgp`]) that
+//! [`Config::from_args_with`] calls in turn.
+mod bgp;
 pub mod check;
 pub mod cli;
+mod file;
+mod leader;
+mod load;
+mod loxilbs;
+mod origins;
+mod pools;
+mod services;
 pub mod sources;
 pub mod token;
 
-use std::collections::HashMap;
-use std::ffi::OsString;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::error::{ContextKind, ContextValue, ErrorKind};
-use clap::parser::ValueSource;
-use clap::{Arg, ArgAction, FromArgMatches};
-use loxi_domain::bgp::{BgpInput, BgpSettings};
-use loxi_domain::ipam::{AddressBlock, Family};
-use loxi_domain::text::shown;
-use loxi_domain::{ClusterId, ControllerName, Defaults, NatMode, Pool};
-use loxilb_client::{ClientConfig, ClientError, LoxilbClient, Token};
+use loxi_domain::bgp::BgpSettings;
+use loxi_domain::ipam::Family;
+use loxi_domain::{ClusterId, ControllerName, Defaults, Pool};
+use loxilb_client::{ClientConfig, Token};
 use thiserror::Error;
 
-use crate::config::cli::{AUDIT, CHECK, RunArgs};
+use crate::config::cli::RunArgs;
+use crate::config::loxilbs::Followed;
 use crate::leader::{LeaseConfig, default_identity};
 use crate::node_init::NodeInitArgs;
+
+pub use file::{NOT_YET_SUPPORTED, NOT_YET_SUPPORTED_DOC, camel_case, file_keys};
+pub use load::{LoadError, Loaded, Mode, load};
+pub use origins::{Origin, Origins};
 
 /// The name of the pool built from `--external-cidr`.
 pub const DEFAULT_POOL: &str = "default";
@@ -169,191 +181,6 @@ pub enum TokenSource {
     Secret(token::SecretRef),
 }
 
-// ---------------------------------------------------------------------------------------------
-// Where each option came from.
-
-/// The layer an option's value came from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Origin {
-    Flag,
-    Env(String),
-    File { path: PathBuf, key: String },
-    Default,
-}
-
-impl Origin {
-    /// `flag --lb-mode`, `environment LOXI_CCM_LB_MODE`, `config file X: key "lbMode"`,
-    /// `default of --lb-mode`.
-    pub fn describe(&self, long: &str) -> String {
-        match self {
-            Origin::Flag => format!("flag --{long}"),
-            Origin::Env(var) => format!("environment {var}"),
-            Origin::File { path, key } => {
-                format!("config file {}: key {}", path.display(), shown(key))
-            }
-            Origin::Default => format!("default of --{long}"),
-        }
-    }
-}
-
-/// The origin of every option, by clap argument id.
-#[derive(Debug, Clone, Default)]
-pub struct Origins {
-    /// id -> (long flag name, origin)
-    entries: HashMap<String, (String, Origin)>,
-}
-
-impl Origins {
-    fn insert(&mut self, id: &str, long: &str, origin: Origin) {
-        self.entries
-            .insert(id.to_string(), (long.to_string(), origin));
-    }
-
-    /// Where the option with clap id `id` came from ([`Origin::Default`] when unknown).
-    pub fn of(&self, id: &str) -> Origin {
-        self.entries
-            .get(id)
-            .map(|(_, o)| o.clone())
-            .unwrap_or(Origin::Default)
-    }
-
-    /// The source of option `id` as error messages name it. Without recorded origins (a
-    /// [`Config::from_args`] caller) simply `--long-name`.
-    pub fn describe(&self, id: &str) -> String {
-        match self.entries.get(id) {
-            Some((long, origin)) => origin.describe(long),
-            None => format!("--{}", long_of(id)),
-        }
-    }
-
-    fn by_long(&self, long: &str) -> Option<&Origin> {
-        self.entries
-            .values()
-            .find(|(l, _)| l == long)
-            .map(|(_, o)| o)
-    }
-}
-
-/// The long flag of the `run` option with clap id `id`.
-fn long_of(id: &str) -> String {
-    crate::config::cli::command()
-        .find_subcommand("run")
-        .and_then(|run| {
-            run.get_arguments()
-                .find(|a| a.get_id() == id)
-                .and_then(|a| a.get_long().map(str::to_string))
-        })
-        .unwrap_or_else(|| id.replace('_', "-"))
-}
-
-// ---------------------------------------------------------------------------------------------
-// Config-file keys.
-
-/// File keys accepted besides the camelCase of the long flag: kube-loxilb's flag and config
-/// spellings, and loxi-ccm (Go)'s ConfigMap keys (`apiServerURL` is its list of loxilb API
-/// URLs, `externalIPcidr` its pool).
-const LEGACY_KEYS: &[(&str, &[&str])] = &[
-    ("loxilb_urls", &["loxiURL", "apiServerURL"]),
-    ("external_cidr", &["externalCIDR", "externalIPcidr"]),
-    ("external_cidr6", &["externalCIDR6"]),
-    ("cidr_pools", &["cidrPools"]),
-    ("cidr6_pools", &["cidr6Pools"]),
-    (
-        "external_secondary_cidrs",
-        &["externalSecondaryCIDRs", "ExternalSecondaryCIDRs"],
-    ),
-    ("set_unique_ip", &["setUniqueIP", "setExclIPAM"]),
-    ("bgp_local_as", &["setBGP"]),
-    ("bgp_listen_port", &["listenBGPPort"]),
-    ("bgp_peers", &["extBGPPeers"]),
-    ("bgp_multihop", &["eBGPMultiHop"]),
-    ("bgp_crds", &["enableBGPCRDs"]),
-    ("lb_mode", &["setLBMode"]),
-    ("monitor", &["monitor"]),
-    ("use_pod_network", &["usePodNetwork"]),
-    ("load_balancer_class", &["loxilbLoadBalancerClass"]),
-];
-
-/// `east=http://a:11111` -> (`east`, `http://a:11111`); a plain URL belongs to `default`.
-fn split_group<'a>(entry: &'a str, default: &'a str) -> (&'a str, &'a str) {
-    match entry.split_once('=') {
-        Some((group, url)) if !group.contains("://") && !group.contains('/') => {
-            (group.trim(), url.trim())
-        }
-        _ => (default, entry),
-    }
-}
-
-/// kube-loxilb settings (flags and config-file keys) whose feature loxi-ccm does not have
-/// yet. Refused with an explanation rather than ignored: silently dropping e.g.
-/// `privateCIDR` would change what loxilb is told. What each did and what to do meanwhile:
-/// [`NOT_YET_SUPPORTED_DOC`].
-pub const NOT_YET_SUPPORTED: &[&str] = &[
-    "externalSecondaryCIDRs6",
-    "privateCIDR",
-    "appendEPs",
-    "gatewayAPI",
-    "loxilbGatewayClass",
-];
-
-/// The section of the documentation the refusal of a [`NOT_YET_SUPPORTED`] setting names.
-pub const NOT_YET_SUPPORTED_DOC: &str = "docs/migration.md#what-is-not-supported-yet";
-
-/// kube-loxilb / loxi-ccm (Go) config-file keys that mean nothing here (its own process
-/// settings); refused by name as well, so that a reused file is read knowingly.
-const WITHOUT_MEANING: &[&str] = &[
-    "hostProcPathPrefix",
-    "withNamespace",
-    "nodePortServiceVirtIP",
-    "clientConnection",
-];
-
-/// Why the kube-loxilb / loxi-ccm (Go) setting `name` is refused, if it is one loxi-ccm
-/// knows and does not take.
-fn unsupported(name: &str) -> Option<String> {
-    if NOT_YET_SUPPORTED.contains(&name) {
-        return Some(format!(
-            "kube-loxilb's {name} is not supported by loxi-ccm yet: remove it \
-             ({NOT_YET_SUPPORTED_DOC} says what it did and what to do instead)"
-        ));
-    }
-    WITHOUT_MEANING.contains(&name).then(|| {
-        format!(
-            "{name} is a kube-loxilb / loxi-ccm (Go) setting that means nothing to loxi-ccm: \
-             remove it (docs/migration.md#from-kube-loxilb)"
-        )
-    })
-}
-
-/// A command line refused by clap because of an argument that is a [`NOT_YET_SUPPORTED`]
-/// kube-loxilb flag (or a [`WITHOUT_MEANING`] key written as a flag): the error that says
-/// so, naming the flag, instead of clap's "unexpected argument".
-fn unsupported_flag(e: &clap::Error, argv: &[OsString]) -> Option<LoadError> {
-    if e.kind() != ErrorKind::UnknownArgument {
-        return None;
-    }
-    let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) else {
-        return None;
-    };
-    let name = arg.strip_prefix("--")?;
-    let name = name.split_once('=').map_or(name, |(n, _)| n);
-    let message = unsupported(name)?;
-    let mode = match argv
-        .iter()
-        .skip(1)
-        .find(|a| !a.to_string_lossy().starts_with('-'))
-        .and_then(|a| a.to_str())
-    {
-        Some(CHECK) => Mode::Check,
-        Some(AUDIT) => Mode::Audit,
-        _ => Mode::Run,
-    };
-    Some(LoadError::Invalid {
-        mode,
-        error: ConfigError::invalid(format!("flag --{name}"), message),
-    })
-}
-
 /// Where the loxilbs are found in the cluster (docs/fleet.md#discovery).
 #[derive(Debug, Clone)]
 pub struct Discovery {
@@ -380,928 +207,6 @@ impl Discovery {
     }
 }
 
-/// `loxilb-url` -> `loxilbUrl`, `external-cidr6` -> `externalCidr6`.
-pub fn camel_case(long: &str) -> String {
-    let mut out = String::with_capacity(long.len());
-    for (i, part) in long.split('-').filter(|p| !p.is_empty()).enumerate() {
-        if i == 0 {
-            out.push_str(part);
-        } else {
-            let mut chars = part.chars();
-            if let Some(c) = chars.next() {
-                out.extend(c.to_uppercase());
-                out.push_str(chars.as_str());
-            }
-        }
-    }
-    out
-}
-
-/// The config-file keys of an option: the camelCase of its long flag first, then legacy
-/// spellings. Empty for `--config` itself (a config file cannot name another one) and for
-/// `--help` / `--version`.
-pub fn file_keys(arg: &Arg) -> Vec<String> {
-    let id = arg.get_id().as_str();
-    if matches!(id, "config" | "help" | "version") {
-        return Vec::new();
-    }
-    let Some(long) = arg.get_long() else {
-        return Vec::new();
-    };
-    let mut keys = vec![camel_case(long)];
-    for (_, extra) in LEGACY_KEYS.iter().filter(|(i, _)| *i == id) {
-        for k in *extra {
-            if !keys.iter().any(|have| have == k) {
-                keys.push(k.to_string());
-            }
-        }
-    }
-    keys
-}
-
-/// Values found in the config file, by clap id: (the key used, the values as text).
-#[derive(Debug, Default)]
-struct FileLayer {
-    path: PathBuf,
-    values: HashMap<String, (String, Vec<String>)>,
-}
-
-fn takes_many(arg: &Arg) -> bool {
-    matches!(arg.get_action(), ArgAction::Append)
-}
-
-fn parse_file(path: &Path, text: &str, args: &[&Arg]) -> Result<FileLayer, ConfigError> {
-    let at = format!("config file {}", path.display());
-    let doc: serde_json::Value = if text.trim().is_empty() {
-        serde_json::Value::Null
-    } else {
-        serde_saphyr::from_str(text)
-            .map_err(|e| ConfigError::invalid(&at, format!("not valid YAML: {e}")))?
-    };
-    let map = match doc {
-        serde_json::Value::Null => serde_json::Map::new(),
-        serde_json::Value::Object(m) => m,
-        other => {
-            return Err(ConfigError::invalid(
-                &at,
-                format!(
-                    "expected a mapping of option keys to values at the top level, found {}",
-                    json_kind(&other)
-                ),
-            ));
-        }
-    };
-    let mut by_key: HashMap<String, &Arg> = HashMap::new();
-    for arg in args {
-        for key in file_keys(arg) {
-            by_key.insert(key, arg);
-        }
-    }
-    let mut layer = FileLayer {
-        path: path.to_path_buf(),
-        values: HashMap::new(),
-    };
-    for (key, value) in map {
-        let Some(arg) = by_key.get(key.as_str()) else {
-            if let Some(why) = unsupported(&key) {
-                return Err(ConfigError::invalid(
-                    format!("{at}: key {}", shown(&key)),
-                    why,
-                ));
-            }
-            let hint = suggest(&key, by_key.keys().map(String::as_str))
-                .map(|k| format!(" (did you mean {k:?}?)"))
-                .unwrap_or_default();
-            return Err(ConfigError::invalid(
-                &at,
-                format!("unknown key {}{hint}", shown(&key)),
-            ));
-        };
-        let origin = format!("{at}: key {}", shown(&key));
-        let Some(values) = scalars(&value).map_err(|m| ConfigError::invalid(&origin, m))? else {
-            continue; // `key:` with no value: as if absent
-        };
-        if values.is_empty() && takes_many(arg) {
-            continue;
-        }
-        if !takes_many(arg) && values.len() != 1 {
-            return Err(ConfigError::invalid(
-                &origin,
-                format!("expects one value, got a list of {}", values.len()),
-            ));
-        }
-        let id = arg.get_id().to_string();
-        if let Some((other, _)) = layer.values.get(&id) {
-            let (first, second) = if *other < key {
-                (other.as_str(), key.as_str())
-            } else {
-                (key.as_str(), other.as_str())
-            };
-            return Err(ConfigError::invalid(
-                &at,
-                format!(
-                    "keys {} and {} both set --{}: keep one",
-                    shown(first),
-                    shown(second),
-                    arg.get_long().unwrap_or(&id)
-                ),
-            ));
-        }
-        layer.values.insert(id, (key, values));
-    }
-    Ok(layer)
-}
-
-fn json_kind(v: &serde_json::Value) -> &'static str {
-    match v {
-        serde_json::Value::Null => "nothing",
-        serde_json::Value::Bool(_) => "a boolean",
-        serde_json::Value::Number(_) => "a number",
-        serde_json::Value::String(_) => "a string",
-        serde_json::Value::Array(_) => "a list",
-        serde_json::Value::Object(_) => "a mapping",
-    }
-}
-
-/// A YAML value as the text values clap would receive: a scalar is one value, a list of
-/// scalars several. `None` for null.
-fn scalars(v: &serde_json::Value) -> Result<Option<Vec<String>>, String> {
-    fn one(v: &serde_json::Value) -> Result<String, String> {
-        match v {
-            serde_json::Value::String(s) => Ok(s.clone()),
-            serde_json::Value::Bool(b) => Ok(b.to_string()),
-            serde_json::Value::Number(n) => Ok(n.to_string()),
-            other => Err(format!(
-                "expected a value or a list of values, found {} in the list",
-                json_kind(other)
-            )),
-        }
-    }
-    match v {
-        serde_json::Value::Null => Ok(None),
-        serde_json::Value::Array(items) => {
-            items.iter().map(one).collect::<Result<_, _>>().map(Some)
-        }
-        serde_json::Value::Object(_) => {
-            Err("expected a value or a list of values, found a mapping".to_string())
-        }
-        scalar => Ok(Some(vec![one(scalar)?])),
-    }
-}
-
-/// The known key closest to a mistyped one: at most 2 edits apart ignoring case, the
-/// exact-case distance breaking ties.
-fn suggest<'a>(key: &str, known: impl Iterator<Item = &'a str>) -> Option<&'a str> {
-    let lower = key.to_ascii_lowercase();
-    known
-        .filter_map(|k| {
-            let d = edit_distance(&lower, &k.to_ascii_lowercase());
-            (d <= 2).then(|| ((d, edit_distance(key, k)), k))
-        })
-        .min()
-        .map(|(_, k)| k)
-}
-
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut cur = vec![i + 1; b.len() + 1];
-        for (j, cb) in b.iter().enumerate() {
-            let sub = prev[j] + usize::from(ca != *cb);
-            cur[j + 1] = sub.min(prev[j + 1] + 1).min(cur[j] + 1);
-        }
-        prev = cur;
-    }
-    prev[b.len()]
-}
-
-// ---------------------------------------------------------------------------------------------
-// Loading: command line > environment > config file > default.
-
-/// Which subcommand was invoked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    Run,
-    Check,
-    Audit,
-}
-
-/// The options of `run` / `check`, every layer applied, and where each came from.
-#[derive(Debug, Clone)]
-pub struct Loaded {
-    pub mode: Mode,
-    pub args: RunArgs,
-    pub origins: Origins,
-    /// The config file read, if any.
-    pub config_file: Option<PathBuf>,
-}
-
-impl Loaded {
-    /// Validates the options into the controller's [`Config`].
-    pub fn config(&self) -> Result<Config, ConfigError> {
-        Config::from_args_with(&self.args, &self.origins)
-    }
-}
-
-#[derive(Debug, Error)]
-pub enum LoadError {
-    /// Command-line syntax, or `--help` / `--version`: clap renders it (`err.exit()`).
-    #[error("{0}")]
-    Clap(clap::Error),
-    /// A value from the environment or the config file is wrong, or the file is.
-    #[error("{error}")]
-    Invalid { mode: Mode, error: ConfigError },
-}
-
-/// Parses `argv` (program name first) with every layer. `env` looks up environment variables
-/// (`|k| std::env::var_os(k)` in the binary; a map in tests).
-pub fn load<I, T>(argv: I, env: &dyn Fn(&str) -> Option<OsString>) -> Result<Loaded, LoadError>
-where
-    I: IntoIterator<Item = T>,
-    T: Into<OsString>,
-{
-    let argv: Vec<OsString> = argv.into_iter().map(Into::into).collect();
-    let full = crate::config::cli::command();
-    // The same tree without environment lookups: clap then sees the command line only, and
-    // the layers below it are applied here.
-    let parser = full
-        .clone()
-        .mut_subcommands(|sub| sub.mut_args(|arg| arg.env(None)));
-
-    let first = match parser.clone().try_get_matches_from(&argv) {
-        Ok(m) => m,
-        Err(e) => {
-            let e = match e.kind() {
-                // Rendered by the full tree so that help shows the environment variables.
-                ErrorKind::DisplayHelp
-                | ErrorKind::DisplayVersion
-                | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
-                    full.clone().try_get_matches_from(&argv).err().unwrap_or(e)
-                }
-                _ => e,
-            };
-            if let Some(refused) = unsupported_flag(&e, &argv) {
-                return Err(refused);
-            }
-            return Err(LoadError::Clap(e));
-        }
-    };
-    let Some((name, sub)) = first.subcommand() else {
-        // clap requires a subcommand; this is only reachable if that changes.
-        return Err(LoadError::Clap(
-            full.clone()
-                .error(ErrorKind::MissingSubcommand, "a subcommand is required"),
-        ));
-    };
-    let mode = match name {
-        CHECK => Mode::Check,
-        AUDIT => Mode::Audit,
-        _ => Mode::Run,
-    };
-    let invalid = |error: ConfigError| LoadError::Invalid { mode, error };
-    let sub_cmd = full
-        .find_subcommand(name)
-        .expect("the parsed subcommand exists");
-    let args: Vec<&Arg> = sub_cmd
-        .get_arguments()
-        .filter(|a| !matches!(a.get_id().as_str(), "help" | "version"))
-        .collect();
-    let typed = |id: &str| sub.value_source(id) == Some(ValueSource::CommandLine);
-
-    // The config file itself: flag, else environment.
-    let config_env = args
-        .iter()
-        .find(|a| a.get_id() == "config")
-        .and_then(|a| a.get_env())
-        .and_then(|e| e.to_str())
-        .unwrap_or("LOXI_CCM_CONFIG")
-        .to_string();
-    let (config_path, config_origin) = if typed("config") {
-        (sub.get_one::<PathBuf>("config").cloned(), Origin::Flag)
-    } else if let Some(v) = env(&config_env) {
-        (Some(PathBuf::from(v)), Origin::Env(config_env.clone()))
-    } else {
-        (None, Origin::Default)
-    };
-    let file = match &config_path {
-        Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|e| {
-                invalid(ConfigError::invalid(
-                    format!("config file {}", path.display()),
-                    format!(
-                        "cannot be read: {e} (named by {})",
-                        config_origin.describe("config")
-                    ),
-                ))
-            })?;
-            Some(parse_file(path, &text, &args).map_err(invalid)?)
-        }
-        None => None,
-    };
-
-    let mut origins = Origins::default();
-    let mut extra: Vec<OsString> = Vec::new();
-    for arg in &args {
-        let id = arg.get_id().as_str();
-        let long = arg.get_long().unwrap_or(id);
-        if id == "config" {
-            origins.insert(id, long, config_origin.clone());
-            continue;
-        }
-        if typed(id) {
-            origins.insert(id, long, Origin::Flag);
-            continue;
-        }
-        let from_env = arg
-            .get_env()
-            .and_then(|var| var.to_str())
-            .and_then(|var| env(var).map(|value| (var, value)));
-        let (values, origin) = match from_env {
-            Some((var, value)) => {
-                let origin = Origin::Env(var.to_string());
-                let value = value.into_string().map_err(|_| {
-                    invalid(ConfigError::invalid(
-                        origin.describe(long),
-                        "the value is not valid UTF-8",
-                    ))
-                })?;
-                (vec![value], origin)
-            }
-            None => match file.as_ref().and_then(|f| f.values.get(id).map(|v| (f, v))) {
-                Some((f, (key, values))) => (
-                    values.clone(),
-                    Origin::File {
-                        path: f.path.clone(),
-                        key: key.clone(),
-                    },
-                ),
-                None => {
-                    origins.insert(id, long, Origin::Default);
-                    continue;
-                }
-            },
-        };
-        if matches!(arg.get_action(), ArgAction::SetTrue) {
-            // A flag that takes no value on the command line.
-            for v in &values {
-                match v.trim() {
-                    "true" => extra.push(format!("--{long}").into()),
-                    "false" => {}
-                    _ => {
-                        return Err(invalid(ConfigError::invalid(
-                            origin.describe(long),
-                            format!("invalid value {}: expected true or false", shown(v)),
-                        )));
-                    }
-                }
-            }
-        } else {
-            extra.extend(
-                values
-                    .iter()
-                    .map(|v| OsString::from(format!("--{long}={v}"))),
-            );
-        }
-        origins.insert(id, long, origin);
-    }
-
-    let mut argv2 = argv;
-    argv2.extend(extra);
-    let second = parser
-        .try_get_matches_from(&argv2)
-        .map_err(|e| attribute(e, &origins, mode))?;
-    let sub2 = second
-        .subcommand_matches(name)
-        .expect("the same subcommand parses again");
-    let args = RunArgs::from_arg_matches(sub2).map_err(LoadError::Clap)?;
-    Ok(Loaded {
-        mode,
-        args,
-        origins,
-        config_file: config_path,
-    })
-}
-
-fn context_strings(e: &clap::Error, kind: ContextKind) -> Vec<String> {
-    match e.get(kind) {
-        Some(ContextValue::String(s)) => vec![s.clone()],
-        Some(ContextValue::Strings(v)) => v.clone(),
-        _ => Vec::new(),
-    }
-}
-
-/// Turns an error of the second parse into one naming the environment variable or the
-/// config-file key the bad value came from.
-fn attribute(e: clap::Error, origins: &Origins, mode: Mode) -> LoadError {
-    let mut involved: Vec<(String, Origin)> = Vec::new();
-    for kind in [ContextKind::InvalidArg, ContextKind::PriorArg] {
-        for text in context_strings(&e, kind) {
-            // "--lb-mode <LB_MODE>", "--monitor[=<MONITOR>]": the flag is the leading word.
-            let long = text.strip_prefix("--").map(|rest| {
-                let end = rest
-                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
-                    .unwrap_or(rest.len());
-                &rest[..end]
-            });
-            if let Some(long) = long
-                && let Some(origin) = origins.by_long(long)
-            {
-                involved.push((long.to_string(), origin.clone()));
-            }
-        }
-    }
-    let Some((long, origin)) = involved
-        .iter()
-        .find(|(_, o)| !matches!(o, Origin::Flag | Origin::Default))
-        .cloned()
-    else {
-        return LoadError::Clap(e);
-    };
-    let error = match e.kind() {
-        ErrorKind::ValueValidation | ErrorKind::InvalidValue => {
-            let value = context_strings(&e, ContextKind::InvalidValue)
-                .into_iter()
-                .next()
-                .unwrap_or_default();
-            let valid = context_strings(&e, ContextKind::ValidValue);
-            let reason = if !valid.is_empty() {
-                format!("expected one of {}", valid.join(", "))
-            } else if let Some(source) = std::error::Error::source(&e) {
-                source.to_string()
-            } else {
-                clap_sentence(&e)
-            };
-            ConfigError::invalid(
-                origin.describe(&long),
-                format!("invalid value {}: {reason}", shown(&value)),
-            )
-        }
-        _ => {
-            let whence: Vec<String> = involved
-                .iter()
-                .map(|(l, o)| format!("--{l} from {}", o.describe(l)))
-                .collect();
-            ConfigError::Conflict(format!("{} ({})", clap_sentence(&e), whence.join("; ")))
-        }
-    };
-    LoadError::Invalid { mode, error }
-}
-
-/// The first line of a clap error without its `error: ` prefix.
-fn clap_sentence(e: &clap::Error) -> String {
-    let rendered = e.render().to_string();
-    let line = rendered.lines().next().unwrap_or_default();
-    line.strip_prefix("error: ").unwrap_or(line).to_string()
-}
-
-// ---------------------------------------------------------------------------------------------
-// Validation.
-
-/// `--leader-elect-name`'s default: the default controller's Lease.
-const DEFAULT_LEASE_NAME: &str = "loxi-ccm";
-
-impl Config {
-    /// Validates options whose origins are not known (tests, embedders): errors name the flag.
-    pub fn from_args(args: &RunArgs) -> Result<Config, ConfigError> {
-        Config::from_args_with(args, &Origins::default())
-    }
-
-    /// Validates the options; every error names the option and the layer its value came from.
-    pub fn from_args_with(args: &RunArgs, origins: &Origins) -> Result<Config, ConfigError> {
-        let bad = |id: &str, value: &str, reason: &str| {
-            ConfigError::invalid(
-                origins.describe(id),
-                format!("invalid value {}: {reason}", shown(value)),
-            )
-        };
-        let mode: NatMode = args.lb_mode.trim().parse().map_err(|()| {
-            bad(
-                "lb_mode",
-                &args.lb_mode,
-                "expected default, onearm, fullnat, dsr, fullproxy, hostonearm or 0-5",
-            )
-        })?;
-        let cluster_id = match args.cluster_id.as_deref() {
-            Some(id) => Some(
-                ClusterId::new(id)
-                    .map_err(|_| bad("cluster_id", id, "expected 1-32 characters of [a-z0-9-]"))?,
-            ),
-            None => None,
-        };
-        if let Some(ns) = &args.namespace
-            && ns.trim().is_empty()
-        {
-            return Err(bad("namespace", ns, "must not be empty"));
-        }
-        if args.load_balancer_class.trim().is_empty() {
-            return Err(bad(
-                "load_balancer_class",
-                &args.load_balancer_class,
-                "must not be empty",
-            ));
-        }
-        if args.concurrency == 0 {
-            return Err(bad("concurrency", "0", "must be at least 1"));
-        }
-        if args.loxilb_write_window == 0 {
-            return Err(bad("loxilb_write_window", "0", "must be at least 1"));
-        }
-        if !args.kube_api_qps.is_finite() || args.kube_api_qps < 0.0 {
-            return Err(bad(
-                "kube_api_qps",
-                &args.kube_api_qps.to_string(),
-                "must be 0 (no limit) or a positive number of requests per second",
-            ));
-        }
-        if args.kube_api_qps > 0.0 && args.kube_api_burst == 0 {
-            return Err(bad(
-                "kube_api_burst",
-                "0",
-                "must be at least 1 when --kube-api-qps sets a limit",
-            ));
-        }
-        for (id, d) in [
-            ("loxilb_timeout", args.loxilb_timeout),
-            ("health_interval", args.health_interval),
-            ("drift_interval", args.drift_interval),
-        ] {
-            if d.is_zero() {
-                return Err(bad(id, &format!("{d:?}"), "must be longer than 0"));
-            }
-        }
-        let controller = match args.controller_name.as_deref() {
-            Some(name) => ControllerName::new(name.trim()).map_err(|_| {
-                bad(
-                    "controller_name",
-                    name,
-                    "expected 1-40 characters of [a-z0-9-], starting and ending with a letter \
-                     or digit, or \"default\"",
-                )
-            })?,
-            None => ControllerName::for_class(args.load_balancer_class.trim()),
-        };
-        // Each controller elects its own leader: two controllers on one Lease would leave one
-        // of them standing by for good.
-        let lease_name = if matches!(origins.of("leader_elect_name"), Origin::Default)
-            && args.leader_elect_name == DEFAULT_LEASE_NAME
-        {
-            controller.suffixed(DEFAULT_LEASE_NAME)
-        } else {
-            args.leader_elect_name.clone()
-        };
-        if args.leader_elect && args.leader_elect_lease_duration < Duration::from_secs(1) {
-            return Err(bad(
-                "leader_elect_lease_duration",
-                &format!("{:?}", args.leader_elect_lease_duration),
-                "must be at least 1s (the Lease counts in whole seconds)",
-            ));
-        }
-        if args.leader_elect {
-            for (id, v) in [
-                ("leader_elect_namespace", &args.leader_elect_namespace),
-                ("leader_elect_name", &args.leader_elect_name),
-            ] {
-                if v.trim().is_empty() {
-                    return Err(bad(id, v, "must not be empty"));
-                }
-            }
-            // Refused here rather than by the API server on every attempt to take the Lease.
-            if !is_dns_label(&args.leader_elect_namespace) {
-                return Err(bad(
-                    "leader_elect_namespace",
-                    &args.leader_elect_namespace,
-                    "not a namespace name (RFC 1123 label: at most 63 characters of [a-z0-9-], \
-                     starting and ending with a letter or digit)",
-                ));
-            }
-            if !loxi_domain::address_name::is_object_name(&args.leader_elect_name) {
-                return Err(bad(
-                    "leader_elect_name",
-                    &args.leader_elect_name,
-                    "not a Lease name (RFC 1123 subdomain: at most 253 characters of [a-z0-9-.], \
-                     starting and ending with a letter or digit)",
-                ));
-            }
-        }
-
-        let ca_pem = match &args.loxilb_ca_file {
-            Some(path) => {
-                let pem = std::fs::read(path).map_err(|e| {
-                    ConfigError::invalid(
-                        origins.describe("loxilb_ca_file"),
-                        format!("cannot read {}: {e}", path.display()),
-                    )
-                })?;
-                crate::k8s::api::check_ca_bundle(&pem, path).map_err(|message| {
-                    ConfigError::invalid(origins.describe("loxilb_ca_file"), message)
-                })?;
-                Some(pem)
-            }
-            None => None,
-        };
-        let given: Vec<&str> = [
-            ("loxilb_token", args.loxilb_token.is_some()),
-            ("loxilb_token_file", args.loxilb_token_file.is_some()),
-            ("loxilb_token_secret", args.loxilb_token_secret.is_some()),
-        ]
-        .into_iter()
-        .filter_map(|(id, set)| set.then_some(id))
-        .collect();
-        if given.len() > 1 {
-            let by: Vec<String> = given.iter().map(|id| origins.describe(id)).collect();
-            return Err(ConfigError::Conflict(format!(
-                "the loxilb token is given more than once, by {}: keep one",
-                by.join(" and by ")
-            )));
-        }
-        // This process's identity: its leader-election identity, and sent to every loxilb
-        // with each call (`loxilb_client::IDENTITY_HEADER`) so that a write can be traced
-        // to the replica that sent it.
-        let identity = default_identity();
-        let token = Token::default();
-        let token_source = if let Some(value) = &args.loxilb_token {
-            let value = value.expose();
-            if value.trim().is_empty() {
-                return Err(ConfigError::invalid(
-                    origins.describe("loxilb_token"),
-                    "is empty",
-                ));
-            }
-            token.set(Some(value));
-            TokenSource::Fixed
-        } else if let Some(path) = &args.loxilb_token_file {
-            let value = token::read_token_file(path)
-                .map_err(|m| ConfigError::invalid(origins.describe("loxilb_token_file"), m))?;
-            token.set(Some(&value));
-            TokenSource::File(path.clone())
-        } else if let Some(text) = &args.loxilb_token_secret {
-            let secret = token::SecretRef::parse(text)
-                .map_err(|m| bad("loxilb_token_secret", text, m.as_str()))?;
-            TokenSource::Secret(secret)
-        } else {
-            TokenSource::Fixed
-        };
-
-        let zone = args.zone.trim();
-        if !loxi_domain::placement::is_group_name(zone) {
-            return Err(bad(
-                "zone",
-                zone,
-                "expected a group name: lower-case letters, digits and '-', at most 50 characters",
-            ));
-        }
-        let mut loxilb = Vec::new();
-        for entry in args
-            .loxilb_urls
-            .iter()
-            .map(|u| u.trim())
-            .filter(|u| !u.is_empty())
-        {
-            let (group, url) = split_group(entry, zone);
-            if !loxi_domain::placement::is_group_name(group) {
-                return Err(bad(
-                    "loxilb_urls",
-                    entry,
-                    "the group before '=' must be lower-case letters, digits and '-', at most 50 characters",
-                ));
-            }
-            if !(url.starts_with("http://") || url.starts_with("https://")) {
-                return Err(bad(
-                    "loxilb_urls",
-                    url,
-                    "a loxilb URL must start with http:// or https://",
-                ));
-            }
-            let mut c = ClientConfig::new(url);
-            c.timeout = args.loxilb_timeout;
-            c.token = token.clone();
-            c.ca_pem = ca_pem.clone();
-            c.insecure_skip_tls_verify = args.loxilb_insecure_skip_tls_verify;
-            c.identity = Some(identity.clone());
-            // Building the client checks the URL (host present) and the CA bundle.
-            match LoxilbClient::new(c.clone()) {
-                Ok(_) => {}
-                Err(ClientError::Config(msg)) if msg.contains("CA bundle") => {
-                    return Err(ConfigError::invalid(
-                        origins.describe("loxilb_ca_file"),
-                        msg,
-                    ));
-                }
-                Err(e) => return Err(bad("loxilb_urls", url, &e.to_string())),
-            }
-            loxilb.push(ConfiguredLoxilb {
-                group: group.to_string(),
-                client: c,
-            });
-        }
-        // The Service (and namespace) whose EndpointSlices list loxilbs (docs/fleet.md#discovery).
-        let followed = |service_id: &str,
-                        service: &str,
-                        namespace_id: &str,
-                        namespace: Option<&str>|
-         -> Result<Discovery, ConfigError> {
-            let service = service.trim();
-            if !loxi_domain::address_name::is_object_name(service) {
-                return Err(bad(service_id, service, "expected the name of a Service"));
-            }
-            let namespace = namespace.map(str::trim).filter(|n| !n.is_empty());
-            if let Some(ns) = namespace
-                && !is_dns_label(ns)
-            {
-                return Err(bad(namespace_id, ns, "expected a namespace name"));
-            }
-            if args.loxilb_port == 0 {
-                return Err(bad("loxilb_port", "0", "expected a port, 1-65535"));
-            }
-            Ok(Discovery {
-                service: service.to_string(),
-                namespace: namespace.map(str::to_string),
-                port: args.loxilb_port,
-                https: args.loxilb_discovery_scheme == "https",
-                by_zone: args.loxilb_discovery_zones,
-            })
-        };
-        let discovery = if loxilb.is_empty() {
-            Some(followed(
-                "loxilb_service",
-                &args.loxilb_service,
-                "loxilb_service_namespace",
-                args.loxilb_service_namespace.as_deref(),
-            )?)
-        } else {
-            None
-        };
-
-        // Discovered loxilbs and LoxiURL ones: the same timeout, token and TLS settings as
-        // the configured URLs.
-        let mut loxilb_template = ClientConfig::new("http://loxilb");
-        loxilb_template.timeout = args.loxilb_timeout;
-        loxilb_template.token = token.clone();
-        loxilb_template.ca_pem = ca_pem.clone();
-        loxilb_template.insecure_skip_tls_verify = args.loxilb_insecure_skip_tls_verify;
-        loxilb_template.identity = Some(identity.clone());
-
-        let (pools, secondary_pools) = build_pools(args, origins)?;
-        let bgp = bgp_settings(args, origins)?;
-        // BGP-peer-only loxilbs get BGP settings only: followed only with BGP on.
-        let peer_discovery = match &bgp {
-            Some(_) => Some(followed(
-                "loxilb_peer_service",
-                &args.loxilb_peer_service,
-                "loxilb_peer_service_namespace",
-                args.loxilb_peer_service_namespace.as_deref(),
-            )?),
-            None => None,
-        };
-        let roles = match args.set_roles.as_deref().map(str::trim) {
-            None | Some("") => None,
-            Some(vip) => {
-                if vip.parse::<std::net::IpAddr>().is_err() {
-                    return Err(bad(
-                        "set_roles",
-                        vip,
-                        "the HA VIP must be an IP address (0.0.0.0 for none)",
-                    ));
-                }
-                Some(loxi_domain::roles::HaSettings {
-                    vip: vip.to_string(),
-                    instance_count: args.num_zone_instances,
-                    excluded: non_empty(&args.exclude_role_list)
-                        .map(str::to_string)
-                        .collect(),
-                })
-            }
-        };
-        if args.bgp_crds && bgp.is_none() {
-            return Err(ConfigError::invalid(
-                origins.describe("bgp_crds"),
-                "the BGP custom resources need BGP on: set the local AS number (--bgp-local-as, \
-                 kube-loxilb: --setBGP)"
-                    .to_string(),
-            ));
-        }
-        if bgp.is_some() && args.num_zone_instances > 1 {
-            // docs/fleet.md#several-ha-instances-and-bgp: seen on loxilb 0.9.8.
-            return Err(ConfigError::invalid(
-                origins.describe("num_zone_instances"),
-                format!(
-                    "{} HA instances with BGP on: loxilb advertises every address with the BGP \
-                     preference (MED) of llb-inst0's role, whatever the HA instance of its rule, \
-                     so the router sends the traffic of the other instances' addresses to a \
-                     loxilb that is not their MASTER and they are unreachable; use one HA \
-                     instance per group (--num-zone-instances=1) with BGP",
-                    args.num_zone_instances
-                ),
-            ));
-        }
-        let pool = pools
-            .iter()
-            .find(|p| p.size(Family::V4) > 0)
-            .unwrap_or(&pools[0])
-            .clone();
-
-        Ok(Config {
-            loxilb,
-            loxilb_token: token,
-            loxilb_token_source: token_source,
-            loxilb_insecure_skip_tls_verify: args.loxilb_insecure_skip_tls_verify,
-            pool,
-            pools,
-            secondary_pools,
-            unique_ip: args.set_unique_ip,
-            class: args.load_balancer_class.clone(),
-            controller,
-            ccm_mode: args.ccm_mode,
-            defaults: Defaults {
-                mode,
-                monitor: args.monitor,
-                use_pod_network: args.use_pod_network,
-            },
-            enforce_source_ranges: args.source_ranges != "ignore",
-            source_ranges_firewall: args.source_ranges == "firewall",
-            cluster_id,
-            namespace: args.namespace.clone(),
-            health_interval: args.health_interval,
-            drift_interval: args.drift_interval,
-            concurrency: args.concurrency,
-            kube_api: crate::k8s::api::RateLimit {
-                qps: args.kube_api_qps,
-                burst: args.kube_api_burst,
-            },
-            loxilb_max_rules: args.loxilb_max_rules,
-            loxilb_write_window: args.loxilb_write_window,
-            leader: args.leader_elect.then(|| {
-                let mut lease =
-                    LeaseConfig::new(&args.leader_elect_namespace, &lease_name, identity.clone());
-                lease.lease_duration = args.leader_elect_lease_duration;
-                // client-go's proportions: renew within 2/3 of the lease, retry at 2/15.
-                lease.renew_deadline = args.leader_elect_lease_duration * 2 / 3;
-                lease.retry_period = args.leader_elect_lease_duration * 2 / 15;
-                lease
-            }),
-            node_init: args.node_init.clone(),
-            multus: args.multus,
-            bgp,
-            discovery,
-            peer_discovery,
-            loxilb_template,
-            zone: zone.to_string(),
-            zone_instances: args.num_zone_instances,
-            roles,
-            fleet_record: (
-                args.leader_elect_namespace.clone(),
-                format!("{lease_name}-fleet"),
-            ),
-            ha_bgp_hold: args.ha_bgp_hold,
-            roles_record: (
-                args.leader_elect_namespace.clone(),
-                format!("{lease_name}-ha-roles"),
-            ),
-            bgp_crds: args.bgp_crds,
-        })
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// BGP.
-
-/// The BGP settings from the flags (`loxi_domain::bgp`), a refusal naming the option it came
-/// from.
-fn bgp_settings(args: &RunArgs, origins: &Origins) -> Result<Option<BgpSettings>, ConfigError> {
-    let peers = args.bgp_peers.join(",");
-    let input = BgpInput {
-        local_asn: args.bgp_local_as.as_deref(),
-        router_id: args.bgp_router_id.as_deref(),
-        listen_port: args.bgp_listen_port,
-        multihop: args.bgp_multihop,
-        peers: (!peers.is_empty()).then_some(peers.as_str()),
-    };
-    BgpSettings::from_input(&input).map_err(|e| {
-        let id = match e.field.as_str() {
-            loxi_domain::bgp::FIELD_LOCAL_ASN => "bgp_local_as",
-            loxi_domain::bgp::FIELD_ROUTER_ID => "bgp_router_id",
-            loxi_domain::bgp::FIELD_LISTEN_PORT => "bgp_listen_port",
-            _ => "bgp_peers",
-        };
-        ConfigError::invalid(origins.describe(id), e.to_string())
-    })
-}
-
-// ---------------------------------------------------------------------------------------------
-// Pools.
-
-/// One block of one pool, with the text and the source it came from (for messages).
-struct BlockEntry {
-    pool: String,
-    block: AddressBlock,
-    origin: String,
-}
-
-fn non_empty(items: &[String]) -> impl Iterator<Item = &str> {
-    items.iter().map(|s| s.trim()).filter(|s| !s.is_empty())
-}
-
 /// Whether `name` is an RFC 1123 label, as namespace names must be.
 fn is_dns_label(name: &str) -> bool {
     let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
@@ -1311,224 +216,119 @@ fn is_dns_label(name: &str) -> bool {
         && name.chars().all(|c| alnum(c) || c == '-')
 }
 
-fn valid_pool_name(name: &str) -> bool {
-    let mut chars = name.chars();
-    name.len() <= 63
-        && chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
-        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-}
-
-/// Parses one block of the expected family; `value` is the text as given (for messages).
-fn parse_block(
-    origins: &Origins,
-    id: &str,
-    value: &str,
-    block_text: &str,
-    family: Family,
-    other_family_hint: &str,
-) -> Result<AddressBlock, ConfigError> {
-    let origin = origins.describe(id);
-    let block: AddressBlock = block_text
-        .parse()
-        .map_err(|e: loxi_domain::ipam::BlockError| {
-            ConfigError::invalid(
-                &origin,
-                format!("invalid value {}: {}", shown(value), e.reason),
-            )
-        })?;
-    if block.family() != family {
-        return Err(ConfigError::invalid(
-            &origin,
-            format!(
-                "invalid value {}: {block_text} is {}; {} blocks go in {other_family_hint}",
-                shown(value),
-                block.family(),
-                block.family()
-            ),
-        ));
+impl Config {
+    /// Validates options whose origins are not known (tests, embedders): errors name the flag.
+    pub fn from_args(args: &RunArgs) -> Result<Config, ConfigError> {
+        Config::from_args_with(args, &Origins::default())
     }
-    Ok(block)
-}
 
-/// `name=block` of --cidr-pools / --cidr6-pools.
-fn named_block(
-    origins: &Origins,
-    id: &str,
-    item: &str,
-    family: Family,
-    other_family_hint: &str,
-) -> Result<BlockEntry, ConfigError> {
-    let origin = origins.describe(id);
-    let Some((name, text)) = item.split_once('=') else {
-        return Err(ConfigError::invalid(
-            &origin,
-            format!(
-                "invalid value {}: expected <pool name>=<CIDR or range>",
-                shown(item)
-            ),
-        ));
-    };
-    let name = name.trim();
-    if !valid_pool_name(name) {
-        return Err(ConfigError::invalid(
-            &origin,
-            format!(
-                "invalid value {}: pool name {} must be 1-63 letters, digits, '-', '_' or \
-                 '.', starting with a letter or digit",
-                shown(item),
-                shown(name)
-            ),
-        ));
-    }
-    let block = parse_block(origins, id, item, text.trim(), family, other_family_hint)?;
-    Ok(BlockEntry {
-        pool: name.to_string(),
-        block,
-        origin,
-    })
-}
+    /// Validates the options, group by group; every error names the option and the layer its
+    /// value came from.
+    pub fn from_args_with(args: &RunArgs, origins: &Origins) -> Result<Config, ConfigError> {
+        let services = services::service_settings(&args.services, origins)?;
+        loxilbs::check_loxilb_api_limits(&args.loxilb_api, origins)?;
+        let kube_api = services::kube_api_rate_limit(&args.kube_api, origins)?;
+        // This process's identity: its leader-election identity, and sent to every loxilb
+        // with each call (`loxilb_client::IDENTITY_HEADER`) so that a write can be traced
+        // to the replica that sent it.
+        let identity = default_identity();
+        let lease_name = leader::lease_name(&args.leader, &services.controller, origins);
+        let leader = leader::lease(&args.leader, &lease_name, &identity, origins)?;
 
-/// Any two overlapping blocks (in different pools or in the same one) are an error naming
-/// both.
-fn check_overlaps(entries: &[&BlockEntry]) -> Result<(), ConfigError> {
-    let mut spans: Vec<(Family, u128, u128, usize)> = entries
-        .iter()
-        .enumerate()
-        .map(|(i, e)| {
-            let (first, last) = e.block.bounds();
-            (e.block.family(), first, last, i)
+        let ca_pem = loxilbs::ca_pem(&args.loxilb_api, origins)?;
+        let (token, token_source) = loxilbs::token(&args.loxilb_api, origins)?;
+        let loxilb_template = loxilbs::client_template(&args.loxilb_api, &token, ca_pem, &identity);
+        let zone = loxilbs::zone(&args.loxilbs, origins)?;
+        let loxilb = loxilbs::configured_loxilbs(&args.loxilbs, &loxilb_template, &zone, origins)?;
+        let discovery = if loxilb.is_empty() {
+            Some(loxilbs::discovery(
+                &args.loxilbs,
+                Followed::Loxilbs,
+                origins,
+            )?)
+        } else {
+            None
+        };
+
+        let (pools, secondary_pools) = pools::build_pools(&args.pools, origins)?;
+        let bgp = bgp::bgp_settings(&args.bgp, origins)?;
+        // BGP-peer-only loxilbs get BGP settings only: followed only with BGP on.
+        let peer_discovery = match bgp {
+            Some(_) => Some(loxilbs::discovery(
+                &args.loxilbs,
+                Followed::BgpPeers,
+                origins,
+            )?),
+            None => None,
+        };
+        let roles = bgp::ha_roles(&args.ha, origins)?;
+        bgp::check_bgp_needs(bgp.is_some(), &args.bgp, &args.ha, origins)?;
+        let pool = pools
+            .iter()
+            .find(|p| p.size(Family::V4) > 0)
+            .unwrap_or(&pools[0])
+            .clone();
+        let record_namespace = &args.leader.leader_elect_namespace;
+
+        Ok(Config {
+            loxilb,
+            loxilb_token: token,
+            loxilb_token_source: token_source,
+            loxilb_insecure_skip_tls_verify: args.loxilb_api.loxilb_insecure_skip_tls_verify,
+            pool,
+            pools,
+            secondary_pools,
+            unique_ip: args.pools.set_unique_ip,
+            class: args.services.load_balancer_class.clone(),
+            controller: services.controller,
+            ccm_mode: args.services.ccm_mode,
+            defaults: services.defaults,
+            enforce_source_ranges: args.services.source_ranges != "ignore",
+            source_ranges_firewall: args.services.source_ranges == "firewall",
+            cluster_id: services.cluster_id,
+            namespace: args.services.namespace.clone(),
+            health_interval: args.loxilb_api.health_interval,
+            drift_interval: args.loxilb_api.drift_interval,
+            concurrency: args.services.concurrency,
+            kube_api,
+            loxilb_max_rules: args.loxilb_api.loxilb_max_rules,
+            loxilb_write_window: args.loxilb_api.loxilb_write_window,
+            leader,
+            node_init: args.node_init.clone(),
+            multus: args.services.multus,
+            bgp,
+            discovery,
+            peer_discovery,
+            loxilb_template,
+            zone,
+            zone_instances: args.ha.num_zone_instances,
+            roles,
+            fleet_record: (record_namespace.clone(), format!("{lease_name}-fleet")),
+            ha_bgp_hold: args.ha.ha_bgp_hold,
+            roles_record: (record_namespace.clone(), format!("{lease_name}-ha-roles")),
+            bgp_crds: args.bgp.bgp_crds,
         })
-        .collect();
-    spans.sort_by_key(|&(family, first, last, _)| (family == Family::V6, first, last));
-    // The block reaching furthest so far, per family run.
-    let mut reach: Option<(Family, u128, usize)> = None;
-    for &(family, first, last, i) in &spans {
-        if let Some((rf, rlast, ri)) = reach
-            && rf == family
-            && first <= rlast
-        {
-            let (a, b) = (entries[ri], entries[i]);
-            return Err(ConfigError::Conflict(format!(
-                "address blocks overlap: {} of pool {:?} ({}) and {} of pool {:?} ({})",
-                a.block, a.pool, a.origin, b.block, b.pool, b.origin
-            )));
-        }
-        if reach.is_none_or(|(rf, rlast, _)| rf != family || last > rlast) {
-            reach = Some((family, last, i));
-        }
     }
-    Ok(())
 }
 
-fn build_pools(args: &RunArgs, origins: &Origins) -> Result<(Vec<Pool>, Vec<Pool>), ConfigError> {
-    let mut entries: Vec<BlockEntry> = Vec::new();
-    if let Some(text) = &args.external_cidr {
-        let block = parse_block(
-            origins,
-            "external_cidr",
-            text,
-            text.trim(),
-            Family::V4,
-            "--external-cidr6",
-        )?;
-        entries.push(BlockEntry {
-            pool: DEFAULT_POOL.to_string(),
-            block,
-            origin: origins.describe("external_cidr"),
-        });
-    }
-    for item in non_empty(&args.cidr_pools) {
-        entries.push(named_block(
-            origins,
-            "cidr_pools",
-            item,
-            Family::V4,
-            "--cidr6-pools",
-        )?);
-    }
-    if let Some(text) = &args.external_cidr6 {
-        let block = parse_block(
-            origins,
-            "external_cidr6",
-            text,
-            text.trim(),
-            Family::V6,
-            "--external-cidr",
-        )?;
-        entries.push(BlockEntry {
-            pool: DEFAULT_POOL6.to_string(),
-            block,
-            origin: origins.describe("external_cidr6"),
-        });
-    }
-    for item in non_empty(&args.cidr6_pools) {
-        entries.push(named_block(
-            origins,
-            "cidr6_pools",
-            item,
-            Family::V6,
-            "--cidr-pools",
-        )?);
-    }
-    let mut secondary: Vec<BlockEntry> = Vec::new();
-    for (i, text) in non_empty(&args.external_secondary_cidrs).enumerate() {
-        let block = parse_block(
-            origins,
-            "external_secondary_cidrs",
-            text,
-            text,
-            Family::V4,
-            "no option yet (IPv6 secondary pools are not supported)",
-        )?;
-        secondary.push(BlockEntry {
-            pool: loxi_domain::addressing::secondary_pool_name(i),
-            block,
-            origin: origins.describe("external_secondary_cidrs"),
-        });
-    }
-    if entries.is_empty() {
-        return Err(ConfigError::Conflict(
-            "no address pool: set --external-cidr, --external-cidr6, --cidr-pools or \
-             --cidr6-pools (or their LOXI_CCM_* variables or config keys)"
-                .to_string(),
-        ));
-    }
-    let all: Vec<&BlockEntry> = entries.iter().chain(&secondary).collect();
-    check_overlaps(&all)?;
-    if let Some(clash) = secondary
-        .iter()
-        .find(|s| entries.iter().any(|e| e.pool == s.pool))
-    {
-        return Err(ConfigError::Conflict(format!(
-            "pool name {:?} is used by {} and by the secondary pools of {}: rename the pool",
-            clash.pool,
-            entries
-                .iter()
-                .find(|e| e.pool == clash.pool)
-                .map(|e| e.origin.as_str())
-                .unwrap_or_default(),
-            clash.origin
-        )));
-    }
-
-    let mut pools: Vec<Pool> = Vec::new();
-    for e in entries {
-        match pools.iter_mut().find(|p| p.name == e.pool) {
-            Some(p) => p.blocks.push(e.block),
-            None => pools.push(Pool::new(&e.pool, vec![e.block])),
-        }
-    }
-    let secondary_pools = secondary
-        .into_iter()
-        .map(|e| Pool::new(&e.pool, vec![e.block]))
-        .collect();
-    Ok((pools, secondary_pools))
+/// The options of `loxi-ccm run <flags>`, for the validators' unit tests.
+#[cfg(test)]
+fn run_args(flags: &[&str]) -> RunArgs {
+    use clap::Parser;
+    let argv = ["loxi-ccm", "run"].iter().chain(flags);
+    let cli::Command::Run(args) = cli::Cli::try_parse_from(argv).unwrap().command;
+    *args
 }
 
 #[cfg(test)]
 mod tests {
+    use super::file::LEGACY_KEYS;
     use super::*;
+    use loxi_domain::NatMode;
+    use loxi_domain::ipam::AddressBlock;
     use std::collections::BTreeMap;
+    use std::collections::HashMap;
+    use std::ffi::OsString;
 
     fn env_of(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> + use<> {
         let map: BTreeMap<String, String> = vars
@@ -1578,12 +378,12 @@ mod tests {
 
         // Flag beats environment and file.
         let l = run(&["--lb-mode=dsr"], &env).unwrap();
-        assert_eq!(l.args.lb_mode, "dsr");
+        assert_eq!(l.args.services.lb_mode, "dsr");
         assert_eq!(l.origins.of("lb_mode"), Origin::Flag);
 
         // Environment beats file.
         let l = run(&[], &env).unwrap();
-        assert_eq!(l.args.lb_mode, "fullnat");
+        assert_eq!(l.args.services.lb_mode, "fullnat");
         assert_eq!(
             l.origins.of("lb_mode"),
             Origin::Env("LOXI_CCM_LB_MODE".into())
@@ -1592,7 +392,7 @@ mod tests {
         // File beats default; untouched options keep their default.
         let env = env_of(&[("LOXI_CCM_CONFIG", f)]);
         let l = run(&[], &env).unwrap();
-        assert_eq!(l.args.lb_mode, "onearm");
+        assert_eq!(l.args.services.lb_mode, "onearm");
         assert_eq!(
             l.origins.of("lb_mode"),
             Origin::File {
@@ -1600,8 +400,8 @@ mod tests {
                 key: "lbMode".into()
             }
         );
-        assert!(l.args.monitor);
-        assert_eq!(l.args.concurrency, 16);
+        assert!(l.args.services.monitor);
+        assert_eq!(l.args.services.concurrency, 16);
         assert_eq!(l.origins.of("concurrency"), Origin::Default);
         assert_eq!(l.config_file.as_deref(), Some(file.as_path()));
         let cfg = l.config().unwrap();
@@ -1620,13 +420,13 @@ mod tests {
             &env,
         )
         .unwrap();
-        assert_eq!(l.args.lb_mode, "hostonearm");
+        assert_eq!(l.args.services.lb_mode, "hostonearm");
     }
 
     #[test]
     fn default_is_the_last_layer() {
         let l = run(&[], &env_of(&[])).unwrap();
-        assert_eq!(l.args.lb_mode, "default");
+        assert_eq!(l.args.services.lb_mode, "default");
         assert_eq!(l.origins.of("lb_mode"), Origin::Default);
         assert!(l.config_file.is_none());
     }
@@ -1716,7 +516,7 @@ mod tests {
             &env_of(&[]),
         )
         .unwrap();
-        assert!(l.args.no_zone_name);
+        assert!(l.args.loxilbs.no_zone_name);
         assert!(l.config().is_ok(), "{:?}", l.config().err());
         let file = temp_file("nozonename", "noZoneName: true\n");
         let l = run(
@@ -1724,7 +524,7 @@ mod tests {
             &env_of(&[("LOXI_CCM_CONFIG", file.to_str().unwrap())]),
         )
         .unwrap();
-        assert!(l.args.no_zone_name);
+        assert!(l.args.loxilbs.no_zone_name);
         assert!(matches!(l.origins.of("no_zone_name"), Origin::File { .. }));
     }
 

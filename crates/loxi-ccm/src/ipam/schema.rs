@@ -23,7 +23,9 @@
 
 use kube::core::{Message, Reason, Rule};
 use schemars::Schema;
-use serde_json::{Map, Value};
+use serde_json::Value;
+
+use crate::k8s::schema::{Object, add, rule, set};
 
 /// At most this many entries in `spec.addresses` (the range rule's cost, times this, must
 /// stay within the API server's per-rule budget).
@@ -46,32 +48,6 @@ const DURATION: &str = "^([0-9]+[.]?[0-9]*|[.][0-9]+)(ms|s|m|h)?$";
 const PORT_PROTO: &str = r"^\s*[+]?0*([0-9]{1,4}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])/(?i:tcp|udp|sctp)\s*$";
 /// An RFC 3339 time, as the claims' `retainUntil` is written.
 const RFC3339: &str = "^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}([.][0-9]{1,9})?([Zz]|[+-][0-9]{2}:[0-9]{2})$";
-
-/// A rule and its message. The API server's answer shows the field and its value before it
-/// (`spec.addresses[1]: Invalid value: "nope": <message>`).
-fn rule(expr: impl Into<String>, message: &str) -> Rule {
-    Rule::new(expr).message(message)
-}
-
-type Object = Map<String, Value>;
-
-/// Appends `rules` to the `x-kubernetes-validations` of the schema object `at`.
-fn add(at: &mut Object, rules: impl IntoIterator<Item = Rule>) {
-    let list = at
-        .entry("x-kubernetes-validations")
-        .or_insert_with(|| Value::Array(Vec::new()));
-    if let Value::Array(list) = list {
-        list.extend(
-            rules
-                .into_iter()
-                .filter_map(|r| serde_json::to_value(r).ok()),
-        );
-    }
-}
-
-fn set(at: &mut Object, key: &str, value: impl Into<Value>) {
-    at.insert(key.to_string(), value.into());
-}
 
 /// The schema of a list's items (`items`) or of a map's values (`additionalProperties`).
 fn inner<'a>(schema: &'a mut Schema, key: &str) -> Option<&'a mut Object> {

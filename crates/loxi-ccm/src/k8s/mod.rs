@@ -4,6 +4,7 @@
 
 pub mod api;
 pub mod events;
+pub mod schema;
 pub mod served;
 pub mod triggers;
 pub mod trim;

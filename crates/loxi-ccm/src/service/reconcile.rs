@@ -151,7 +151,7 @@ async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<PassEnd, Reco
         // conditional on the resourceVersion we read, so once it landed no other replica
         // can still publish an address decided on an older read. Releasing first let a
         // racing replica publish the address we had just let go, while a third Service
-        // claimed it (two Services showing one address, tests/ipam.rs).
+        // claimed it (two Services showing one address, tests/ipam_claims.rs).
         report::release_unwanted(svc, ctx, &held).await?;
     }
     match programmed.retry {
