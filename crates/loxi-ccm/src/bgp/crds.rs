@@ -216,3 +216,24 @@ pub fn rendered() -> Vec<(&'static str, String)> {
         format!("{header}---\n{}", docs.join("---\n")),
     )]
 }
+
+impl crate::k8s::conditions::Condition for BgpCondition {
+    type Time = String;
+
+    fn type_name(&self) -> &str {
+        &self.type_
+    }
+
+    fn status(&self) -> &str {
+        &self.status
+    }
+
+    fn transition_time(&self) -> &String {
+        &self.last_transition_time
+    }
+
+    fn stamp(&mut self, observed_generation: Option<i64>, last_transition_time: String) {
+        self.observed_generation = observed_generation;
+        self.last_transition_time = last_transition_time;
+    }
+}

@@ -532,17 +532,9 @@ pub fn conditions(
             format!("on {} loxilb{kept}", outcomes.len()),
         )
     };
-    [accepted, programmed]
-        .into_iter()
-        .map(|mut c| {
-            c.observed_generation = generation;
-            c.last_transition_time = previous
-                .iter()
-                .find(|p| p.type_ == c.type_ && p.status == c.status)
-                .map_or_else(|| now.to_string(), |p| p.last_transition_time.clone());
-            c
-        })
-        .collect()
+    let mut both = vec![accepted, programmed];
+    crate::k8s::conditions::stamp_all(&mut both, previous, generation, &now.to_string());
+    both
 }
 
 /// The session state of the peer at `ip` on each reached loxilb (`None`: not listed there).

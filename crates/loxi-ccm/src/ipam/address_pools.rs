@@ -38,6 +38,7 @@ use tracing::warn;
 
 use super::{Ipam, schema};
 use crate::k8s::api::FIELD_MANAGER;
+use crate::k8s::conditions::stamp_all;
 use crate::k8s::events::EventRecorder;
 
 pub const COND_READY: &str = "Ready";
@@ -210,6 +211,27 @@ pub struct PoolCondition {
     /// RFC 3339 time of the last change of `status`.
     #[serde(default)]
     pub last_transition_time: String,
+}
+
+impl crate::k8s::conditions::Condition for PoolCondition {
+    type Time = String;
+
+    fn type_name(&self) -> &str {
+        &self.type_
+    }
+
+    fn status(&self) -> &str {
+        &self.status
+    }
+
+    fn transition_time(&self) -> &String {
+        &self.last_transition_time
+    }
+
+    fn stamp(&mut self, observed_generation: Option<i64>, last_transition_time: String) {
+        self.observed_generation = observed_generation;
+        self.last_transition_time = last_transition_time;
+    }
 }
 
 /// What the controller (its leader) last saw of the pool: address counts and conditions.
@@ -507,12 +529,13 @@ impl Ipam {
                 continue;
             }
             let mut status = want;
-            for c in &mut status.conditions {
-                c.last_transition_time = condition(have, &c.type_)
-                    .filter(|h| h.status == c.status)
-                    .map(|h| h.last_transition_time.clone())
-                    .unwrap_or_else(|| now.clone());
-            }
+            let shown = have.map_or(&[][..], |h| h.conditions.as_slice());
+            stamp_all(
+                &mut status.conditions,
+                shown,
+                pool.metadata.generation,
+                &now,
+            );
             warn_on_change(recorder, &pool, have, &status);
             let name = pool.name_any();
             let patch = json!({

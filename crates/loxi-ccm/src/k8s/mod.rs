@@ -3,6 +3,7 @@
 //! EndpointSlices, and the watches of kinds whose CRD may be installed later (`served`).
 
 pub mod api;
+pub mod conditions;
 pub mod events;
 pub mod schema;
 pub mod served;

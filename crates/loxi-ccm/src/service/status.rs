@@ -197,25 +197,24 @@ pub async fn write(
 ) -> kube::Result<Service> {
     let name = svc.metadata.name.clone().unwrap_or_default();
     let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let conditions: Vec<Condition> = want
+    let mut conditions: Vec<Condition> = want
         .conditions
         .iter()
-        .map(|c| {
-            let status = status_word(c.ok).to_string();
-            let last_transition_time = current_condition(svc, c.type_)
-                .filter(|have| have.status == status)
-                .map(|have| have.last_transition_time.clone())
-                .unwrap_or_else(|| now.clone());
-            Condition {
-                type_: c.type_.to_string(),
-                status,
-                reason: c.reason.clone(),
-                message: c.message.clone(),
-                observed_generation: svc.metadata.generation,
-                last_transition_time,
-            }
+        .map(|c| Condition {
+            type_: c.type_.to_string(),
+            status: status_word(c.ok).to_string(),
+            reason: c.reason.clone(),
+            message: c.message.clone(),
+            observed_generation: None,
+            last_transition_time: now.clone(),
         })
         .collect();
+    let shown = svc
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default();
+    crate::k8s::conditions::stamp_all(&mut conditions, shown, svc.metadata.generation, &now);
     let ingress = ingress_entries(svc, want);
     let mut status = json!({ "conditions": conditions });
     if !ingress.is_empty() {
