@@ -2,7 +2,8 @@
 # Builds the real Kubernetes control plane (kube-apiserver, kube-controller-manager, kubectl)
 # from the Go module k8s.io/kubernetes, once per version, into a cache directory.
 #
-#   scripts/control-plane.sh            # build if missing, print the bin directory
+#   scripts/control-plane.sh                     # build if missing, print the bin directory
+#   scripts/control-plane.sh kubelet kube-proxy  # the same, plus these commands (a real node)
 #
 # Why a generated tools module: k8s.io/kubernetes points every k8s.io/<staging> module at
 # ./staging and requires it at v0.0.0, so a module that depends on it must replace each staging
@@ -12,7 +13,7 @@ set -euo pipefail
 K8S_VERSION="${K8S_VERSION:-v1.37.2}"
 CACHE_ROOT="${LOXI_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/loxi-ccm}"
 BIN_DIR="$CACHE_ROOT/k8s-$K8S_VERSION/bin"
-BINARIES=(kube-apiserver kube-controller-manager kubectl)
+BINARIES=(kube-apiserver kube-controller-manager kubectl "$@")
 
 have_all() {
   for b in "${BINARIES[@]}"; do [ -x "$BIN_DIR/$b" ] || return 1; done
@@ -49,17 +50,15 @@ go_directive=$(sed -n 's/^go \(.*\)$/\1/p' "$gomod_path" | head -1)
   sed -n 's#^[[:space:]]*\(k8s.io/[^ ]*\) => ./staging/src/.*#\t\1 => \1 '"$staging_version"'#p' "$gomod_path"
   echo ")"
 } > go.mod
-cat > tools.go <<'GO'
-//go:build tools
-
-package tools
-
-import (
-	_ "k8s.io/kubernetes/cmd/kube-apiserver"
-	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
-	_ "k8s.io/kubernetes/cmd/kubectl"
-)
-GO
+{
+  echo "//go:build tools"
+  echo
+  echo "package tools"
+  echo
+  echo "import ("
+  for b in "${BINARIES[@]}"; do echo "	_ \"k8s.io/kubernetes/cmd/$b\""; done
+  echo ")"
+} > tools.go
 
 GOFLAGS=-mod=mod go mod tidy -e >/dev/null 2>&1 || true
 for b in "${BINARIES[@]}"; do

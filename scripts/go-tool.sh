@@ -4,6 +4,7 @@
 #
 #   scripts/go-tool.sh helm        # helm.sh/helm/v3/cmd/helm
 #   scripts/go-tool.sh promtool    # github.com/prometheus/prometheus/cmd/promtool
+#   scripts/go-tool.sh actionlint  # github.com/rhysd/actionlint/cmd/actionlint
 #
 # Versions are pinned here (HELM_VERSION / PROMTOOL_VERSION override them) so every machine and
 # CI builds the same tool; the cache sits beside the Kubernetes binaries of
@@ -13,6 +14,7 @@ set -euo pipefail
 
 HELM_VERSION="${HELM_VERSION:-v3.22.0}"
 PROMTOOL_VERSION="${PROMTOOL_VERSION:-v0.316.0}"
+ACTIONLINT_VERSION="${ACTIONLINT_VERSION:-v1.7.12}"
 CACHE_ROOT="${LOXI_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/loxi-ccm}"
 
 tool="${1:-}"
@@ -29,8 +31,12 @@ case "$tool" in
     # plugins (cloud SDKs), which are most of a cold build.
     tags="remove_all_sd"
     ;;
+  actionlint)
+    version="$ACTIONLINT_VERSION"
+    package="github.com/rhysd/actionlint/cmd/actionlint"
+    ;;
   *)
-    echo "usage: $0 helm|promtool" >&2
+    echo "usage: $0 helm|promtool|actionlint" >&2
     exit 2
     ;;
 esac

@@ -6,17 +6,27 @@
 //!   until Ctrl-C, or exits after showing the result with `--exit`.
 //! - `test`: the whole test suite as CI runs it: builds the control plane (cached) while
 //!   cargo compiles, then `cargo fmt --check`, `cargo clippy -D warnings`, the dependency
-//!   check (`deny`), `cargo test`. helm and promtool (the chart and alert-rule tests) are
-//!   built the same way (`scripts/go-tool.sh`, cached by version); a tool that cannot be
-//!   built fails the run.
+//!   check (`deny`), `cargo test`. helm, promtool and actionlint (the chart, alert-rule and
+//!   release-workflow tests) are built the same way (`scripts/go-tool.sh`, cached by
+//!   version); a tool that cannot be built fails the run.
 //! - `deny`: `cargo deny check licenses bans sources` against `deny.toml`, with a cargo-deny
 //!   of a pinned version installed once into the cache (works offline afterwards).
 //! - `bench [--quick | --fleet | --profile <instant|loxilb-0.9.8> [--profile-tick-ms MS]]`:
 //!   builds the release binaries and runs `loxi-bench` with the flags given
 //!   (docs/BENCHMARKS.md).
+//! - `image [--context-only] [--reproducible] [--arch amd64|arm64] [--name REF]`: the
+//!   container image from `deploy/Dockerfile`, as an OCI archive under `target/image/`,
+//!   without a Docker daemon (buildah), reproducibly (`image.rs`).
+//! - `realnode`: the opt-in real-node tier (`realnode.rs`, docs/testing.md): installs the
+//!   Debian packages, builds kubelet, kube-proxy and kube-scheduler (cached), the image, and
+//!   runs `crates/loxi-ccm/tests/real_node.rs`. Not part of `test`.
 //! - `manifests`: renders the plain manifests of `deploy/` from the Helm chart
 //!   (`charts/loxi-ccm`, values `charts/deploy-values.yaml`); the chart tests fail while
 //!   `deploy/` differs from that rendering.
+
+mod image;
+mod packages;
+mod realnode;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -65,9 +75,11 @@ fn main() -> Result<()> {
         Some("bench") => bench(&args[1..]),
         Some("deny") => deny(),
         Some("manifests") => manifests(),
+        Some("image") => image::image(&args[1..]),
+        Some("realnode") => realnode::realnode(),
         _ => {
             eprintln!(
-                "usage: cargo xtask <demo [--exit] | test | deny | bench [--quick | --fleet | --profile <instant|loxilb-0.9.8> [--profile-tick-ms MS]] [loxi-bench flags] | manifests>"
+                "usage: cargo xtask <demo [--exit] | test | deny | bench [--quick | --fleet | --profile <instant|loxilb-0.9.8> [--profile-tick-ms MS]] [loxi-bench flags] | manifests | image [--context-only] [--reproducible] [--arch amd64|arm64] [--name REF] | realnode>"
             );
             std::process::exit(2);
         }
@@ -126,7 +138,7 @@ fn test() -> Result<()> {
     let mut control_plane = Command::new("bash")
         .arg("-c")
         .arg(format!(
-            "set -e; K8S_VERSION={} bash scripts/control-plane.sh >/dev/null; bash scripts/go-tool.sh helm >/dev/null; bash scripts/go-tool.sh promtool >/dev/null",
+            "set -e; K8S_VERSION={} bash scripts/control-plane.sh >/dev/null; bash scripts/go-tool.sh helm >/dev/null; bash scripts/go-tool.sh promtool >/dev/null; bash scripts/go-tool.sh actionlint >/dev/null",
             testenv::K8S_VERSION
         ))
         .current_dir(workspace_root())
@@ -152,7 +164,7 @@ fn test() -> Result<()> {
     let status = control_plane.wait()?;
     if !status.success() {
         bail!(
-            "building the Go tools failed ({status}): scripts/control-plane.sh or scripts/go-tool.sh (helm, promtool), see their output above"
+            "building the Go tools failed ({status}): scripts/control-plane.sh or scripts/go-tool.sh (helm, promtool, actionlint), see their output above"
         );
     }
     let mut tests = cargo();

@@ -1,7 +1,7 @@
 //! The alert rules and the Grafana dashboard of the chart (`charts/loxi-ccm/files`):
 //!
 //! - `promtool check rules` accepts the rules, `promtool test rules` runs their unit tests
-//!   (`charts/loxi-ccm/ci/alerts-test.yaml`), promtool being built by `scripts/go-tool.sh`;
+//!   (`charts/loxi-ccm/files/alerts-test.yaml`), promtool being built by `scripts/go-tool.sh`;
 //! - every `loxi_ccm_*` name the rules and the dashboard query is exported on `/metrics` by a
 //!   running controller (in-process, real API server, simulator);
 //! - every alert has its runbook paragraph in docs/operations.md;
@@ -59,10 +59,10 @@ fn promtool_checks_the_alert_rules() {
 
 #[test]
 fn promtool_unit_tests_of_the_alert_rules_pass() {
-    let text = promtool(&["test", "rules"], &chart_file("ci/alerts-test.yaml"));
+    let text = promtool(&["test", "rules"], &chart_file("files/alerts-test.yaml"));
     assert!(text.contains("SUCCESS"), "{text}");
     // Each alert is tested firing at least once.
-    let tests = std::fs::read_to_string(chart_file("ci/alerts-test.yaml")).unwrap();
+    let tests = std::fs::read_to_string(chart_file("files/alerts-test.yaml")).unwrap();
     for alert in alert_names() {
         assert!(
             tests.contains(&format!("alertname: {alert}")),

@@ -293,7 +293,12 @@ async fn capacity_is_reported_once_and_programmed_when_room_frees() {
 
 #[tokio::test]
 async fn source_ranges_past_loxilbs_28th_rule_are_reported_not_retried() {
-    let w = World::new("srcranges").await;
+    // The rules' allowedSources (`enforce`; the default `firewall` has no such limit).
+    let enforce = Options {
+        extra_args: vec!["--source-ranges=enforce".into()],
+        ..Options::default()
+    };
+    let w = World::with("srcranges", enforce).await;
     w.add_node("node-a", "10.2.3.1").await;
     let ports: Vec<(i32, &str)> = (0..28).map(|i| (1000 + i, "TCP")).collect();
     w.create(&World::lb_service("big", Some(CLASS), &ports))
@@ -840,6 +845,7 @@ async fn source_range_changes_reach_loxilb_and_can_be_left_out() {
     let opts = Options {
         drift: "1s",
         admin_port: Some(admin_port),
+        extra_args: vec!["--source-ranges=enforce".into()],
         ..Options::default()
     };
     let mut w = World::with("srcchange", opts.clone()).await;

@@ -60,7 +60,13 @@ async fn endpoint_slices_drive_local_policy_and_pod_network_mode() {
     use k8s_openapi::api::discovery::v1::EndpointSlice;
     use kube::api::{Api, PostParams};
 
-    let w = World::new("slices").await;
+    // Source ranges as the rules' allowedSources (the `enforce` setting; the default
+    // `firewall` is tested in source_ranges.rs).
+    let enforce = Options {
+        extra_args: vec!["--source-ranges=enforce".into()],
+        ..Options::default()
+    };
+    let w = World::with("slices", enforce).await;
     w.add_node("node-a", "10.0.9.1").await;
     w.add_node("node-b", "10.0.9.2").await;
     let slices: Api<EndpointSlice> = Api::namespaced(w.client.clone(), &w.ns);

@@ -11,6 +11,8 @@ pub mod bgp;
 pub mod choice;
 pub mod diff;
 pub mod duration;
+pub mod egress;
+pub mod firewall;
 pub mod ingress;
 pub mod intent;
 pub mod inventory;

@@ -1,5 +1,7 @@
 //! The HTTP client.
 
+mod firewall;
+
 use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 
 use thiserror::Error;
 
-#[derive(Debug, Error)]
+#[derive(Debug, Clone, Error)]
 pub enum ClientError {
     /// Connection refused, reset, DNS: loxilb is not there. Retryable.
     #[error("loxilb at {url} is unreachable: {detail}")]

@@ -6,6 +6,7 @@ mod client;
 pub mod convert;
 pub mod dto;
 mod error;
+pub mod firewall;
 pub mod listing;
 mod token;
 
@@ -22,5 +23,6 @@ pub use dto::{
     VersionInfo,
 };
 pub use error::ClientError;
+pub use firewall::{FirewallEntry, FirewallMatch, FirewallOptions};
 pub use listing::Listing;
 pub use token::Token;

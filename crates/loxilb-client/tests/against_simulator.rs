@@ -958,3 +958,90 @@ fn good_urls_are_accepted() {
         assert_eq!(c.url(), url.trim_end_matches('/'));
     }
 }
+
+#[tokio::test]
+async fn firewall_rules_are_added_listed_and_deleted() {
+    use loxi_domain::firewall::{FwAction, FwRule, Preferences};
+    use loxilb_client::firewall::{owned_firewall_rule, to_firewall_entry};
+    let sim = start_sim(SimConfig::default()).await;
+    let client = client_for(&sim);
+    let prefs = Preferences {
+        drop: 40_000,
+        allow: 40_001,
+    };
+    let rule = FwRule {
+        source: "198.51.100.0/24".parse().unwrap(),
+        destination: "192.0.2.10".parse().unwrap(),
+        port: 443,
+        protocol: Protocol::Tcp,
+        preference: prefs.allow,
+        action: FwAction::Allow,
+    };
+    let entry = to_firewall_entry(&rule);
+    assert_eq!(
+        client.add_firewall_rule(&entry).await.unwrap(),
+        WriteOutcome::Applied
+    );
+    assert_eq!(
+        client.add_firewall_rule(&entry).await.unwrap(),
+        WriteOutcome::AlreadyPresent
+    );
+    let listed = client.list_firewall().await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(owned_firewall_rule(&listed[0], prefs), Some(rule));
+    assert_eq!(sim.firewall_rules().len(), 1);
+    assert_eq!(
+        client
+            .delete_firewall_rule(&listed[0].rule_arguments)
+            .await
+            .unwrap(),
+        DeleteOutcome::Deleted
+    );
+    assert_eq!(
+        client
+            .delete_firewall_rule(&entry.rule_arguments)
+            .await
+            .unwrap(),
+        DeleteOutcome::AlreadyAbsent
+    );
+    assert!(sim.firewall_rules().is_empty());
+}
+
+#[tokio::test]
+async fn egress_snat_rules_round_trip() {
+    use loxi_domain::egress::{EgressSpec, plan};
+    use loxilb_client::firewall::{owned_snat_rule, to_snat_entry};
+    let sim = start_sim(SimConfig::default()).await;
+    let client = client_for(&sim);
+    let spec = EgressSpec {
+        addresses: vec!["10.1.0.5".into()],
+        vip: "192.0.2.50".into(),
+        ..EgressSpec::default()
+    };
+    let rules = plan(&spec, &["10.244.1.7".parse().unwrap()], 50_123).unwrap();
+    for r in &rules {
+        let outcome = client.add_firewall_rule(&to_snat_entry(r)).await.unwrap();
+        assert_eq!(outcome, WriteOutcome::Applied);
+    }
+    // loxilb makes an LB rule per SNAT rule.
+    assert_eq!(sim.rules().len(), 2);
+    let mut listed: Vec<_> = client
+        .list_firewall()
+        .await
+        .unwrap()
+        .iter()
+        .filter_map(|e| owned_snat_rule(e, 50_123))
+        .collect();
+    listed.sort();
+    assert_eq!(listed, rules);
+    for e in client.list_firewall().await.unwrap() {
+        assert_eq!(
+            client
+                .delete_firewall_rule(&e.rule_arguments)
+                .await
+                .unwrap(),
+            DeleteOutcome::Deleted
+        );
+    }
+    assert!(sim.rules().is_empty(), "their LB rules go with them");
+}

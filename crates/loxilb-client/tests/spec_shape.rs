@@ -477,3 +477,48 @@ fn checker_catches_a_value_outside_an_enum() {
         ["apply.policyType: \"EXPORT\" is not in the spec's enum"]
     );
 }
+
+#[test]
+fn firewall_bodies_match_the_spec() {
+    use loxilb_client::{FirewallEntry, FirewallMatch, FirewallOptions};
+    let full = FirewallEntry {
+        rule_arguments: FirewallMatch {
+            source_ip: "198.51.100.0/24".into(),
+            destination_ip: "192.0.2.10/32".into(),
+            min_source_port: 1,
+            max_source_port: 2,
+            min_destination_port: 80,
+            max_destination_port: 80,
+            protocol: 6,
+            port_name: "eth0".into(),
+            preference: 40_001,
+        },
+        opts: FirewallOptions {
+            allow: true,
+            drop: true,
+            trap: true,
+            redirect: true,
+            redirect_port_name: "eth1".into(),
+            record: true,
+            fw_mark: 1,
+            do_snat: true,
+            to_ip: "192.0.2.99".into(),
+            to_port: 1,
+            on_default: true,
+            counter: "1:1".into(),
+        },
+    };
+    assert_bgp_body_matches("post", "/config/firewall", &full);
+    assert_bgp_body_matches("post", "/config/firewall", &FirewallEntry::default());
+    let Some(spec) = load_spec() else { return };
+    // The delete query names only the spec's parameters.
+    let params: Vec<&str> = spec["paths"]["/config/firewall"]["delete"]["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["name"].as_str())
+        .collect();
+    for (name, _) in full.rule_arguments.delete_query() {
+        assert!(params.contains(&name), "{name} is not a DELETE parameter");
+    }
+}

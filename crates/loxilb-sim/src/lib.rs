@@ -20,10 +20,12 @@ mod bgp;
 mod decode;
 mod endpoints;
 mod errors;
+mod firewall;
 mod profile;
 mod routes;
 mod server;
 mod state;
+mod traffic;
 mod validate;
 
 use std::net::{IpAddr, SocketAddr};
@@ -38,9 +40,11 @@ pub use bgp::{
     SimBgpPolicy,
 };
 pub use errors::status_for;
+pub use firewall::{FwAction, PortRange, SimFwRule};
 pub use profile::{Profile, SimCosts};
 pub use routes::{ApiRoute, api_routes};
 pub use state::{SimEndpoint, SimRule};
+pub use traffic::Traffic;
 
 /// Base path of the loxilb API.
 pub const API_BASE: &str = "/netlox/v1";
@@ -151,6 +155,11 @@ pub(crate) struct Shared {
     /// When the simulator started (never reset): the origin of the write log's times and of
     /// the profile's worker ticks.
     pub(crate) born: std::time::Instant,
+    /// The traffic model reproduces loxilb issue #1036 ([`Simulator::set_issue_1036`]).
+    pub(crate) issue_1036: AtomicBool,
+    /// Firewall table size ([`Simulator::set_firewall_capacity`]); a start option, so a
+    /// restart keeps it.
+    pub(crate) fw_capacity: std::sync::atomic::AtomicUsize,
 }
 
 /// How many API writes [`Simulator::write_log`] keeps.
@@ -239,6 +248,8 @@ impl Shared {
             profile: Mutex::new(cfg.profile),
             costs: profile::CostCounters::default(),
             born: std::time::Instant::now(),
+            issue_1036: AtomicBool::new(true),
+            fw_capacity: std::sync::atomic::AtomicUsize::new(firewall::MAX_FW_RULES),
             cfg,
             write_log: Mutex::default(),
         }

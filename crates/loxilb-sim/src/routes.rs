@@ -42,6 +42,9 @@ enum Op {
     EpList,
     EpCreate,
     EpDelete,
+    FwCreate,
+    FwList,
+    FwDelete,
     /// `/config/bgp/...` (403 while BGP is off, loxilb's default).
     Bgp(BgpOp),
 }
@@ -98,6 +101,9 @@ const ROUTES: &[RouteDef] = &[
         "/config/endpoint/epipaddress/{ip_address}",
         Op::EpDelete,
     ),
+    r("GET", "/config/firewall/all", Op::FwList),
+    r("POST", "/config/firewall", Op::FwCreate),
+    r("DELETE", "/config/firewall", Op::FwDelete),
     r("GET", "/config/cistate/all", Op::CiList),
     r("POST", "/config/cistate", Op::CiSet),
     r("GET", "/config/bgp/neigh/all", Op::Bgp(BgpOp::NeighList)),
@@ -522,6 +528,16 @@ async fn handle(shared: &Shared, parts: &Parts, body: Body) -> Result<Response, 
             Ok(success())
         }
         Op::LbDeleteTuple => lb_delete_tuple(shared, &params, &query),
+        Op::FwList => Ok(ok_json(shared.state().firewall.list_api())),
+        Op::FwCreate => {
+            let req = crate::firewall::decode_post(&bytes)?;
+            shared
+                .state()
+                .add_firewall(&req, shared.firewall_capacity())
+                .map_err(ApiError::Handler)?;
+            Ok(success())
+        }
+        Op::FwDelete => fw_delete(shared, &query),
         Op::CiList => Ok(ok_json(shared.state().list_ci())),
         Op::CiSet => ci_set(shared, &bytes),
         Op::Bgp(op) => crate::bgp::handle(shared, op, &params, &query, &bytes),
@@ -606,6 +622,36 @@ fn lb_delete_tuple(
     shared
         .state()
         .delete_tuple(&key, withdraw)
+        .map_err(ApiError::Handler)?;
+    Ok(success())
+}
+
+/// `DELETE /config/firewall?sourceIP=..&destinationIP=..&...`: integers bound first
+/// (go-openapi: 422 601 when not a number), then loxilb's checks and lookup.
+fn fw_delete(shared: &Shared, query: &HashMap<String, String>) -> Result<Response, ApiError> {
+    let mut ints = HashMap::new();
+    for name in [
+        "minSourcePort",
+        "maxSourcePort",
+        "minDestinationPort",
+        "maxDestinationPort",
+        "protocol",
+        "preference",
+    ] {
+        if let Some(raw) = query.get(name).filter(|v| !v.is_empty()) {
+            let n = raw
+                .parse::<i64>()
+                .map_err(|_| invalid_type(name, "query", "integer", raw))?;
+            ints.insert(name, n);
+        }
+    }
+    let req = crate::firewall::delete_request(
+        |k| query.get(k).filter(|v| !v.is_empty()).cloned(),
+        |k| ints.get(k).copied(),
+    );
+    shared
+        .state()
+        .delete_firewall(&req)
         .map_err(ApiError::Handler)?;
     Ok(success())
 }

@@ -12,6 +12,7 @@ use serde_json::{Map, Value, json};
 
 use crate::bgp::BgpState;
 use crate::endpoints::{EpObject, ImplicitEp, Reachability, implicit_key};
+use crate::firewall::{FwRequest, FwState, ImplicitSnat};
 use crate::validate::{Checked, LbRequest, MAX_ENDPOINTS};
 
 /// Allowed sources can only be installed on rules with internal index <= 28.
@@ -127,6 +128,8 @@ struct StoredRule {
     monitor: bool,
     managed: bool,
     egress: bool,
+    /// loxilb's own SNAT rule behind a `doSnat` firewall rule (docs/loxilb-api.md#firewall).
+    snat: bool,
     proxyprotocolv2: bool,
     inactive_timeout: u32,
     probetype: String,
@@ -250,6 +253,7 @@ impl StoredRule {
         put("host", json!(self.host), !self.host.is_empty());
         put("proxyprotocolv2", json!(true), self.proxyprotocolv2);
         put("egress", json!(true), self.egress);
+        put("snat", json!(true), self.snat);
         let eps: Vec<Value> = self
             .visible()
             .map(|e| {
@@ -342,6 +346,8 @@ pub(crate) struct SimState {
     posted_eps: BTreeMap<String, EpObject>,
     /// goBGP's state and loxilb's advertisement counts (docs/loxilb-api.md#bgp).
     pub(crate) bgp: BgpState,
+    /// The firewall table (docs/loxilb-api.md#firewall).
+    pub(crate) firewall: FwState,
 }
 
 impl SimState {
@@ -362,6 +368,7 @@ impl SimState {
             ci,
             posted_eps: BTreeMap::new(),
             bgp: BgpState::default(),
+            firewall: FwState::default(),
         }
     }
 
@@ -418,6 +425,7 @@ impl SimState {
             monitor: c.monitor,
             managed: r.managed,
             egress: r.egress,
+            snat: false,
             proxyprotocolv2: r.proxyprotocolv2,
             inactive_timeout: c.inactive_timeout,
             probetype: r.probetype.clone(),
@@ -561,6 +569,102 @@ impl SimState {
         for k in &keys {
             self.delete_stored(k, bgp_on);
         }
+    }
+
+    /// `POST /config/firewall`: the rule, and for `doSnat` the LB rule loxilb makes with it
+    /// (`0.0.0.0:0`, protocol `none`, `block` = rule number | 0x1000, named
+    /// `snat:<toIP>:<toPort>`, listed with `snat`); no room for that LB rule refuses both.
+    pub(crate) fn add_firewall(&mut self, req: &FwRequest, capacity: usize) -> Result<(), String> {
+        let Some(snat) = self.firewall.add(req, capacity)? else {
+            return Ok(());
+        };
+        let ImplicitSnat {
+            block,
+            to_ip,
+            to_port,
+        } = snat;
+        let Some(index) = self.alloc_index() else {
+            // Take the firewall rule back: loxilb refuses the whole call.
+            let _ = self.firewall.delete(req);
+            return Err("rule-snat error".into());
+        };
+        let vip = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
+        let rule = StoredRule {
+            index,
+            vip,
+            port: 0,
+            port_max: 0,
+            protocol: "none".into(),
+            block,
+            host: String::new(),
+            name: format!("snat:{to_ip}:{to_port}"),
+            mode: 0,
+            sel: 0,
+            security: 0,
+            bgp: false,
+            monitor: false,
+            managed: false,
+            egress: false,
+            snat: true,
+            proxyprotocolv2: false,
+            inactive_timeout: 240,
+            probetype: String::new(),
+            probeport: 0,
+            probereq: String::new(),
+            proberesp: String::new(),
+            probe_timeout: 0,
+            probe_retries: 0,
+            private_ip: None,
+            endpoints: new_eps(&[(to_ip, to_port, 1)]),
+            secondary_ips: Vec::new(),
+            allowed_sources: Vec::new(),
+        };
+        self.rules
+            .insert(RuleKey::new("", vip, "none", 0, 0, block), rule);
+        Ok(())
+    }
+
+    /// `DELETE /config/firewall`: the rule, and the LB rule of a SNAT rule.
+    pub(crate) fn delete_firewall(&mut self, req: &FwRequest) -> Result<(), String> {
+        if let Some(block) = self.firewall.delete(req)? {
+            let vip = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
+            self.remove_rule(&RuleKey::new("", vip, "none", 0, 0, block));
+        }
+        Ok(())
+    }
+
+    /// The LB rule a packet to `vip:port` (`protocol`) with this mark (`block`) meets:
+    /// (name, has an active endpoint, allowed sources). Port-range rules included; host
+    /// rules (L7) are not (the model has no host).
+    pub(crate) fn lb_lookup(
+        &self,
+        vip: IpAddr,
+        port: u16,
+        protocol: &str,
+        block: u32,
+        reach: &Reachability,
+    ) -> Option<(String, bool, Vec<String>)> {
+        let now = Instant::now();
+        self.rules
+            .values()
+            .find(|r| {
+                r.vip == vip
+                    && r.protocol == protocol
+                    && r.block == block
+                    && r.host.is_empty()
+                    && (r.port..=r.port_max.max(r.port)).contains(&port)
+            })
+            .map(|r| {
+                let active = r
+                    .visible()
+                    .any(|e| r.endpoint_state(e, reach, now) == "active");
+                (r.name.clone(), active, r.allowed_sources.clone())
+            })
+    }
+
+    /// Whether any rule carries `allowedSources` (what triggers loxilb issue #1036).
+    pub(crate) fn any_allowed_sources(&self) -> bool {
+        self.rules.values().any(|r| !r.allowed_sources.is_empty())
     }
 
     /// `{"lbAttr":[...]}` in HashMap (i.e. unspecified) order, on purpose.

@@ -277,3 +277,110 @@ fn served_paths_exist_in_spec() {
         );
     }
 }
+
+/// A value of the spec's type for a firewall field (strings that parse where loxilb parses).
+fn fw_value(field: &str, ty: &str) -> Value {
+    match (field, ty) {
+        ("sourceIP", _) => json!("198.51.100.0/24"),
+        ("destinationIP", _) => json!("192.0.2.10/32"),
+        ("toIP", _) => json!("192.0.2.99"),
+        ("portName" | "redirectPortName" | "counter", _) => json!(""),
+        (_, "integer") => json!(0),
+        (_, "boolean") => json!(false),
+        (_, "string") => json!(""),
+        (f, t) => panic!("firewall field {f} of type {t} not expected"),
+    }
+}
+
+/// Every property of `FirewallRuleEntry` and `FirewallOptionEntry` is decoded with its spec
+/// type, the spec's required objects are enforced (422 602), the DELETE takes exactly the
+/// spec's query parameters, and the listing carries the spec's `fwAttr`.
+#[tokio::test]
+async fn firewall_entry_follows_the_spec() {
+    let Some(spec) = load_spec() else { return };
+    let defs = &spec["definitions"];
+    let entry = &defs["FirewallEntry"];
+    let required = str_list(&entry["required"]);
+    assert!(
+        required.contains(&"ruleArguments".to_string()) && required.contains(&"opts".to_string())
+    );
+    let mut args = serde_json::Map::new();
+    for (k, v) in defs["FirewallRuleEntry"]["properties"].as_object().unwrap() {
+        args.insert(k.clone(), fw_value(k, v["type"].as_str().unwrap()));
+    }
+    let mut opts = serde_json::Map::new();
+    for (k, v) in defs["FirewallOptionEntry"]["properties"]
+        .as_object()
+        .unwrap()
+    {
+        opts.insert(k.clone(), fw_value(k, v["type"].as_str().unwrap()));
+    }
+    args.insert("preference".into(), json!(100));
+    args.insert("protocol".into(), json!(6));
+    args.insert("minDestinationPort".into(), json!(443));
+    args.insert("maxDestinationPort".into(), json!(443));
+    opts.insert("allow".into(), json!(true));
+    let env = start().await;
+    let body = json!({"ruleArguments": args, "opts": opts});
+    assert_success(&env.post("/config/firewall", &body).await);
+    // Every field with a wrong JSON type is a decoding error (400).
+    for (k, v) in body["ruleArguments"].as_object().unwrap() {
+        let mut bad = body.clone();
+        bad["ruleArguments"][k] = if v.is_string() { json!(1) } else { json!("x") };
+        assert_eq!(env.post("/config/firewall", &bad).await.0, 400, "{k}");
+    }
+    for f in &required {
+        let mut bad = body.clone();
+        bad.as_object_mut().unwrap().remove(f);
+        assert_framework_error(&env.post("/config/firewall", &bad).await, 422, 602);
+    }
+    // The listing: `fwAttr` of FirewallEntry.
+    let list_schema = &spec["paths"]["/config/firewall/all"]["get"]["responses"]["200"]["schema"];
+    assert!(list_schema["properties"]["fwAttr"].is_object());
+    let (status, list) = env.get("/config/firewall/all").await;
+    assert_eq!(status, 200);
+    let attrs = list["fwAttr"].as_array().unwrap();
+    assert_eq!(attrs.len(), 1);
+    let rule_props = defs["FirewallRuleEntry"]["properties"].as_object().unwrap();
+    let opt_props = defs["FirewallOptionEntry"]["properties"]
+        .as_object()
+        .unwrap();
+    for k in attrs[0]["ruleArguments"].as_object().unwrap().keys() {
+        assert!(rule_props.contains_key(k), "listed {k} not in the spec");
+    }
+    for k in attrs[0]["opts"].as_object().unwrap().keys() {
+        assert!(opt_props.contains_key(k), "listed {k} not in the spec");
+    }
+    // DELETE by the spec's query parameters.
+    let params = spec["paths"]["/config/firewall"]["delete"]["parameters"]
+        .as_array()
+        .unwrap();
+    let mut query: Vec<(String, String)> = Vec::new();
+    for p in params {
+        assert_eq!(p["in"], "query");
+        let name = p["name"].as_str().unwrap().to_string();
+        let value = match name.as_str() {
+            "sourceIP" => "198.51.100.0/24".to_string(),
+            "destinationIP" => "192.0.2.10/32".to_string(),
+            "minDestinationPort" | "maxDestinationPort" => "443".to_string(),
+            "protocol" => "6".to_string(),
+            "preference" => "100".to_string(),
+            "portName" => String::new(),
+            _ => "0".to_string(),
+        };
+        query.push((name, value));
+    }
+    let not_a_number = env
+        .send(
+            env.http
+                .delete(env.api("/config/firewall"))
+                .query(&[("protocol", "tcp")]),
+        )
+        .await;
+    assert_framework_error(&not_a_number, 422, 601);
+    let r = env
+        .send(env.http.delete(env.api("/config/firewall")).query(&query))
+        .await;
+    assert_success(&r);
+    assert!(env.sim.firewall_rules().is_empty());
+}

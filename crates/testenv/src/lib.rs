@@ -15,6 +15,7 @@
 //! rendering of `deploy/` from the Helm chart ([`chart`]).
 
 pub mod chart;
+pub mod node;
 pub mod tools;
 
 use std::net::TcpListener;
@@ -158,6 +159,38 @@ impl ControlPlane {
     /// given again replaces the default), e.g. a wider `--service-node-port-range` for
     /// more LoadBalancer ports than the default range's 2,768 (bench/src/fleet.rs).
     pub async fn start_with_api_args(extra: &[&str]) -> Result<ControlPlane> {
+        ControlPlane::start_inner(extra, &[]).await
+    }
+
+    /// A control plane that Pods on a real node ([`node::RealNode`]) reach: kube-apiserver
+    /// listens on every address and advertises `node_ip`, so that the `kubernetes` Service
+    /// (10.96.0.1:443, through kube-proxy) leads to it, and its certificate names that
+    /// address and the Service's names besides 127.0.0.1.
+    pub async fn start_for_node(node_ip: &str) -> Result<ControlPlane> {
+        let sans: Vec<String> = [
+            node_ip,
+            "10.96.0.1",
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect();
+        let advertise = format!("--advertise-address={node_ip}");
+        ControlPlane::start_inner(
+            &[
+                "--bind-address=0.0.0.0",
+                &advertise,
+                "--endpoint-reconciler-type=lease",
+            ],
+            &sans,
+        )
+        .await
+    }
+
+    async fn start_inner(extra: &[&str], extra_sans: &[String]) -> Result<ControlPlane> {
         let bin_dir = tokio::task::spawn_blocking(bin_dir).await??;
         let dir = tempfile::Builder::new().prefix("loxi-ccm-cp-").tempdir()?;
         let d = dir.path().to_path_buf();
@@ -172,8 +205,12 @@ impl ControlPlane {
         let ca_cert = ca_params.self_signed(&ca_key)?;
         let ca = rcgen::Issuer::new(ca_params, ca_key);
         let srv_key = rcgen::KeyPair::generate()?;
-        let mut srv_params =
-            rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])?;
+        let mut srv_params = rcgen::CertificateParams::new(
+            ["localhost".to_string(), "127.0.0.1".to_string()]
+                .into_iter()
+                .chain(extra_sans.iter().cloned())
+                .collect::<Vec<_>>(),
+        )?;
         srv_params
             .distinguished_name
             .push(rcgen::DnType::CommonName, "kube-apiserver");

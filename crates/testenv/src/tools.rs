@@ -25,6 +25,12 @@ pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
+/// `actionlint` (github.com/rhysd/actionlint): `$LOXI_ACTIONLINT` if set, else built by
+/// `scripts/go-tool.sh`.
+pub fn actionlint() -> Result<PathBuf> {
+    go_tool("actionlint", "LOXI_ACTIONLINT")
+}
+
 fn go_tool(name: &str, override_var: &str) -> Result<PathBuf> {
     if let Ok(path) = std::env::var(override_var) {
         return Ok(PathBuf::from(path));
@@ -69,4 +75,43 @@ pub fn helm_command(helm: &Path) -> Command {
         .env("HELM_CONFIG_HOME", home.join("config"))
         .env("HELM_DATA_HOME", home.join("data"));
     cmd
+}
+
+/// The Prometheus Operator release whose CRDs (ServiceMonitor, PrometheusRule) the chart's
+/// monitoring objects are checked against.
+pub const PROMETHEUS_OPERATOR_VERSION: &str = "v0.85.0";
+
+/// The Prometheus Operator's own CRD of `plural` (`servicemonitors`, `prometheusrules`), as
+/// its Go module `github.com/prometheus-operator/prometheus-operator` ships it
+/// (`example/prometheus-operator-crd/`), downloaded once by `go mod download` into Go's module
+/// cache (pinned: [`PROMETHEUS_OPERATOR_VERSION`]).
+pub fn prometheus_operator_crd(plural: &str) -> Result<PathBuf> {
+    let module =
+        format!("github.com/prometheus-operator/prometheus-operator@{PROMETHEUS_OPERATOR_VERSION}");
+    let out = Command::new("go")
+        .args(["mod", "download", "-json", &module])
+        // Outside any module of ours, with the module cache's default settings.
+        .current_dir(std::env::temp_dir())
+        .env("GOFLAGS", "")
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running go mod download (the go toolchain is needed)")?;
+    if !out.status.success() {
+        bail!(
+            "go mod download {module} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    let info: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let dir = info["Dir"]
+        .as_str()
+        .with_context(|| format!("go mod download {module}: no Dir in its answer"))?;
+    let crd = Path::new(dir)
+        .join("example/prometheus-operator-crd")
+        .join(format!("monitoring.coreos.com_{plural}.yaml"));
+    if !crd.is_file() {
+        bail!("{module} has no CRD file {}", crd.display());
+    }
+    Ok(crd)
 }

@@ -17,6 +17,8 @@ use loxi_domain::addressing::{ANN_SECONDARY_IPS, ANN_STATIC_IP};
 use loxi_domain::pools::PoolSet;
 use loxi_domain::{Action, ClusterId, NodeView, Rule, RuleKey, RuleName, diff_rules};
 
+mod firewall;
+
 use crate::ipam::claims::{AddressClaim, ClaimedBy};
 use crate::k8s::view::{SERVICE_NAME_LABEL, Selection, endpoint_views, published_addresses};
 use crate::service::Settings;
@@ -47,6 +49,9 @@ pub struct InstanceSnapshot {
     /// BGP advertisement references per address text, where the loxilb exposes them (only
     /// the simulator does; `None` for real loxilb).
     pub advertisements: Option<BTreeMap<String, u32>>,
+    /// Its firewall rules (`GET /config/firewall/all`); `None`: not read, `Err`: could not
+    /// be listed. Ours are checked like the rules (`firewall`).
+    pub firewall: Option<Result<Vec<loxilb_client::FirewallEntry>, String>>,
 }
 
 /// Everything the checks read, taken at one time.
@@ -236,7 +241,9 @@ pub fn audit(s: &Snapshot) -> Findings {
     check_status(&view, &mut f);
     check_pools(s, &view, &mut f);
     let desired = desired_rules(s, &view, &mut f);
+    let (desired, desired_fw) = firewall::split_desired(s, desired);
     check_rules(s, &view, &desired, &mut f);
+    firewall::check(s, &view, &desired, &desired_fw, &mut f);
     check_orphans(s, &view, &mut f);
     check_advertisements(s, &mut f);
     check_masters(s, &mut f);
@@ -1114,6 +1121,7 @@ mod tests {
             ha_states: None,
             rules: Ok(rules),
             advertisements: None,
+            firewall: None,
         });
         s
     }
@@ -1523,6 +1531,7 @@ mod tests {
             ha_states: None,
             rules: Ok(Vec::new()),
             advertisements: None,
+            firewall: None,
         });
         let f = audit(&s);
         assert!(f.clean(), "{f}");

@@ -140,6 +140,7 @@ pub async fn snapshot(client: &kube::Client, cfg: &Config) -> anyhow::Result<Sna
         settings: Settings {
             defaults: cfg.defaults,
             enforce_source_ranges: cfg.enforce_source_ranges,
+            source_ranges_firewall: cfg.source_ranges_firewall,
             namespace: cfg.namespace.clone(),
             advertise: cfg.bgp.is_some(),
             zone: cfg.zone.clone(),
@@ -170,6 +171,7 @@ async fn instance(cfg: loxilb_client::ClientConfig, bgp: bool) -> InstanceSnapsh
                 ha_states: None,
                 rules: Err(e.to_string()),
                 advertisements: None,
+                firewall: None,
             };
         }
     };
@@ -190,11 +192,19 @@ async fn instance(cfg: loxilb_client::ClientConfig, bgp: bool) -> InstanceSnapsh
         Ok(Ok(states)) => Some(states.into_iter().map(|s| (s.instance, s.state)).collect()),
         _ => None,
     };
+    let firewall = match tokio::time::timeout(LOXILB_TIMEOUT, client.list_firewall()).await {
+        Ok(listed) => Some(listed.map_err(|e| e.to_string())),
+        Err(_) => Some(Err(format!(
+            "no answer within {}s",
+            LOXILB_TIMEOUT.as_secs()
+        ))),
+    };
     InstanceSnapshot {
         url,
         group: String::new(),
         ha_states,
         rules,
         advertisements,
+        firewall,
     }
 }

@@ -451,16 +451,17 @@ pub struct ServiceArgs {
     #[arg(long, env = "LOXI_CCM_MONITOR")]
     pub monitor: bool,
 
-    /// Whether loxilb rules carry spec.loadBalancerSourceRanges as allowed sources: enforce or
-    /// ignore. loxilb stops load-balanced traffic to every address while any rule has allowed
-    /// sources (loxilb issue #1036, seen on v0.9.8); with ignore, rules carry none and each
-    /// Service that sets source ranges says so in its loxilb.io/SourceRangesEnforced condition
-    /// (docs/annotations.md).
+    /// How spec.loadBalancerSourceRanges are enforced: firewall (allow rules for the ranges and a drop rule for every other source, in loxilb's
+    /// firewall, to the Service's address, port and protocol only), enforce (the rules'
+    /// allowedSources, as kube-loxilb: loxilb stops load-balanced traffic to every address
+    /// while any rule has allowed sources, loxilb issue #1036, seen on v0.9.8) or ignore (not
+    /// enforced, said in each such Service's loxilb.io/SourceRangesEnforced condition).
+    /// docs/configuration.md#source-ranges
     #[arg(
         long = "source-ranges",
         env = "LOXI_CCM_SOURCE_RANGES",
-        default_value = "enforce",
-        value_parser = ["enforce", "ignore"]
+        default_value = "firewall",
+        value_parser = ["firewall", "enforce", "ignore"]
     )]
     pub source_ranges: String,
 

@@ -121,8 +121,11 @@ pub struct Config {
     pub controller: ControllerName,
     pub ccm_mode: bool,
     pub defaults: Defaults,
-    /// `--source-ranges`: rules carry the Services' source ranges (else they are left out).
+    /// `--source-ranges` is not `ignore`: the Services' source ranges are enforced.
     pub enforce_source_ranges: bool,
+    /// `--source-ranges=firewall`: enforced by loxilb's firewall rather than the rules'
+    /// `allowedSources` (docs/configuration.md#source-ranges).
+    pub source_ranges_firewall: bool,
     pub cluster_id: Option<ClusterId>,
     pub namespace: Option<String>,
     pub health_interval: Duration,
@@ -281,7 +284,8 @@ impl Config {
             controller: services.controller,
             ccm_mode: args.services.ccm_mode,
             defaults: services.defaults,
-            enforce_source_ranges: args.services.source_ranges == "enforce",
+            enforce_source_ranges: args.services.source_ranges != "ignore",
+            source_ranges_firewall: args.services.source_ranges == "firewall",
             cluster_id: services.cluster_id,
             namespace: args.services.namespace.clone(),
             health_interval: args.loxilb_api.health_interval,

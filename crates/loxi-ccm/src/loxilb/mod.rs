@@ -53,6 +53,7 @@
 
 mod apply;
 pub mod bgp;
+mod firewall;
 mod limits;
 mod members;
 pub mod probe;
@@ -280,6 +281,8 @@ pub struct Instance {
     /// Rule writes wait for their turn here (`window.rs`): as many in flight as loxilb
     /// answers in time, the most urgent first, superseded ones never sent.
     window: window::Window,
+    /// The firewall rules of ours it holds (`firewall.rs`, `--source-ranges=firewall`).
+    firewall: Mutex<firewall::FwBook>,
 }
 
 /// The outcome of applying rules to one instance. Only transport failures (the instance is
@@ -340,6 +343,7 @@ impl Instance {
                 DEFAULT_WRITE_WINDOW,
                 client_timeout,
             )),
+            firewall: Mutex::default(),
         }
     }
 

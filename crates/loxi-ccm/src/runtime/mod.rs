@@ -225,6 +225,7 @@ pub async fn run(
         settings: service::Settings {
             defaults: cfg.defaults,
             enforce_source_ranges: cfg.enforce_source_ranges,
+            source_ranges_firewall: cfg.source_ranges_firewall,
             namespace: cfg.namespace.clone(),
             advertise: cfg.bgp.is_some(),
             zone: cfg.zone.clone(),

@@ -36,16 +36,16 @@ pub async fn apply_everywhere(
                 if !inst.is_healthy() {
                     return (url, InstanceResult::Down(inst.tls_refusal()));
                 }
-                let result = inst
-                    .apply_service(
-                        &ctx.cluster,
-                        &owner.namespace,
-                        &owner.name,
-                        rules,
-                        &ctx.report.metrics,
-                        Some(&ctx.room_requeue),
-                    )
-                    .await;
+                let (cluster, metrics) = (&ctx.cluster, &ctx.report.metrics);
+                let (ns, name, requeue) = (&owner.namespace, &owner.name, Some(&ctx.room_requeue));
+                let result = if ctx.settings.source_ranges_firewall {
+                    // Source ranges as firewall rules (docs/configuration.md#source-ranges).
+                    inst.program_service(cluster, ns, name, rules, metrics, requeue)
+                        .await
+                } else {
+                    inst.apply_service(cluster, ns, name, rules, metrics, requeue)
+                        .await
+                };
                 let result = match result {
                     Ok(report) => InstanceResult::Applied(report),
                     // It went away during the call (or refused TLS): it is now marked down,

@@ -173,14 +173,14 @@ pub async fn remove_everywhere(
         .iter()
         .filter(|i| i.is_healthy())
         .map(|inst| async move {
-            let result = inst
-                .remove_service(
-                    &ctx.cluster,
-                    &owner.namespace,
-                    &owner.name,
-                    &ctx.report.metrics,
-                )
-                .await;
+            let (cluster, metrics) = (&ctx.cluster, &ctx.report.metrics);
+            let result = if ctx.settings.source_ranges_firewall {
+                inst.remove_service_and_firewall(cluster, &owner.namespace, &owner.name, metrics)
+                    .await
+            } else {
+                inst.remove_service(cluster, &owner.namespace, &owner.name, metrics)
+                    .await
+            };
             (inst.clone(), result)
         });
     futures::future::join_all(calls).await

@@ -29,6 +29,9 @@ pub struct Settings {
     /// `--source-ranges`: put `loadBalancerSourceRanges` in loxilb's rules (loxilb issue
     /// #1036: `docs/annotations.md`).
     pub enforce_source_ranges: bool,
+    /// `--source-ranges=firewall`: enforced by loxilb's firewall rules instead of the rules'
+    /// `allowedSources` (`crate::loxilb::Instance::program_service`).
+    pub source_ranges_firewall: bool,
     /// `--namespace`: only Services of this namespace are ours.
     pub namespace: Option<String>,
     /// BGP is on (`--bgp-local-as`): rules advertise their addresses.
@@ -46,6 +49,7 @@ impl Default for Settings {
         Settings {
             defaults: Defaults::default(),
             enforce_source_ranges: false,
+            source_ranges_firewall: false,
             namespace: None,
             advertise: false,
             zone: loxi_domain::roles::DEFAULT_ZONE.to_string(),

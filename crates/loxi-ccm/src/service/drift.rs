@@ -16,6 +16,8 @@ use super::plan::{Desired, desired};
 use crate::fleet::workers::Replay;
 use crate::ipam::claims::ClaimedBy;
 use crate::loxilb::{Instance, ServiceRules};
+use loxi_domain::RuleName;
+use loxi_domain::firewall::{FwRule, Preferences};
 
 /// The replay of one loxilb for its worker (`crate::fleet::workers`): every rule of its
 /// group's Services, from the stores.
@@ -96,10 +98,20 @@ async fn wait_quiet(inst: &Instance, limit: Duration) {
 /// time; Services with a problem keep the rules they have. A Service of another group has
 /// no rule here (an owned rule of it found here is removed: it was moved by hand).
 fn desired_in<'a>(ctx: &'a Context, group: &'a str) -> impl Iterator<Item = ServiceRules> + 'a {
+    desired_of(ctx, group, |_| true)
+}
+
+/// [`desired_in`] for the Services `only` admits (the others are not planned).
+fn desired_of<'a>(
+    ctx: &'a Context,
+    group: &'a str,
+    only: impl Fn(&Service) -> bool + 'a,
+) -> impl Iterator<Item = ServiceRules> + 'a {
     ctx.inputs
         .services
         .state()
         .into_iter()
+        .filter(move |svc| only(svc))
         .filter_map(move |svc| {
             if !ctx.selection.serves(&svc) || svc.metadata.deletion_timestamp.is_some() {
                 return None;
@@ -128,18 +140,87 @@ fn desired_in<'a>(ctx: &'a Context, group: &'a str) -> impl Iterator<Item = Serv
         })
 }
 
+/// What a whole-instance pass collects for the firewall while the Services' rules go by:
+/// the firewall rules wanted, and the Services that keep what they have.
+#[derive(Default)]
+struct FirewallWanted {
+    rules: Vec<FwRule>,
+    keep: Vec<(String, String)>,
+}
+
 /// Converges one instance to the rules of every served Service of its group, from the
 /// stores; true when it now holds every rule it should (nothing failed, nothing held back).
+/// With `--source-ranges=firewall` the rules go without their source ranges and the
+/// firewall is converged after them; in the other settings our firewall rules (left by an
+/// earlier `firewall` setting) are removed.
 async fn converge_instance(ctx: &Context, inst: &Instance) -> bool {
-    match inst
+    let firewall = ctx.settings.source_ranges_firewall;
+    let prefs = Preferences::of(&ctx.cluster);
+    // The firewall rules of ours there: a Service whose firewall rules are not all there
+    // (they could not be made, or it got its address since) keeps its LB rules as they are,
+    // so none is created open to every source; its own pass programs both.
+    let protected = if firewall {
+        // Firewall rules first, so that a restricted address is never open while its rule
+        // is replayed (a replay of thousands of rules takes a while on a slow loxilb). Only
+        // the Services with source ranges are planned for this.
+        let has_ranges = |svc: &Service| {
+            svc.spec
+                .as_ref()
+                .and_then(|s| s.load_balancer_source_ranges.as_ref())
+                .is_some_and(|r| !r.is_empty())
+        };
+        let fw: Vec<FwRule> = desired_of(ctx, inst.group(), has_ranges)
+            .flat_map(|sr| match sr {
+                ServiceRules::Want(rules) => loxi_domain::firewall::split(&rules, prefs).1,
+                ServiceRules::Keep(..) => Vec::new(),
+            })
+            .collect();
+        if let Err(e) = inst
+            .add_firewall_rules(&ctx.cluster, &fw, &ctx.report.metrics)
+            .await
+        {
+            warn!(instance = inst.url(), error = %e, "firewall replay failed");
+        }
+        inst.firewall_held().await
+    } else {
+        None
+    };
+    let wanted_fw: std::sync::Mutex<FirewallWanted> = Default::default();
+    let desired = || {
+        desired_in(ctx, inst.group()).map(|sr| {
+            let mut fw = wanted_fw.lock().unwrap_or_else(|e| e.into_inner());
+            match sr {
+                ServiceRules::Want(rules) if firewall => {
+                    let (lb, rules_fw) = loxi_domain::firewall::split(&rules, prefs);
+                    let exposed = rules_fw
+                        .iter()
+                        .any(|r| protected.as_ref().is_none_or(|held| !held.contains(r)));
+                    fw.rules.extend(rules_fw);
+                    match lb.first().and_then(|r| RuleName::parse(&r.name)) {
+                        Some(n) if exposed => {
+                            fw.keep.push((n.namespace.clone(), n.service.clone()));
+                            ServiceRules::Keep(n.namespace, n.service)
+                        }
+                        _ => ServiceRules::Want(lb),
+                    }
+                }
+                ServiceRules::Keep(ns, name) => {
+                    fw.keep.push((ns.clone(), name.clone()));
+                    ServiceRules::Keep(ns, name)
+                }
+                want => want,
+            }
+        })
+    };
+    let lb = inst
         .converge_all(
             &ctx.cluster,
             ctx.settings.namespace.as_deref(),
-            || desired_in(ctx, inst.group()),
+            desired,
             &ctx.report.metrics,
         )
-        .await
-    {
+        .await;
+    let complete = match lb {
         Ok(report) => {
             if report.changes > 0 {
                 info!(
@@ -152,7 +233,32 @@ async fn converge_instance(ctx: &Context, inst: &Instance) -> bool {
         }
         Err(e) => {
             warn!(instance = inst.url(), error = %e, "drift check failed");
-            false
+            return false;
+        }
+    };
+    let FirewallWanted { rules: fw, keep } =
+        wanted_fw.into_inner().unwrap_or_else(|e| e.into_inner());
+    match inst
+        .converge_firewall(
+            &ctx.cluster,
+            ctx.settings.namespace.as_deref(),
+            &fw,
+            &keep,
+            &ctx.report.metrics,
+        )
+        .await
+    {
+        Ok(changes) => {
+            if changes > 0 {
+                info!(instance = inst.url(), changes, "firewall repaired");
+            }
+            complete
+        }
+        Err(e) => {
+            warn!(instance = inst.url(), error = %e, "firewall check failed");
+            // A replay is complete without the firewall only when nothing there is ours to
+            // restore.
+            complete && fw.is_empty()
         }
     }
 }
