@@ -462,29 +462,38 @@ async fn deletion_waits_for_every_instance_that_may_hold_its_rules() {
         rules_of(&w.sim, &w, "web").is_empty().then_some(())
     })
     .await;
-    let message = wait_for("a Warning naming the unreachable instance", WAIT, || async {
-        let events: Api<k8s_openapi::api::events::v1::Event> =
-            Api::namespaced(w.client.clone(), &w.ns);
-        events
-            .list(&ListParams::default())
-            .await
-            .ok()?
-            .items
-            .into_iter()
-            .find(|e| {
-                e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("web")
-                    && e.reason.as_deref() == Some("LoxilbUnavailable")
-            })
-            .and_then(|e| e.note)
-    })
+    let message = wait_for(
+        "a Warning naming the unreachable instance",
+        WAIT,
+        || async {
+            let events: Api<k8s_openapi::api::events::v1::Event> =
+                Api::namespaced(w.client.clone(), &w.ns);
+            events
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|e| {
+                    e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("web")
+                        && e.reason.as_deref() == Some("LoxilbUnavailable")
+                })
+                .and_then(|e| e.note)
+        },
+    )
     .await;
     assert!(message.contains(&sim2.url()), "{message}");
-    assert!(w.get("web").await.is_some(), "released while its rule may remain");
+    assert!(
+        w.get("web").await.is_some(),
+        "released while its rule may remain"
+    );
     assert_eq!(rules_of(&sim2, &w, "web").len(), 1, "state kept while down");
     sim2.come_up().await.unwrap();
-    wait_for("the rule removed once the instance is back", WAIT, || async {
-        rules_of(&sim2, &w, "web").is_empty().then_some(())
-    })
+    wait_for(
+        "the rule removed once the instance is back",
+        WAIT,
+        || async { rules_of(&sim2, &w, "web").is_empty().then_some(()) },
+    )
     .await;
     wait_for("Service gone", WAIT, || async {
         w.get("web").await.is_none().then_some(())

@@ -104,7 +104,10 @@ async fn loxilb_errors_are_reported_and_retried() {
     let (status, _, message) = World::condition(&svc, "loxilb.io/AddressAllocated").unwrap();
     assert_eq!(status, "True", "{message}");
     let shown = svc.status.and_then(|s| s.load_balancer?.ingress);
-    assert!(shown.unwrap_or_default().is_empty(), "shown before its rule");
+    assert!(
+        shown.unwrap_or_default().is_empty(),
+        "shown before its rule"
+    );
     w.sim.set_fault(None);
     wait_for("Programmed=True after loxilb recovers", WAIT, || async {
         let s = w.get("web").await?;

@@ -352,7 +352,12 @@ async fn a_flapping_node_costs_at_most_one_write_per_rule() {
             .iter()
             .enumerate()
             .filter(|(_, l)| l.rule.as_ref() == Some(vip))
-            .map(|(i, l)| format!("#{i} {} {:?}-{:?} {}", l.status, l.accepted, l.completed, l.answered))
+            .map(|(i, l)| {
+                format!(
+                    "#{i} {} {:?}-{:?} {}",
+                    l.status, l.accepted, l.completed, l.answered
+                )
+            })
             .collect();
         eprintln!("flap: {vip} (log from #{logged_before}): {entries:?}");
     }
@@ -376,9 +381,21 @@ async fn a_flapping_node_costs_at_most_one_write_per_rule() {
 #[tokio::test]
 async fn check_shows_what_waits_for_each_loxilb() {
     let port = testenv::free_port().unwrap();
-    let w = World::with_sim("economy-check", options(port), slow()).await;
+    // 20 s of loxilb's time queued (ticks of 500 ms): longer than a check takes.
+    let opts = Options {
+        admin_port: Some(port),
+        extra_args: vec!["--loxilb-timeout=5s".into()],
+        ..Options::default()
+    };
+    let sim = SimConfig {
+        profile: Profile::Loxilb098 {
+            tick: Duration::from_millis(500),
+        },
+        ..SimConfig::default()
+    };
+    let w = World::with_sim("economy-check", opts, sim).await;
     w.add_node("node-a", "10.7.5.1").await;
-    for i in 0..30 {
+    for i in 0..40 {
         w.create(&World::lb_service(
             &format!("c{i:02}"),
             Some(CLASS),
@@ -390,7 +407,12 @@ async fn check_shows_what_waits_for_each_loxilb() {
     let admin = format!("--admin-addr=127.0.0.1:{port}");
     let line = wait_for("check naming queued writes", WAIT, || async {
         let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_loxi-ccm"))
-            .args(["check", &format!("--loxilb-url={sim_url}"), &admin])
+            .args([
+                "check",
+                &format!("--loxilb-url={sim_url}"),
+                &admin,
+                "--kubeconfig=/nonexistent",
+            ])
             .env_clear()
             .kill_on_drop(true)
             .output()
@@ -405,8 +427,8 @@ async fn check_shows_what_waits_for_each_loxilb() {
     .await;
     eprintln!("{line}");
     assert!(line.contains("in flight of"), "{line}");
-    wait_for("30 rules", WAIT, || async {
-        (w.sim.rules().len() == 30).then_some(())
+    wait_for("40 rules", WAIT, || async {
+        (w.sim.rules().len() == 40).then_some(())
     })
     .await;
     w.finish().await;
