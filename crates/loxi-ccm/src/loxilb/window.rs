@@ -357,7 +357,7 @@ mod tests {
         let in_flight = w.turn(Some(key(1)), None, Urgency::Change).await.unwrap();
         let w1 = w.clone();
         let listing = tokio::spawn(async move {
-            let _listing = w1.listing().await;
+            let held = w1.listing().await;
             // Held while it lists: a write asked for now waits.
             let w2 = w1.clone();
             let next = tokio::spawn(async move {
@@ -374,13 +374,13 @@ mod tests {
             .await
             .unwrap();
             assert_eq!(w1.view().in_flight, 0, "sent during the listing");
-            next
+            drop(held);
+            next.await.unwrap()
         });
         tokio::task::yield_now().await;
         assert!(!listing.is_finished(), "listed while a write was in flight");
         in_flight.answered(WriteKind::Post);
-        let next = listing.await.unwrap();
-        assert!(next.await.unwrap(), "sent once the listing is done");
+        assert!(listing.await.unwrap(), "sent once the listing is done");
         assert!(w.idle());
     }
 
