@@ -411,6 +411,8 @@ async fn check_shows_what_waits_for_each_loxilb() {
                 "check",
                 &format!("--loxilb-url={sim_url}"),
                 &admin,
+                // The rest of the check needs a valid configuration, not a cluster.
+                "--external-cidr=192.0.2.0/24",
                 "--kubeconfig=/nonexistent",
             ])
             .env_clear()
