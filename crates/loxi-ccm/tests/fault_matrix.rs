@@ -115,15 +115,18 @@ async fn loxilb_down_under_load() {
     let down_at = Instant::now();
     load.churn(&world, round()).await;
     // Down for at least `DOWN` (the retries back off meanwhile) and until every Service holds
-    // an address and the new ones report loxilb unavailable: addresses are claimed without
-    // loxilb, rules wait for it.
+    // an address: those that showed one keep it, the new ones claim theirs without loxilb
+    // but show none (their rules wait for it) and report loxilb unavailable.
+    let waiting = |s: &Service| {
+        !shows_address(s)
+            && condition_is(s, "loxilb.io/AddressAllocated", "True", "Allocated")
+            && condition_is(s, "loxilb.io/Programmed", "False", "LoxilbUnavailable")
+    };
     wait_for("addresses claimed while loxilb is down", SETTLE, || async {
         let live = live_services(&world).await?;
         (down_at.elapsed() >= DOWN
-            && live.iter().all(shows_address)
-            && live
-                .iter()
-                .any(|s| condition_is(s, "loxilb.io/Programmed", "False", "LoxilbUnavailable")))
+            && live.iter().all(|s| shows_address(s) || waiting(s))
+            && live.iter().any(waiting))
         .then_some(())
     })
     .await;

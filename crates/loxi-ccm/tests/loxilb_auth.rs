@@ -227,8 +227,16 @@ async fn refused_certificate_is_reported(
     assert!(message.contains("TLS handshake failed"), "{message}");
     assert!(message.contains("--loxilb-ca-file"), "{message}");
     assert!(message.contains(&world.sim.url()), "{message}");
-    // The address is still claimed and shown: only the rules wait for a usable loxilb.
-    world.wait_for_ip("web").await;
+    // The address is claimed (its condition names it) but not shown while its rules wait
+    // for a usable loxilb: users read a shown address as ready.
+    let svc = world.get("web").await.unwrap();
+    let (status, _, claimed) = World::condition(&svc, "loxilb.io/AddressAllocated").unwrap();
+    assert_eq!(status, "True", "{claimed}");
+    let shown = svc.status.and_then(|s| s.load_balancer?.ingress);
+    assert!(
+        shown.unwrap_or_default().is_empty(),
+        "shown before its rule"
+    );
     assert!(world.sim.rules().is_empty());
     let events = wait_for("a LoxilbTLSError Warning Event", ROTATION_WAIT, || async {
         let reasons = world.event_reasons("web").await;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::{CLASS, COND_ADDRESS, COND_PROGRAMMED, Options, WAIT, World, annotated, wait_for};
 use k8s_openapi::api::core::v1::{LoadBalancerIngress, Service};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use loxi_domain::RuleName;
 use loxilb_client::{ClientConfig, LoadbalanceEntry, LoxilbClient};
 use loxilb_sim::{Fault, SimConfig, Simulator};
@@ -249,9 +249,10 @@ async fn capacity_is_reported_once_and_programmed_when_room_frees() {
     .await;
     let msg = wait_programmed(&w, "second", "False", "CapacityExceeded").await;
     assert!(msg.contains(&w.sim.url()), "{msg}");
-    w.wait_for_ip("second").await;
-    // Never half-programmed: the rule that fitted was taken back.
+    // Never half-programmed: the rule that fitted was taken back; and with its rules on no
+    // loxilb, its claimed address is not shown (users read it as ready).
     assert!(rules_of(&w.sim, &w, "second").is_empty());
+    assert!(ingress(&w.get("second").await.unwrap()).is_empty());
 
     // A Service that fits is not held up by the one that does not.
     w.create(&World::lb_service("small", Some(CLASS), &[(90, "TCP")]))
@@ -259,14 +260,15 @@ async fn capacity_is_reported_once_and_programmed_when_room_frees() {
     wait_programmed(&w, "small", "True", "Programmed").await;
     assert_eq!(w.sim.rules().len(), 3);
 
-    // Reconciling the blocked Service again (each flip of its ingress mode is one pass,
-    // seen in its status) sends nothing and publishes no new Warning.
-    for mode in ["proxy", "vip", "proxy", "vip"] {
-        annotate(&w, "second", "loxilb.io/ingress-mode", mode).await;
-        let want = if mode == "proxy" { "Proxy" } else { "VIP" };
-        wait_for(&format!("ipMode {want}"), WAIT, || async {
+    // Reconciling the blocked Service again (each new value of a retention it cannot parse
+    // is one pass, seen in its address condition, which names the value) sends nothing and
+    // publishes no new Warning.
+    for value in ["soon", "later", "never", "whenever"] {
+        annotate(&w, "second", "loxilb.io/retain-address", value).await;
+        wait_for(&format!("a pass that read {value}"), WAIT, || async {
             let s = w.get("second").await?;
-            (ingress(&s).first()?.ip_mode.as_deref() == Some(want)).then_some(())
+            let (_, _, message) = World::condition(&s, "loxilb.io/AddressAllocated")?;
+            message.contains(value).then_some(())
         })
         .await;
     }
@@ -285,6 +287,7 @@ async fn capacity_is_reported_once_and_programmed_when_room_frees() {
         .unwrap();
     wait_programmed(&w, "second", "True", "Programmed").await;
     assert_eq!(rules_of(&w.sim, &w, "second"), ["80/tcp", "81/tcp"]);
+    w.wait_for_ip("second").await;
     w.finish().await;
 }
 
@@ -419,7 +422,7 @@ async fn ingress_has_ip_mode_and_ports_and_the_hostname_form_survives_a_restart(
 }
 
 #[tokio::test]
-async fn deletion_waits_for_every_reachable_instance_only() {
+async fn deletion_waits_for_every_instance_that_may_hold_its_rules() {
     let sim2 = start_sim().await;
     let w = World::with("finalizer", with_instances(&[&sim2], "30s")).await;
     w.add_node("node-a", "10.2.5.1").await;
@@ -451,18 +454,49 @@ async fn deletion_waits_for_every_reachable_instance_only() {
     .await;
     assert!(w.get("web").await.is_some(), "finalizer released too early");
 
-    // An unreachable instance does not: once the reachable one is clean, the Service goes,
-    // and the instance that was away loses the rule when it is back.
+    // So does an unreachable instance that may still hold the rule (a slow or briefly
+    // unreachable loxilb is not a gone one): once the reachable one is clean, the Service
+    // stays, with one Warning naming the other, until that one answers and loses the rule.
     w.sim.set_fault(None);
-    wait_for("Service gone", WAIT, || async {
-        w.get("web").await.is_none().then_some(())
+    wait_for("the reachable instance clean", WAIT, || async {
+        rules_of(&w.sim, &w, "web").is_empty().then_some(())
     })
     .await;
-    assert!(rules_of(&w.sim, &w, "web").is_empty());
+    let message = wait_for(
+        "a Warning naming the unreachable instance",
+        WAIT,
+        || async {
+            let events: Api<k8s_openapi::api::events::v1::Event> =
+                Api::namespaced(w.client.clone(), &w.ns);
+            events
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|e| {
+                    e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("web")
+                        && e.reason.as_deref() == Some("LoxilbUnavailable")
+                })
+                .and_then(|e| e.note)
+        },
+    )
+    .await;
+    assert!(message.contains(&sim2.url()), "{message}");
+    assert!(
+        w.get("web").await.is_some(),
+        "released while its rule may remain"
+    );
     assert_eq!(rules_of(&sim2, &w, "web").len(), 1, "state kept while down");
     sim2.come_up().await.unwrap();
-    wait_for("orphan removed when the instance is back", WAIT, || async {
-        rules_of(&sim2, &w, "web").is_empty().then_some(())
+    wait_for(
+        "the rule removed once the instance is back",
+        WAIT,
+        || async { rules_of(&sim2, &w, "web").is_empty().then_some(()) },
+    )
+    .await;
+    wait_for("Service gone", WAIT, || async {
+        w.get("web").await.is_none().then_some(())
     })
     .await;
     w.finish().await;
@@ -726,9 +760,10 @@ async fn fullnat_with_liveness_probes() {
     w.finish().await;
 }
 
-/// The only loxilb is down for 30 s while the cluster changes: a new Service gets its
-/// address and says loxilb is unavailable (one Warning), a deleted Service is let go, a new
-/// Node appears. The controller keeps running; when loxilb is back (with its old state) every
+/// The only loxilb is down for 30 s while the cluster changes: a new Service claims its
+/// address but shows none while no loxilb holds its rules, and says loxilb is unavailable
+/// (one Warning); a deleted Service is kept (its rule may remain there) until loxilb answers,
+/// a new Node appears. The controller keeps running; when loxilb is back (with its old state) every
 /// difference is repaired: the new rule created, the deleted Service's rules removed, the
 /// endpoints updated.
 #[tokio::test]
@@ -748,18 +783,25 @@ async fn loxilb_down_for_thirty_seconds_then_back() {
     let down_since = std::time::Instant::now();
     w.create(&World::lb_service("new", Some(CLASS), &[(82, "TCP")]))
         .await;
-    let new_ip = w.wait_for_ip("new").await;
     let msg = wait_programmed(&w, "new", "False", "LoxilbUnavailable").await;
     assert!(msg.contains(&w.sim.url()), "{msg}");
+    let shown = w
+        .get("new")
+        .await
+        .and_then(|s| s.status?.load_balancer?.ingress);
+    assert!(
+        shown.unwrap_or_default().is_empty(),
+        "no address before its rules are on a loxilb"
+    );
     w.services
         .delete("gone", &DeleteParams::default())
         .await
         .unwrap();
-    wait_for(
-        "gone deleted (no reachable loxilb holds it)",
-        WAIT,
-        || async { w.get("gone").await.is_none().then_some(()) },
-    )
+    // Its rule may remain on the unreachable loxilb: its address and finalizer stay (one
+    // Warning says why) until loxilb answers again.
+    wait_for("a Warning that its rule may remain", WAIT, || async {
+        (event_count(&w, "gone", "LoxilbUnavailable").await > 0).then_some(())
+    })
     .await;
     w.add_node("n2", "10.0.0.2").await;
     // The outage itself is the scenario: it lasts 30 s whatever the controller does.
@@ -772,8 +814,17 @@ async fn loxilb_down_for_thirty_seconds_then_back() {
     );
     let (_, handle) = w.controller.as_ref().expect("controller");
     assert!(!handle.is_finished(), "the controller kept running");
+    let gone = w
+        .get("gone")
+        .await
+        .expect("kept while loxilb may hold its rule");
+    assert!(gone.metadata.deletion_timestamp.is_some());
 
     w.sim.come_up().await.unwrap();
+    wait_for("gone deleted once its rule left loxilb", WAIT, || async {
+        w.get("gone").await.is_none().then_some(())
+    })
+    .await;
     wait_for("every difference repaired", WAIT, || async {
         let keep_eps = w
             .sim
@@ -789,6 +840,7 @@ async fn loxilb_down_for_thirty_seconds_then_back() {
     .await;
     wait_programmed(&w, "new", "True", "Programmed").await;
     wait_programmed(&w, "keep", "True", "Programmed").await;
+    let new_ip = w.wait_for_ip("new").await;
     assert!(w.rules_for(&new_ip).iter().any(|(port, _, _)| *port == 82));
     w.finish().await;
 }

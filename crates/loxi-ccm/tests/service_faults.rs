@@ -99,14 +99,22 @@ async fn loxilb_errors_are_reported_and_retried() {
         (status == "False" && reason == "LoxilbServerError").then_some(s)
     })
     .await;
-    // The address is still allocated and shown.
-    assert!(svc.status.unwrap().load_balancer.unwrap().ingress.is_some());
+    // The address is allocated (its condition names it) but not shown before its rule is
+    // on loxilb: users read an address in the status as ready.
+    let (status, _, message) = World::condition(&svc, "loxilb.io/AddressAllocated").unwrap();
+    assert_eq!(status, "True", "{message}");
+    let shown = svc.status.and_then(|s| s.load_balancer?.ingress);
+    assert!(
+        shown.unwrap_or_default().is_empty(),
+        "shown before its rule"
+    );
     w.sim.set_fault(None);
     wait_for("Programmed=True after loxilb recovers", WAIT, || async {
         let s = w.get("web").await?;
         (World::condition(&s, COND_PROGRAMMED)?.0 == "True").then_some(())
     })
     .await;
+    w.wait_for_ip("web").await;
     assert_eq!(w.sim.rules().len(), 1);
     w.finish().await;
 }

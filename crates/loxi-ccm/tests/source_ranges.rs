@@ -233,12 +233,22 @@ async fn a_restricted_rule_never_goes_in_without_its_firewall_rules() {
     let mut svc = World::lb_service("restricted", Some(CLASS), &[(80, "TCP")]);
     svc.spec.as_mut().unwrap().load_balancer_source_ranges = Some(vec!["198.51.100.0/24".into()]);
     w.create(&svc).await;
-    let vip = w.wait_for_ip("restricted").await;
     wait_for("Programmed=False", WAIT, || async {
         let s = w.get("restricted").await?;
         World::condition(&s, "loxilb.io/Programmed").filter(|c| c.0 == "False")
     })
     .await;
+    // Its address is claimed (the condition names it) but not shown: no rule holds it yet.
+    let s = w.get("restricted").await.unwrap();
+    let (_, _, allocated) = World::condition(&s, "loxilb.io/AddressAllocated").unwrap();
+    let vip = allocated.split(' ').next().unwrap().to_string();
+    assert!(
+        s.status
+            .and_then(|st| st.load_balancer?.ingress)
+            .unwrap_or_default()
+            .is_empty(),
+        "shown before its rule"
+    );
     assert!(
         w.rules_for(&vip).is_empty(),
         "no rule without its firewall: {:#?}",
@@ -255,5 +265,6 @@ async fn a_restricted_rule_never_goes_in_without_its_firewall_rules() {
     w.sim.set_firewall_capacity(8192);
     wait_traffic(&w.sim, OUTSIDE, &vip, dropped).await;
     wait_traffic(&w.sim, INSIDE, &vip, balanced).await;
+    assert_eq!(w.wait_for_ip("restricted").await, vip);
     w.finish().await;
 }

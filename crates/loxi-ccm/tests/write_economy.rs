@@ -287,3 +287,151 @@ async fn a_service_deleted_while_its_create_waits_costs_no_write() {
     );
     w.finish().await;
 }
+
+/// A Node flapping NotReady/Ready five times while the writes it causes wait (behind a burst
+/// of new Services' creates) costs each of the other Services' rules at most one write: a
+/// Service's next pass starts only once its write is answered, and then plans from the Node's
+/// latest state, which its rule already has.
+#[tokio::test]
+async fn a_flapping_node_costs_at_most_one_write_per_rule() {
+    let port = testenv::free_port().unwrap();
+    let w = World::with_sim("economy-flap", options(port), slow()).await;
+    w.add_node("node-a", "10.7.4.1").await;
+    w.add_node("node-b", "10.7.4.2").await;
+    let settled: Vec<String> = (0..20).map(|i| format!("f{i:02}")).collect();
+    for name in &settled {
+        w.create(&World::lb_service(name, Some(CLASS), &[(80, "TCP")]))
+            .await;
+    }
+    let mut vips = BTreeSet::new();
+    for name in &settled {
+        vips.insert(format!("{}:80/tcp", w.wait_for_ip(name).await));
+    }
+    wait_for("20 rules on both Nodes", WAIT, || async {
+        let rules = endpoints_of_rules(&w);
+        (rules.len() == 20 && rules.iter().all(|e| e.len() == 2)).then_some(())
+    })
+    .await;
+    let logged_before = w.sim.write_log().len();
+    // The backlog: 20 creates, four seconds of loxilb's time, ahead of the flap's writes.
+    for i in 0..20 {
+        w.create(&World::lb_service(
+            &format!("n{i:02}"),
+            Some(CLASS),
+            &[(80, "TCP")],
+        ))
+        .await;
+    }
+    for _ in 0..5 {
+        w.set_node_status("node-b", "10.7.4.2", false).await;
+        w.set_node_status("node-b", "10.7.4.2", true).await;
+    }
+    w.set_node_status("node-b", "10.7.4.2", false).await;
+    wait_for("40 rules on node-a only", WAIT, || async {
+        let rules = endpoints_of_rules(&w);
+        let only_a = BTreeSet::from(["10.7.4.1".to_string()]);
+        (rules.len() == 40 && rules.iter().all(|e| *e == only_a)).then_some(())
+    })
+    .await;
+    let mut per_rule: std::collections::BTreeMap<String, usize> = Default::default();
+    for write in &w.sim.write_log()[logged_before..] {
+        if let Some(rule) = write.rule.as_ref().filter(|r| vips.contains(*r)) {
+            *per_rule.entry(rule.clone()).or_default() += 1;
+        }
+    }
+    eprintln!("flap: writes per settled rule {per_rule:?}");
+    let unnamed: Vec<String> = w.sim.write_log()[logged_before..]
+        .iter()
+        .filter(|l| l.rule.is_none())
+        .map(|l| format!("{} {} {}", l.method, l.path, l.status))
+        .collect();
+    eprintln!("flap: other writes {unnamed:?}");
+    for vip in vips.iter().filter(|v| !per_rule.contains_key(*v)) {
+        let log = w.sim.write_log();
+        let entries: Vec<String> = log
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.rule.as_ref() == Some(vip))
+            .map(|(i, l)| {
+                format!(
+                    "#{i} {} {:?}-{:?} {}",
+                    l.status, l.accepted, l.completed, l.answered
+                )
+            })
+            .collect();
+        eprintln!("flap: {vip} (log from #{logged_before}): {entries:?}");
+    }
+    assert!(
+        per_rule.values().all(|n| *n <= 1),
+        "a settled rule written more than once: {per_rule:?}"
+    );
+    // Not vacuous: the settled rules' removals went through the write log. (In 2 of 2 runs
+    // one settled rule lost node-b with no POST of it logged after the snapshot: not
+    // explained yet, see the note; the bound above holds either way.)
+    assert!(
+        per_rule.len() >= 15,
+        "settled rules written: {per_rule:?} of {vips:?}"
+    );
+    w.finish().await;
+}
+
+/// `loxi-ccm check` run beside the controller (as in its Pod, `--admin-addr` pointing at its
+/// admin server) shows what waits for each loxilb: the writes waiting, the window, and the
+/// Services nearest their turn.
+#[tokio::test]
+async fn check_shows_what_waits_for_each_loxilb() {
+    let port = testenv::free_port().unwrap();
+    // 20 s of loxilb's time queued (ticks of 500 ms): longer than a check takes.
+    let opts = Options {
+        admin_port: Some(port),
+        extra_args: vec!["--loxilb-timeout=5s".into()],
+        ..Options::default()
+    };
+    let sim = SimConfig {
+        profile: Profile::Loxilb098 {
+            tick: Duration::from_millis(500),
+        },
+        ..SimConfig::default()
+    };
+    let w = World::with_sim("economy-check", opts, sim).await;
+    w.add_node("node-a", "10.7.5.1").await;
+    for i in 0..40 {
+        w.create(&World::lb_service(
+            &format!("c{i:02}"),
+            Some(CLASS),
+            &[(80, "TCP")],
+        ))
+        .await;
+    }
+    let sim_url = w.sim.url();
+    let admin = format!("--admin-addr=127.0.0.1:{port}");
+    let line = wait_for("check naming queued writes", WAIT, || async {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_loxi-ccm"))
+            .args([
+                "check",
+                &format!("--loxilb-url={sim_url}"),
+                &admin,
+                // The rest of the check needs a valid configuration, not a cluster.
+                "--external-cidr=192.0.2.0/24",
+                "--kubeconfig=/nonexistent",
+            ])
+            .env_clear()
+            .kill_on_drop(true)
+            .output()
+            .await
+            .expect("the loxi-ccm binary runs");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.lines()
+            .find(|l| l.starts_with(&format!("OK   loxilb {sim_url} writes: ")))
+            .filter(|l| l.contains("write(s) waiting") && l.contains(&format!("next: {}/c", w.ns)))
+            .map(str::to_string)
+    })
+    .await;
+    eprintln!("{line}");
+    assert!(line.contains("in flight of"), "{line}");
+    wait_for("40 rules", WAIT, || async {
+        (w.sim.rules().len() == 40).then_some(())
+    })
+    .await;
+    w.finish().await;
+}

@@ -10,7 +10,9 @@
 //! instant profile) opens it up to the configured maximum.
 //!
 //! Waiting writes go out by urgency, then in arrival order: what restores service first
-//! (docs/architecture.md#write-order). A waiting write for a rule that a newer write for the
+//! (docs/architecture.md#write-order). A write may join an earlier waiting one of the same
+//! urgency (the caller passes the same Service's): it then goes right after it, so that the
+//! rules of one Service land together rather than between other Services' writes. A waiting write for a rule that a newer write for the
 //! same rule has superseded is never sent.
 //!
 //! Pure: the caller passes the times; no clock, no I/O.
@@ -77,7 +79,15 @@ impl WindowSettings {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Ticket {
     urgency: Urgency,
+    /// The arrival of the first write of its group (its own, unless it joined one).
+    group: u64,
     seq: u64,
+}
+
+impl Ticket {
+    pub fn urgency(&self) -> Urgency {
+        self.urgency
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -123,6 +133,9 @@ pub struct WriteWindow {
     per_delete: Option<Duration>,
     sent: u64,
     superseded: u64,
+    /// While a listing of loxilb's rules runs, nothing is sent (superseded writes are still
+    /// dropped): a listing during writes can crash loxilb 0.9.8.
+    paused: bool,
 }
 
 /// Weight of a new sample in the smoothed time per write.
@@ -143,7 +156,13 @@ impl WriteWindow {
             per_delete: None,
             sent: 0,
             superseded: 0,
+            paused: false,
         }
+    }
+
+    /// Holds every write back (`true`) while a listing runs, or lets them go again.
+    pub fn pause(&mut self, paused: bool) {
+        self.paused = paused;
     }
 
     pub fn settings(&self) -> WindowSettings {
@@ -159,8 +178,24 @@ impl WriteWindow {
     /// A write to send (`key`: the rule it writes, when it writes one): its ticket. It
     /// supersedes the waiting write of the same rule, if any.
     pub fn enqueue(&mut self, key: Option<RuleKey>, urgency: Urgency, now: Instant) -> Ticket {
+        self.enqueue_joining(key, urgency, now, None)
+    }
+
+    /// [`WriteWindow::enqueue`], going right after the waiting write `join` (and the writes
+    /// that joined it) when that one has the same urgency and still waits.
+    pub fn enqueue_joining(
+        &mut self,
+        key: Option<RuleKey>,
+        urgency: Urgency,
+        now: Instant,
+        join: Option<Ticket>,
+    ) -> Ticket {
+        let group = join
+            .filter(|j| j.urgency == urgency && self.waiting.contains_key(j))
+            .map_or(self.next_seq, |j| j.group);
         let ticket = Ticket {
             urgency,
+            group,
             seq: self.next_seq,
         };
         self.next_seq += 1;
@@ -208,7 +243,7 @@ impl WriteWindow {
                 return Some(Grant::Superseded(t));
             }
         }
-        if self.in_flight >= self.limit {
+        if self.paused || self.in_flight >= self.limit {
             return None;
         }
         let (&ticket, _) = self.waiting.iter().next()?;
@@ -313,6 +348,41 @@ impl WriteWindow {
 mod tests {
     use super::*;
     use crate::Protocol;
+
+    #[test]
+    fn a_joining_write_goes_right_after_the_one_it_joins() {
+        let now = Instant::now();
+        let mut w = WriteWindow::new(WindowSettings::for_timeout(1, Duration::from_secs(5)));
+        let busy = w.enqueue(Some(key(9)), Urgency::Change, now);
+        assert_eq!(w.decide(), Some(Grant::Send(busy)));
+        let a1 = w.enqueue(Some(key(1)), Urgency::Change, now);
+        let b = w.enqueue(Some(key(2)), Urgency::Change, now);
+        let a2 = w.enqueue_joining(Some(key(3)), Urgency::Change, now, Some(a1));
+        // Another urgency does not join: it keeps its own place.
+        let a3 = w.enqueue_joining(Some(key(4)), Urgency::Restore, now, Some(a1));
+        let mut order = Vec::new();
+        for _ in 0..4 {
+            w.answered(WriteKind::Post, Duration::from_millis(10), 1);
+            match w.decide() {
+                Some(Grant::Send(t)) => order.push(t),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(order, [a3, a1, a2, b]);
+    }
+
+    #[test]
+    fn a_pause_holds_every_write_back_but_still_drops_superseded_ones() {
+        let now = Instant::now();
+        let mut w = WriteWindow::new(WindowSettings::for_timeout(4, Duration::from_secs(5)));
+        w.pause(true);
+        let old = w.enqueue(Some(key(1)), Urgency::Change, now);
+        w.enqueue(Some(key(1)), Urgency::Change, now);
+        assert_eq!(w.decide(), Some(Grant::Superseded(old)));
+        assert_eq!(w.decide(), None, "nothing sent while paused");
+        w.pause(false);
+        assert!(matches!(w.decide(), Some(Grant::Send(_))));
+    }
 
     fn key(port: u16) -> RuleKey {
         RuleKey {

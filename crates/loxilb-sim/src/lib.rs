@@ -172,6 +172,10 @@ pub struct SimWrite {
     /// The path under the API base, with the query (`/config/bgp/neigh/10.0.0.1?remoteAs=1`).
     pub path: String,
     pub status: u16,
+    /// The rule a rule POST wrote, as `ip:port/protocol` (`192.0.2.1:80/tcp`), answered or
+    /// refused; `None` for other writes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
     /// Who sent it: the [`CALLER_HEADER`] loxi-ccm sends (its leader-election identity),
     /// else the `User-Agent`; `None` with neither.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -451,6 +451,7 @@ async fn serve(
                 None => path.strip_prefix(API_BASE).unwrap_or(path).to_string(),
             },
             status: resp.status().as_u16(),
+            rule: resp.extensions().get::<WroteRule>().map(|w| w.0.clone()),
             caller,
             accepted: accepted.saturating_duration_since(shared.born),
             completed: done - shared.born,
@@ -490,7 +491,18 @@ async fn handle(shared: &Shared, parts: &Parts, body: Body) -> Result<Response, 
             "version": shared.cfg.version,
             "buildInfo": "loxilb-sim",
         }))),
-        Op::LbCreate => lb_create(shared, &bytes),
+        Op::LbCreate => {
+            // The rule it writes, for the write log, also when the write is refused (an
+            // identical re-POST costs loxilb a turn of its lock too).
+            let rule = crate::validate::decode_lb(&bytes)
+                .ok()
+                .map(|r| format!("{}:{}/{}", r.external_ip, r.port, r.protocol));
+            let mut resp = lb_create(shared, &bytes).unwrap_or_else(IntoResponse::into_response);
+            if let Some(rule) = rule {
+                resp.extensions_mut().insert(WroteRule(rule));
+            }
+            Ok(resp)
+        }
         Op::LbList => {
             shared.costs.listing();
             let reach = shared.reachability();
@@ -531,6 +543,11 @@ async fn handle(shared: &Shared, parts: &Parts, body: Body) -> Result<Response, 
         Op::Bgp(op) => crate::bgp::handle(shared, op, &params, &query, &bytes),
     }
 }
+
+/// Marks the answer to a rule POST with the rule it wrote (`ip:port/protocol`), for
+/// [`crate::SimWrite::rule`].
+#[derive(Debug, Clone)]
+struct WroteRule(String);
 
 fn lb_create(shared: &Shared, bytes: &[u8]) -> Result<Response, ApiError> {
     let req = decode_lb(bytes)?;

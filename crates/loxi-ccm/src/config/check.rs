@@ -12,6 +12,8 @@
 //!    resources, as the controller finds them: `crate::config::sources`): `GET /version`
 //!    (reachable) and a rule listing (which, unlike `/version`, needs the token when loxilb
 //!    runs with authentication).
+//! 5. The write queues of a controller running beside it (`crate::config::queues`):
+//!    informational, never a failure.
 //!
 //! One line per check, `OK` or `FAIL` with the reason; [`Report::passed`] decides the exit code.
 //! Nothing is written anywhere.
@@ -166,6 +168,10 @@ pub async fn run(loaded: &Loaded) -> Report {
     let loxilb_lines = loxilb_checks(&cfg, &loxilbs).await;
     report.lines.extend(kube_lines.lines);
     report.lines.extend(loxilb_lines.lines);
+    // A controller running beside this check (its Pod): what waits for each loxilb.
+    report
+        .lines
+        .extend(crate::config::queues::lines(loaded.args.admin.admin_addr).await);
     report
 }
 

@@ -637,9 +637,10 @@ pub struct LeaderArgs {
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Admin server and logs")]
 pub struct AdminArgs {
-    /// Address of the admin HTTP server (/metrics, /healthz, /readyz). run refuses to start
-    /// (exit 1, before it asks for the Lease) when it cannot listen there, e.g. when the
-    /// port is in use.
+    /// Address of the admin HTTP server (/metrics, /healthz, /readyz, /queues). run refuses
+    /// to start (exit 1, before it asks for the Lease) when it cannot listen there, e.g. when
+    /// the port is in use; check reads the write queues of a controller running beside it
+    /// there.
     #[arg(
         long = "admin-addr",
         env = "LOXI_CCM_ADMIN_ADDR",

@@ -31,6 +31,7 @@ mod load;
 mod loxilbs;
 mod origins;
 mod pools;
+pub mod queues;
 mod services;
 pub mod sources;
 pub mod token;

@@ -56,7 +56,8 @@ pub mod bgp;
 mod firewall;
 mod limits;
 mod members;
-mod probe;
+pub mod probe;
+pub mod queues;
 mod roles;
 mod rules;
 mod window;
@@ -256,6 +257,10 @@ pub struct Instance {
     /// A failed call (not the probe) marked the instance down: the next probe still reports
     /// the transition, so Services get re-evaluated.
     down_unannounced: AtomicBool,
+    /// Since when it has been unreachable (`None` while reachable or not probed yet): a
+    /// deleted Service's rules may remain on it until it counts as gone for good
+    /// (`probe::GONE_FOR_GOOD_AFTER`).
+    down_since: std::sync::Mutex<Option<Instant>>,
     /// While it is down because its certificate was refused (`ClientError::Tls`): that
     /// error's text. Services then say so (`LoxilbTLSError`) instead of "unavailable": a
     /// certificate or CA to fix, not an outage to wait out.
@@ -325,6 +330,7 @@ impl Instance {
             healthy: AtomicBool::new(false),
             probed: AtomicBool::new(false),
             down_unannounced: AtomicBool::new(false),
+            down_since: std::sync::Mutex::new(None),
             tls_refusal: std::sync::Mutex::new(None),
             capacity: AtomicUsize::new(DEFAULT_CAPACITY),
             parallel_calls: AtomicUsize::new(DEFAULT_PARALLEL_CALLS),

@@ -23,7 +23,49 @@ pub(super) enum Marker {
     Refused,
 }
 
+/// How long a loxilb stays unreachable before it counts as gone for good: until then a
+/// deleted Service whose rules it may hold keeps its address and finalizer (an address
+/// released while an old rule for it may still forward could go to another Service); after
+/// that they are released, and the loxilb, should it come back, loses the Service's rules as
+/// orphans in its replay (docs/architecture.md#writing-to-a-slow-loxilb). Long enough for a
+/// loxilb's restart or its node's reboot. A loxilb that leaves the fleet (its URL, Pod or
+/// `LoxiURL` removed) is gone at once.
+pub const GONE_FOR_GOOD_AFTER: std::time::Duration = std::time::Duration::from_secs(600);
+
 impl Instance {
+    /// Records whether it answers: when it stopped answering is kept while it does not.
+    fn note_down(&self, down: bool) {
+        let mut since = self.down_since.lock().unwrap_or_else(|e| e.into_inner());
+        match (down, *since) {
+            (true, None) => *since = Some(Instant::now()),
+            (false, _) => *since = None,
+            (true, Some(_)) => {}
+        }
+    }
+
+    /// How long it has been unreachable (`None`: it answers, or was never probed).
+    pub fn down_for(&self) -> Option<std::time::Duration> {
+        self.down_since
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .map(|t| t.elapsed())
+    }
+
+    /// Whether it may still hold rules of `namespace/service` although it does not answer:
+    /// its table, as last listed, holds some (or it was never listed), and it is not gone
+    /// for good ([`GONE_FOR_GOOD_AFTER`]). A pass holding its table counts as "may".
+    pub fn may_still_hold(&self, namespace: &str, service: &str) -> bool {
+        if self.is_healthy() || self.down_for().is_some_and(|d| d >= GONE_FOR_GOOD_AFTER) {
+            return false;
+        }
+        match self.holdings.try_lock() {
+            Ok(h) => {
+                h.listed_at.is_none() || h.rules.of_service(namespace, service).next().is_some()
+            }
+            Err(_) => true,
+        }
+    }
+
     /// Not known to be down: reachable at the last probe, or not probed yet.
     pub fn is_healthy(&self) -> bool {
         self.healthy.load(Ordering::SeqCst) || !self.probed.load(Ordering::SeqCst)
@@ -50,6 +92,7 @@ impl Instance {
     /// Records a liveness result; returns true on a down -> up transition.
     pub fn set_healthy(&self, up: bool) -> bool {
         self.probed.store(true, Ordering::SeqCst);
+        self.note_down(!up);
         let was = self.healthy.swap(up, Ordering::SeqCst);
         up && !was
     }
@@ -71,6 +114,7 @@ impl Instance {
         let up = answer.is_ok();
         metrics.set_up(self.url(), up);
         let first = !self.probed.swap(true, Ordering::SeqCst);
+        self.note_down(!up);
         let was = self.healthy.swap(up, Ordering::SeqCst);
         let unannounced = self.down_unannounced.swap(false, Ordering::SeqCst);
         if let Err(error) = answer {
@@ -260,6 +304,7 @@ impl Instance {
             // We no longer know what it holds (it may come back empty): list before next use.
             h.known = false;
             self.probed.store(true, Ordering::SeqCst);
+            self.note_down(true);
             if self.healthy.swap(false, Ordering::SeqCst) {
                 self.down_unannounced.store(true, Ordering::SeqCst);
             }

@@ -167,7 +167,11 @@ impl Instance {
         // known.
         h.known = false;
         h.rules = RuleTable::default();
-        let (rules, uncounted) = self.list(metrics).await?;
+        // The whole window: no write of ours runs while loxilb lists (`Window::listing`).
+        let listing = self.window.listing().await;
+        let listed = self.list(metrics).await;
+        drop(listing);
+        let (rules, uncounted) = listed?;
         h.rules = RuleTable::from_map(rules);
         h.uncounted = uncounted;
         h.known = true;

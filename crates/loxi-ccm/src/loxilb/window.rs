@@ -68,6 +68,22 @@ impl Inner {
 /// The window of one loxilb (module docs).
 pub struct Window {
     inner: Mutex<Inner>,
+    /// Told whenever a write in flight ends: a listing waits for none to be left.
+    write_ended: tokio::sync::Notify,
+}
+
+/// A listing of loxilb's rules under way ([`Window::listing`]): no write is sent until it is
+/// dropped.
+pub struct Listing<'a> {
+    window: &'a Window,
+}
+
+impl Drop for Listing<'_> {
+    fn drop(&mut self) {
+        let mut inner = self.window.lock();
+        inner.window.pause(false);
+        inner.dispatch();
+    }
 }
 
 /// A write's turn: it may be sent now. Tell the window how it went with
@@ -87,6 +103,8 @@ impl Turn<'_> {
         let mut inner = self.window.lock();
         inner.window.answered(kind, took, self.in_flight_at_send);
         inner.dispatch();
+        drop(inner);
+        self.window.write_ended.notify_waiters();
     }
 }
 
@@ -96,6 +114,8 @@ impl Drop for Turn<'_> {
             let mut inner = self.window.lock();
             inner.window.unsent();
             inner.dispatch();
+            drop(inner);
+            self.window.write_ended.notify_waiters();
         }
     }
 }
@@ -126,6 +146,8 @@ pub struct WindowView {
     pub in_flight: usize,
     pub limit: usize,
     pub superseded: u64,
+    /// What one write costs at that loxilb, as learnt so far.
+    pub per_write: Option<Duration>,
 }
 
 impl Window {
@@ -137,6 +159,26 @@ impl Window {
                 by_owner: HashMap::new(),
                 owners: HashMap::new(),
             }),
+            write_ended: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// Takes the whole window for a listing of loxilb's rules: holds every new write back and
+    /// waits for those in flight to end (a listing during writes can crash loxilb 0.9.8,
+    /// docs/loxilb-api.md#what-writes-cost). Callers list only while the window is idle, so
+    /// this waits at most for the writes sent since.
+    pub async fn listing(&self) -> Listing<'_> {
+        self.lock().window.pause(true);
+        // Before waiting: dropped while waiting, the guard lets the writes go again.
+        let listing = Listing { window: self };
+        loop {
+            let ended = self.write_ended.notified();
+            let mut ended = std::pin::pin!(ended);
+            ended.as_mut().enable();
+            if self.lock().window.in_flight() == 0 {
+                return listing;
+            }
+            ended.await;
         }
     }
 
@@ -161,7 +203,13 @@ impl Window {
         let (tx, rx) = oneshot::channel();
         let ticket = {
             let mut inner = self.lock();
-            let ticket = inner.window.enqueue(key, urgency, Instant::now());
+            // After the Service's waiting write, if it has one: its rules land together.
+            let join = owner
+                .and_then(|o| inner.by_owner.get(o))
+                .and_then(|tickets| tickets.iter().find(|t| t.urgency() == urgency).copied());
+            let ticket = inner
+                .window
+                .enqueue_joining(key, urgency, Instant::now(), join);
             inner.waiters.insert(ticket, tx);
             if let Some(o) = owner {
                 inner.owners.insert(ticket, o.to_string());
@@ -217,6 +265,23 @@ impl Window {
         inner.window.position(first)
     }
 
+    /// The Services with writes waiting, each with where its first one stands, the nearest
+    /// first; at most `n` of them.
+    pub fn waiting_owners(&self, n: usize) -> Vec<(String, Position)> {
+        let inner = self.lock();
+        let mut owners: Vec<(String, Position)> = inner
+            .by_owner
+            .iter()
+            .filter_map(|(owner, tickets)| {
+                let first = *tickets.iter().next()?;
+                Some((owner.clone(), inner.window.position(first)?))
+            })
+            .collect();
+        owners.sort_by(|a, b| a.1.ahead.cmp(&b.1.ahead).then_with(|| a.0.cmp(&b.0)));
+        owners.truncate(n);
+        owners
+    }
+
     pub fn view(&self) -> WindowView {
         let inner = self.lock();
         let w = &inner.window;
@@ -226,6 +291,7 @@ impl Window {
             in_flight: w.in_flight(),
             limit: w.limit(),
             superseded: w.superseded(),
+            per_write: w.per_write(),
         }
     }
 
@@ -279,6 +345,42 @@ mod tests {
         assert_eq!(w.view().depth, 0);
         drop(first);
         assert_eq!(w.view().in_flight, 0);
+        assert!(w.idle());
+    }
+
+    #[tokio::test]
+    async fn a_listing_waits_for_writes_in_flight_and_holds_new_ones_back() {
+        let w = Arc::new(Window::new(WindowSettings::for_timeout(
+            4,
+            Duration::from_secs(5),
+        )));
+        let in_flight = w.turn(Some(key(1)), None, Urgency::Change).await.unwrap();
+        let w1 = w.clone();
+        let listing = tokio::spawn(async move {
+            let held = w1.listing().await;
+            // Held while it lists: a write asked for now waits.
+            let w2 = w1.clone();
+            let next = tokio::spawn(async move {
+                w2.turn(Some(key(2)), None, Urgency::Restore)
+                    .await
+                    .map(|t| t.answered(WriteKind::Post))
+                    .is_some()
+            });
+            tokio::time::timeout(Duration::from_secs(5), async {
+                while w1.view().depth == 0 {
+                    tokio::task::yield_now().await;
+                }
+            })
+            .await
+            .unwrap();
+            assert_eq!(w1.view().in_flight, 0, "sent during the listing");
+            drop(held);
+            next.await.unwrap()
+        });
+        tokio::task::yield_now().await;
+        assert!(!listing.is_finished(), "listed while a write was in flight");
+        in_flight.answered(WriteKind::Post);
+        assert!(listing.await.unwrap(), "sent once the listing is done");
         assert!(w.idle());
     }
 

@@ -1,4 +1,5 @@
-//! Admin HTTP server: `/metrics`, `/healthz`, `/readyz`.
+//! Admin HTTP server: `/metrics`, `/healthz`, `/readyz`, and `/queues` (each loxilb's write
+//! window, JSON, for `loxi-ccm check`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -30,6 +31,7 @@ pub async fn serve(listener: tokio::net::TcpListener, ctx: Arc<Shared>) -> std::
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/queues", get(queues))
         .with_state(ctx);
     // The bound address: with port 0 the system picked one, and this line is how to find it.
     if let Ok(addr) = listener.local_addr() {
@@ -46,6 +48,25 @@ async fn metrics(State(ctx): State<Arc<Shared>>) -> impl IntoResponse {
         )],
         ctx.service.report.metrics.encode(),
     )
+}
+
+/// What waits in each loxilb's write window (`crate::loxilb::queues`).
+async fn queues(State(ctx): State<Arc<Shared>>) -> impl IntoResponse {
+    let role = if *ctx.service.gate.leader().borrow() {
+        "leader"
+    } else {
+        "standby"
+    };
+    axum::Json(crate::loxilb::queues::Queues {
+        role: role.to_string(),
+        loxilbs: ctx
+            .service
+            .fleet
+            .instances()
+            .iter()
+            .map(|i| i.write_queue())
+            .collect(),
+    })
 }
 
 /// Alive as long as the reconcile loop runs (it flips `running` off when it stops).

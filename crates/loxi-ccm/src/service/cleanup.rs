@@ -92,10 +92,24 @@ pub async fn cleanup(svc: &Service, ctx: &Context) -> Result<(), ReconcileError>
     Ok(())
 }
 
-/// The Service's rules off every reachable loxilb (an unreachable one loses them as orphans
-/// in the replay when it is back).
+/// The Service's rules off every reachable loxilb. An unreachable one that may still hold
+/// some keeps the Service's address and finalizer until it answers (its rules then go) or
+/// counts as gone for good (`crate::loxilb::probe::GONE_FOR_GOOD_AFTER`; should it come back
+/// after that, it loses them as orphans in its replay): a slow or briefly unreachable loxilb
+/// is not a gone one, and an address released while its old rule still forwards there could
+/// go to another Service.
 async fn remove_rules(svc: &Service, ctx: &Context) -> Result<(), ReconcileError> {
     let owner = rule_owner(svc);
+    let unreachable: Vec<String> = ctx
+        .fleet
+        .instances()
+        .iter()
+        .filter(|i| i.may_still_hold(&owner.namespace, &owner.name))
+        .map(|i| {
+            let since = i.down_for().map_or(0, |d| d.as_secs());
+            format!("{} (unreachable for {since} s)", i.url())
+        })
+        .collect();
     let mut removed = 0;
     for (inst, result) in remove_everywhere(ctx, &owner).await {
         match result {
@@ -114,6 +128,34 @@ async fn remove_rules(svc: &Service, ctx: &Context) -> Result<(), ReconcileError
         }
     }
     rules_removed(svc, ctx, removed);
+    let this = kube::runtime::reflector::ObjectRef::from_obj(svc);
+    if unreachable.is_empty() {
+        // The episode is over (nothing is remembered about it any more).
+        ctx.report.first_warning(&this, None, |_| true);
+    } else {
+        let message = format!(
+            "its rules may remain on {}: its address and finalizer are kept until that loxilb \
+             answers, or for at most {} min",
+            unreachable.join(", "),
+            crate::loxilb::probe::GONE_FOR_GOOD_AFTER.as_secs() / 60
+        );
+        let new = ctx
+            .report
+            .first_warning(&this, Some("LoxilbUnavailable"), |r| {
+                ctx.inputs.services.get(r).is_some()
+            });
+        if new {
+            warn!("{message}");
+            ctx.report.event(
+                svc,
+                EventType::Warning,
+                "LoxilbUnavailable",
+                "Cleanup",
+                message.clone(),
+            );
+        }
+        return Err(ReconcileError::Loxilb(message));
+    }
     Ok(())
 }
 

@@ -42,6 +42,24 @@ impl Programmed {
     }
 }
 
+/// The addresses a Service shows after a pass that applied its rules. Users (and tools such
+/// as `kubectl wait`) read an address in the status as "ready", so a new address appears
+/// only once the Service's rules are whole on at least one loxilb — kube-loxilb's order too;
+/// until then the Service shows only the addresses it already showed and still holds
+/// (`kept`), which a slow or unreachable loxilb never takes away
+/// (docs/architecture.md#writing-to-a-slow-loxilb).
+pub fn addresses_to_show(
+    programmed: &Programmed,
+    wanted: &[std::net::IpAddr],
+    kept: Vec<std::net::IpAddr>,
+) -> Vec<std::net::IpAddr> {
+    if programmed.complete > 0 {
+        wanted.to_vec()
+    } else {
+        kept
+    }
+}
+
 /// The `Programmed=False` reason when no loxilb is reachable because TLS was refused.
 pub const REASON_TLS: &str = "LoxilbTLSError";
 
@@ -295,6 +313,32 @@ mod tests {
         assert!(!p.condition.ok);
         assert_eq!(p.condition.reason, "LoxilbUnavailable");
         assert!(!p.worth_an_event(false));
+    }
+
+    #[test]
+    fn a_new_address_shows_once_one_loxilb_holds_the_rules() {
+        let new: std::net::IpAddr = "192.0.2.7".parse().unwrap();
+        let old: std::net::IpAddr = "192.0.2.5".parse().unwrap();
+        let one_of_two = programmed(
+            &[
+                at("http://a", applied(ApplyReport::default())),
+                at("http://b", InstanceResult::Down(None)),
+            ],
+            1,
+        );
+        assert_eq!(addresses_to_show(&one_of_two, &[new], vec![]), [new]);
+        let none = programmed(&[at("http://b", InstanceResult::Down(None))], 1);
+        assert!(
+            addresses_to_show(&none, &[new], vec![]).is_empty(),
+            "not before its rules"
+        );
+        assert_eq!(
+            addresses_to_show(&none, &[new], vec![old]),
+            [old],
+            "what it shows and holds stays while no loxilb answers"
+        );
+        let no_loxilb = programmed(&[], 1);
+        assert!(addresses_to_show(&no_loxilb, &[new], vec![]).is_empty());
     }
 
     #[test]

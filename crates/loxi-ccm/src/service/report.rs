@@ -370,7 +370,9 @@ pub async fn plan_problem(
         ),
     ];
     conditions.extend(carried_over(svc, &[COND_ENDPOINTS]));
-    problem_status(svc, ctx, problem, held.addresses.clone(), conditions).await
+    // Rules that cannot be planned are on no loxilb for a new Service: it shows only what it
+    // already showed (`conditions::addresses_to_show`).
+    problem_status(svc, ctx, problem, ctx.ipam.kept_addresses(svc), conditions).await
 }
 
 /// The status for a problem, with one Warning Event when it is not shown yet.
@@ -568,7 +570,11 @@ pub async fn programmed(
         ctx.settings.enforce_source_ranges,
     ));
     let want = DesiredStatus {
-        addresses: held.addresses.clone(),
+        addresses: conditions::addresses_to_show(
+            programmed,
+            &held.addresses,
+            ctx.ipam.kept_addresses(svc),
+        ),
         conditions,
         ingress: status::ingress_mode(svc, ctx.settings.defaults),
     };
