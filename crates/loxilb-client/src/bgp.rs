@@ -89,7 +89,7 @@ impl BgpNeighborStatus {
 }
 
 /// The `{defineset_type}` of the defined-set routes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum DefinedSetKind {
     /// Uses [`BgpDefinedSet::prefix_list`].
     Prefix,

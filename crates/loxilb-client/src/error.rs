@@ -84,6 +84,42 @@ impl ClientError {
     }
 }
 
+/// What an answer relayed from loxilb's goBGP says about goBGP itself
+/// (docs/loxilb-api.md#the-global-configuration): loxilb answers all three with a 500 whose
+/// text is goBGP's, so only the text tells them apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GobgpAnswer {
+    /// goBGP does not listen yet (`... connect: connection refused`), for some seconds after
+    /// loxilb starts: the same call succeeds later.
+    Starting,
+    /// goBGP runs without its global configuration (`hasn't started yet`): loxilb restarted
+    /// or was never configured; the global settings must be sent first.
+    Unconfigured,
+    /// The global configuration sent is the one goBGP holds (`action 3 is already set`).
+    AlreadyConfigured,
+}
+
+impl ClientError {
+    /// What the error says about goBGP, if it is one of goBGP's answers ([`GobgpAnswer`]).
+    pub fn gobgp(&self) -> Option<GobgpAnswer> {
+        let (ClientError::Server { message, .. } | ClientError::Rejected { message, .. }) = self
+        else {
+            return None;
+        };
+        let lower = message.to_ascii_lowercase();
+        if lower.contains("hasn't started yet") {
+            Some(GobgpAnswer::Unconfigured)
+        } else if lower.contains("is already set") {
+            Some(GobgpAnswer::AlreadyConfigured)
+        } else if matches!(self, ClientError::Server { .. }) && lower.contains("connection refused")
+        {
+            Some(GobgpAnswer::Starting)
+        } else {
+            None
+        }
+    }
+}
+
 /// goBGP refusals loxilb answers with 500 (docs/loxilb-api.md#bgp): the same request fails
 /// the same way until something else changes, so they are not retried.
 const DETERMINISTIC_500: &[&str] = &[
@@ -149,5 +185,36 @@ pub(crate) fn classify(
             status,
             message: text,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gobgp_answers_are_told_apart_by_their_text() {
+        let server = |m: &str| classify(500, None, Some(m.into()));
+        assert_eq!(
+            server("rpc error: code = Unavailable desc = dial tcp 127.0.0.1:50052: connect: connection refused").gobgp(),
+            Some(GobgpAnswer::Starting)
+        );
+        assert_eq!(
+            server("gobgp hasn't started yet").gobgp(),
+            Some(GobgpAnswer::Unconfigured)
+        );
+        assert_eq!(
+            server("action 3 is already set").gobgp(),
+            Some(GobgpAnswer::AlreadyConfigured)
+        );
+        assert_eq!(server("something else").gobgp(), None);
+        // Not retried: the same call fails the same way until the global settings are sent.
+        assert!(!server("gobgp hasn't started yet").is_retryable());
+        // A transport failure is not goBGP's answer, whatever its text.
+        let unreachable = ClientError::Unreachable {
+            url: "http://l".into(),
+            detail: "connection refused".into(),
+        };
+        assert_eq!(unreachable.gobgp(), None);
     }
 }

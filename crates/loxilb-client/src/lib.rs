@@ -22,7 +22,7 @@ pub use dto::{
     AllowedSource, CiState, EndpointEntry, LoadbalanceEntry, SecondaryIp, ServiceArguments,
     VersionInfo,
 };
-pub use error::ClientError;
+pub use error::{ClientError, GobgpAnswer};
 pub use firewall::{FirewallEntry, FirewallMatch, FirewallOptions};
 pub use listing::Listing;
 pub use token::Token;

@@ -29,7 +29,7 @@ use loxilb_client::bgp::{
 };
 
 use super::crds::BgpCondition;
-use crate::loxilb::bgp::{BgpConfig, BgpReport, GlobalSettings, ItemId, peer_item};
+use crate::loxilb::bgp::{BgpConfig, BgpReport, GlobalSettings, ItemId};
 
 pub const COND_ACCEPTED: &str = "Accepted";
 pub const COND_PROGRAMMED: &str = "Programmed";
@@ -125,7 +125,7 @@ pub fn desired(
     // Who configures each item, for duplicates.
     let mut owners: BTreeMap<ItemId, String> = BTreeMap::new();
     for p in &settings.peers {
-        let item = peer_item(p.address);
+        let item = ItemId::Peer(p.address);
         if owners
             .insert(item, "the flags (--bgp-peers)".into())
             .is_none()
@@ -193,24 +193,20 @@ pub fn desired(
         );
     };
     for r in sorted(&snap.peers) {
-        let built = peer(&r.spec, multihop).map(|n| (peer_item(n.ip_address), Item::Peer(n)));
+        let built = peer(&r.spec, multihop).map(|n| (ItemId::Peer(n.ip_address), Item::Peer(n)));
         each(Kind::Peer, &r.name, r.deleting, built, &mut out);
     }
     for r in sorted(&snap.sets) {
-        let built = defined_set(&r.spec).map(|(k, s)| {
-            (
-                format!("set {}/{}", k.as_path_segment(), s.name),
-                Item::Set(k, s),
-            )
-        });
+        let built =
+            defined_set(&r.spec).map(|(k, s)| (ItemId::Set(k, s.name.clone()), Item::Set(k, s)));
         each(Kind::DefinedSets, &r.name, r.deleting, built, &mut out);
     }
     for r in sorted(&snap.definitions) {
-        let built = policy(&r.spec).map(|p| (format!("policy {}", p.name), Item::Policy(p)));
+        let built = policy(&r.spec).map(|p| (ItemId::Policy(p.name.clone()), Item::Policy(p)));
         each(Kind::Definition, &r.name, r.deleting, built, &mut out);
     }
     for r in sorted(&snap.applies) {
-        let built = apply(&r.spec).map(|a| (format!("apply {}", r.name), Item::Apply(a)));
+        let built = apply(&r.spec).map(|a| (ItemId::Apply(r.name.clone()), Item::Apply(a)));
         each(Kind::Apply, &r.name, r.deleting, built, &mut out);
     }
     out
@@ -222,7 +218,7 @@ fn sorted<S>(list: &[Resource<S>]) -> Vec<&Resource<S>> {
     v
 }
 
-fn duplicate(kind: Kind, item: &str, other: &str) -> BgpError {
+fn duplicate(kind: Kind, item: &ItemId, other: &str) -> BgpError {
     let field = match kind {
         Kind::Peer => "spec.ipAddress",
         _ => "spec.name",
@@ -428,7 +424,7 @@ pub enum Outcome {
 pub type Pass<'a> = (&'a str, Option<Result<&'a BgpReport, &'a str>>);
 
 /// What `passes` say about `item`.
-pub fn outcomes(item: &str, passes: &[Pass<'_>]) -> Vec<(String, Outcome)> {
+pub fn outcomes(item: &ItemId, passes: &[Pass<'_>]) -> Vec<(String, Outcome)> {
     passes
         .iter()
         .map(|(url, pass)| {
@@ -446,7 +442,7 @@ pub fn outcomes(item: &str, passes: &[Pass<'_>]) -> Vec<(String, Outcome)> {
 }
 
 /// Whether the item of a resource being deleted is gone from every reached loxilb.
-pub fn removed_everywhere(item: Option<&str>, passes: &[Pass<'_>]) -> bool {
+pub fn removed_everywhere(item: Option<&ItemId>, passes: &[Pass<'_>]) -> bool {
     passes.iter().all(|(_, pass)| match pass {
         None => true,
         Some(Err(_)) => false,
@@ -780,7 +776,7 @@ mod tests {
             ["192.0.2.1/65001", "192.0.2.9/65009", "192.0.2.2/4200000001"],
             "flags first, then resources by name"
         );
-        assert_eq!(d.config.sets[0].0, "set prefix/ps1");
+        assert_eq!(d.config.sets[0].0.to_string(), "set prefix/ps1");
         assert_eq!(d.config.sets[0].2.prefix_list[0].masklength_range, "16..24");
         assert_eq!(
             d.config.policies[0].1.statements[0]
@@ -854,33 +850,28 @@ mod tests {
         assert_eq!(e.field, "spec.ipAddress");
         assert!(e.to_string().contains("--bgp-peers"), "{e}");
         assert_eq!(
-            d.removing[&(Kind::Peer, "going".to_string())].as_deref(),
-            Some("peer 192.0.2.7")
+            d.removing[&(Kind::Peer, "going".to_string())],
+            Some(ItemId::Peer("192.0.2.7".parse().unwrap()))
         );
     }
 
     #[test]
     fn conditions_from_the_passes() {
         let ok = BgpReport::default();
+        let p1 = ItemId::Policy("p1".into());
         let mut refused = BgpReport::default();
         refused
             .refused
-            .insert("policy p1".into(), "statement already defined".into());
+            .insert(p1.clone(), "statement already defined".into());
         let verdict = Verdict {
-            item: Some("policy p1".into()),
+            item: Some(p1.clone()),
             problem: None,
         };
         let passes: Vec<Pass<'_>> = vec![
             ("http://a", Some(Ok(&ok))),
             ("http://b", Some(Ok(&refused))),
         ];
-        let c = conditions(
-            &verdict,
-            &outcomes("policy p1", &passes),
-            Some(2),
-            &[],
-            "T1",
-        );
+        let c = conditions(&verdict, &outcomes(&p1, &passes), Some(2), &[], "T1");
         assert_eq!(
             (c[0].type_.as_str(), c[0].status.as_str()),
             ("Accepted", "True")
@@ -892,19 +883,19 @@ mod tests {
         assert!(c[1].message.contains("http://b: statement already defined"));
         assert_eq!(c[1].observed_generation, Some(2));
         let passes: Vec<Pass<'_>> = vec![("http://a", Some(Ok(&ok))), ("http://b", Some(Ok(&ok)))];
-        let again = conditions(&verdict, &outcomes("policy p1", &passes), Some(2), &c, "T2");
+        let again = conditions(&verdict, &outcomes(&p1, &passes), Some(2), &c, "T2");
         assert_eq!(again[1].status, "True");
         assert_eq!(again[1].last_transition_time, "T2", "status changed");
         assert_eq!(again[0].last_transition_time, "T1", "status kept");
         let passes: Vec<Pass<'_>> = vec![("http://a", None)];
-        let c = conditions(&verdict, &outcomes("policy p1", &passes), None, &[], "T");
+        let c = conditions(&verdict, &outcomes(&p1, &passes), None, &[], "T");
         assert_eq!(c[1].status, "Unknown");
         assert!(removed_everywhere(
-            Some("policy p1"),
+            Some(&p1),
             &[("http://a", Some(Ok(&ok)))]
         ));
         assert!(!removed_everywhere(
-            Some("policy p1"),
+            Some(&p1),
             &[("http://b", Some(Ok(&refused)))]
         ));
         assert!(!removed_everywhere(

@@ -39,7 +39,7 @@ use tracing::{info, warn};
 
 use crate::k8s::events::EventRecorder;
 use crate::loxilb::Instance;
-use crate::loxilb::bgp::{BgpReport, ItemId, peer_item};
+use crate::loxilb::bgp::{BgpReport, ItemId};
 use crate::metrics::Metrics;
 use crds::{
     BGPPeerService, BGPPolicyApplyService, BGPPolicyDefinedSetsService, BGPPolicyDefinitionService,
@@ -424,7 +424,7 @@ impl Bgp {
             if m.deleting {
                 let item = plan.desired.removing.get(id).cloned().flatten();
                 if m.finalizers.iter().any(|f| f == FINALIZER)
-                    && desired::removed_everywhere(item.as_deref(), &removal_view)
+                    && desired::removed_everywhere(item.as_ref(), &removal_view)
                 {
                     let rest: Vec<&String> =
                         m.finalizers.iter().filter(|f| *f != FINALIZER).collect();
@@ -443,7 +443,7 @@ impl Bgp {
             };
             let outcomes = verdict
                 .item
-                .as_deref()
+                .as_ref()
                 .map(|item| desired::outcomes(item, &view))
                 .unwrap_or_default();
             let mut status = BgpStatus {
@@ -458,11 +458,7 @@ impl Bgp {
                 sessions: Vec::new(),
             };
             if id.0 == Kind::Peer
-                && let Some(ip) = verdict
-                    .item
-                    .as_deref()
-                    .and_then(|i| i.strip_prefix("peer "))
-                    .and_then(|ip| ip.parse::<IpAddr>().ok())
+                && let Some(ItemId::Peer(ip)) = verdict.item
             {
                 status.sessions = sessions
                     .iter()
@@ -568,11 +564,12 @@ impl Bgp {
     fn session_left(&self, plan: &Plan, loxilb: &str, ip: IpAddr, state: &str) {
         self.metrics
             .bgp_session_dropped(loxilb, &ip.to_string(), state);
-        let item = peer_item(ip);
-        let owner =
-            plan.desired.verdicts.iter().find(|((kind, _), v)| {
-                *kind == Kind::Peer && v.item.as_deref() == Some(item.as_str())
-            });
+        let item = ItemId::Peer(ip);
+        let owner = plan
+            .desired
+            .verdicts
+            .iter()
+            .find(|((kind, _), v)| *kind == Kind::Peer && v.item.as_ref() == Some(&item));
         let message =
             format!("the BGP session of {loxilb} with {ip} left ESTABLISHED: now {state}");
         match owner.and_then(|(id, _)| plan.meta.get(id)) {

@@ -34,7 +34,7 @@ use tracing::{debug, info, warn};
 
 use super::roles::Roles;
 use crate::bgp::{Bgp, Plan};
-use crate::loxilb::bgp::{BgpReport, gobgp_starting};
+use crate::loxilb::bgp::BgpReport;
 use crate::loxilb::{Instance, Probe};
 use crate::metrics::Metrics;
 
@@ -359,7 +359,10 @@ impl Workers {
                             }
                             bgp_owed = false;
                         }
-                        Err(e) if bgp_owed && gobgp_starting(e) => {
+                        Err(e)
+                            if bgp_owed
+                                && e.gobgp() == Some(loxilb_client::GobgpAnswer::Starting) =>
+                        {
                             debug!(instance = inst.url(), error = %e, "goBGP not answering yet (loxilb starting); trying again");
                         }
                         Err(e) => {

@@ -30,28 +30,22 @@
 //! loxilb that restarts or comes back retry every refused item at once.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::Ipv4Addr;
 
-use loxilb_client::ClientError;
+use backon::BackoffBuilder;
 use loxilb_client::bgp::{
     BgpDefinedSet, BgpGlobal, BgpNeighbor, BgpNeighborStatus, BgpPolicy, BgpPolicyApply,
     DefinedSetKind,
 };
+use loxilb_client::{ClientError, GobgpAnswer};
 use tracing::info;
 
+pub use super::bgp_plan::ItemId;
+use super::bgp_plan::{Held, Step, steps};
 use super::{Instance, is_transport};
 
 /// The policy loxilb creates with the global configuration.
 const LOXILB_OWN_POLICY: &str = "set-llb-export-gpolicy";
-
-/// Names an item of the configuration in reports: `peer 192.0.2.1`, `set prefix/ps1`,
-/// `policy p1`, `apply <resource name>`.
-pub type ItemId = String;
-
-/// The id of the neighbour at `ip`.
-pub fn peer_item(ip: IpAddr) -> ItemId {
-    format!("peer {ip}")
-}
 
 /// goBGP's global settings; the router id per loxilb.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -108,12 +102,10 @@ struct Outcomes<'a> {
 impl Outcomes<'_> {
     /// `id` was refused and its back-off has not ended: it is reported with its last
     /// error and not sent.
-    fn held_back(&mut self, id: &str) -> bool {
+    fn held_back(&mut self, id: &ItemId) -> bool {
         match self.refusals.waiting(id) {
             Some(error) => {
-                self.report
-                    .refused
-                    .insert(id.to_string(), error.to_string());
+                self.report.refused.insert(id.clone(), error.to_string());
                 true
             }
             None => false,
@@ -121,18 +113,18 @@ impl Outcomes<'_> {
     }
 
     /// loxilb took `id`.
-    fn taken(&mut self, id: &str) {
+    fn taken(&mut self, id: &ItemId) {
         self.refusals.taken(id);
     }
 
     /// loxilb answered `e` for `id`. A transport failure ends the pass, and so does a goBGP
     /// without its global configuration (`ensure_bgp` starts over); anything else is that
     /// item's refusal, not sent again before its back-off ends.
-    fn refused(&mut self, id: &str, e: ClientError) -> Result<(), ClientError> {
-        if is_transport(&e) || gobgp_not_started(&e) {
+    fn refused(&mut self, id: &ItemId, e: ClientError) -> Result<(), ClientError> {
+        if is_transport(&e) || e.gobgp() == Some(GobgpAnswer::Unconfigured) {
             return Err(e);
         }
-        self.report.refused.insert(id.to_string(), e.to_string());
+        self.report.refused.insert(id.clone(), e.to_string());
         self.refusals.refused(id, e.to_string());
         Ok(())
     }
@@ -148,21 +140,21 @@ impl Refusals {
     }
 
     /// The last refusal of `id` while its retry time has not come: it is not sent again.
-    fn waiting(&self, id: &str) -> Option<&str> {
+    fn waiting(&self, id: &ItemId) -> Option<&str> {
         self.items
             .get(id)
             .filter(|r| tokio::time::Instant::now() < r.retry_at)
             .map(|r| r.error.as_str())
     }
 
-    fn refused(&mut self, id: &str, error: String) {
+    fn refused(&mut self, id: &ItemId, error: String) {
         let failures = self
             .items
             .get(id)
             .map_or(1, |r| r.failures.saturating_add(1));
         let retry_at = tokio::time::Instant::now() + loxi_domain::duration::retry_delay(failures);
         self.items.insert(
-            id.to_string(),
+            id.clone(),
             Refusal {
                 error,
                 failures,
@@ -171,7 +163,7 @@ impl Refusals {
         );
     }
 
-    fn taken(&mut self, id: &str) {
+    fn taken(&mut self, id: &ItemId) {
         self.items.remove(id);
     }
 }
@@ -184,32 +176,20 @@ pub(super) struct BgpState {
     /// What is held is known: false until the first pass after this process started or the
     /// loxilb came back (it may hold sets and policies sent before).
     known: bool,
-    sets: BTreeMap<ItemId, (DefinedSetKind, BgpDefinedSet)>,
-    policies: BTreeMap<ItemId, BgpPolicy>,
-    applies: BTreeMap<ItemId, BgpPolicyApply>,
+    /// The sets, policies and applications sent since loxilb last (re)started.
+    held: Held,
     /// What loxilb refused, retried with back-off (module docs).
     refusals: Refusals,
 }
 
-/// goBGP's answer to calls before its global configuration (docs/loxilb-api.md#bgp).
-fn gobgp_not_started(e: &ClientError) -> bool {
-    e.to_string().contains("hasn't started yet")
-}
-
-/// loxilb's answer (500 `action 3 is already set`) to a global configuration identical to
-/// the one it holds (docs/loxilb-api.md#the-global-configuration).
-fn global_already_set(e: &ClientError) -> bool {
-    e.to_string().contains("is already set")
-}
-
-/// loxilb's answer (500 `... connect: connection refused`) while its goBGP does not listen
-/// yet, for some seconds after loxilb starts (docs/loxilb-api.md#bgp): try again later.
-pub fn gobgp_starting(e: &ClientError) -> bool {
-    matches!(e, ClientError::Server { .. }) && e.to_string().contains("connection refused")
-}
-
-fn listed_ip(n: &BgpNeighborStatus) -> Option<IpAddr> {
-    n.ip_address.parse::<IpAddr>().ok()
+/// The waits between the passes that follow a goBGP found without its configuration: right
+/// after a restart goBGP answers errors for a moment (100 ms, doubling, 4 more passes).
+fn after_restart() -> impl Iterator<Item = std::time::Duration> {
+    backon::ExponentialBuilder::default()
+        .with_min_delay(std::time::Duration::from_millis(100))
+        .with_factor(2.0)
+        .with_max_times(4)
+        .build()
 }
 
 impl Instance {
@@ -246,16 +226,14 @@ impl Instance {
         match self.pass(&mut state, config).await {
             // goBGP lost its configuration behind this process's back (loxilb restarted
             // between two probes, unnoticed): start over, in loxilb's order.
-            Err(e) if gobgp_not_started(&e) && state.global.is_some() => {
+            Err(e) if e.gobgp() == Some(GobgpAnswer::Unconfigured) && state.global.is_some() => {
                 info!(
                     instance = self.url(),
                     "goBGP has no global configuration any more: configuring it again"
                 );
                 *state = BgpState::default();
-                // Right after a restart goBGP answers errors for a moment: back-off.
-                let mut delay = std::time::Duration::from_millis(100);
                 let mut result = self.pass(&mut state, config).await;
-                for _ in 1..5 {
+                for delay in after_restart() {
                     let transient = match &result {
                         Ok(report) => !report.refused.is_empty(),
                         Err(e) => !is_transport(e),
@@ -264,7 +242,6 @@ impl Instance {
                         break;
                     }
                     tokio::time::sleep(delay).await;
-                    delay *= 2;
                     state.refusals = Refusals::default();
                     result = self.pass(&mut state, config).await;
                 }
@@ -298,7 +275,7 @@ impl Instance {
                 }
                 // An identical repeat (this process restarted, or an earlier answer was
                 // lost): loxilb holds these settings already.
-                Err(e) if global_already_set(&e) => {
+                Err(e) if e.gobgp() == Some(GobgpAnswer::AlreadyConfigured) => {
                     info!(
                         instance = self.url(),
                         "BGP global settings already in place"
@@ -318,167 +295,30 @@ impl Instance {
             state.known = true;
         }
         state.refusals.under(config);
+        let listed = self.client.list_bgp_neighbors().await?;
         let mut out = Outcomes {
             report: BgpReport::default(),
             refusals: &mut state.refusals,
         };
-
-        // Removals, dependents first.
-        let gone: Vec<ItemId> = state
-            .applies
-            .iter()
-            .filter(|(id, held)| !config.applies.iter().any(|(i, a)| i == *id && a == *held))
-            .map(|(id, _)| id.clone())
-            .collect();
-        for id in gone {
-            let Some(held) = state.applies.get(&id).cloned() else {
-                continue;
-            };
-            if out.held_back(&id) {
-                continue;
-            }
-            match self.client.unapply_bgp_policy(&held).await {
-                Ok(()) => {
-                    info!(instance = self.url(), item = %id, "BGP policy application removed");
-                    state.applies.remove(&id);
-                    out.taken(&id);
-                }
-                Err(e) => out.refused(&id, e)?,
-            }
-        }
-        // A policy still applied stays until its application is gone (its resource may be
-        // deleted a moment after the policy's): goBGP lets an import policy go while applied,
-        // and the application could then never be removed.
-        let gone: Vec<ItemId> = state
-            .policies
-            .iter()
-            .filter(|(id, held)| !config.policies.iter().any(|(i, p)| i == *id && p == *held))
-            .filter(|(_, held)| {
-                !state
-                    .applies
-                    .values()
-                    .any(|a| a.policies.contains(&held.name))
-            })
-            .map(|(id, _)| id.clone())
-            .collect();
-        for id in gone {
-            let Some(held) = state.policies.get(&id).cloned() else {
-                continue;
-            };
-            if out.held_back(&id) {
-                continue;
-            }
-            match self.client.delete_bgp_policy(&held.name).await {
-                Ok(_) => {
-                    info!(instance = self.url(), item = %id, "BGP policy removed");
-                    state.policies.remove(&id);
-                    out.taken(&id);
-                }
-                Err(e) => out.refused(&id, e)?,
-            }
-        }
-        let gone: Vec<ItemId> = state
-            .sets
-            .iter()
-            .filter(|(id, held)| {
-                !config
-                    .sets
-                    .iter()
-                    .any(|(i, k, s)| i == *id && (*k, s) == (held.0, &held.1))
-            })
-            .map(|(id, _)| id.clone())
-            .collect();
-        for id in gone {
-            let Some((kind, held)) = state.sets.get(&id).cloned() else {
-                continue;
-            };
-            if out.held_back(&id) {
-                continue;
-            }
-            match self.client.delete_bgp_defined_set(kind, &held.name).await {
-                Ok(_) => {
-                    info!(instance = self.url(), item = %id, "BGP defined set removed");
-                    state.sets.remove(&id);
-                    out.taken(&id);
-                }
-                Err(e) => out.refused(&id, e)?,
-            }
-        }
-        let listed = self.client.list_bgp_neighbors().await?;
         let mut peers_changed = false;
-        for n in &listed {
-            let Some(ip) = listed_ip(n) else { continue };
-            let wanted = config
-                .peers
-                .iter()
-                .any(|p| p.ip_address == ip && p.remote_as == n.remote_as);
-            let id = peer_item(ip);
-            if !wanted && !out.held_back(&id) {
-                peers_changed = true;
-                match self.client.delete_bgp_neighbor(ip, n.remote_as).await {
-                    Ok(_) => {
-                        info!(instance = self.url(), peer = %ip, "BGP neighbour removed");
-                        out.taken(&id);
-                    }
-                    Err(e) => out.refused(&id, e)?,
-                }
-            }
-        }
-
-        // Additions, dependencies first.
-        for peer in &config.peers {
-            let present = listed
-                .iter()
-                .any(|n| listed_ip(n) == Some(peer.ip_address) && n.remote_as == peer.remote_as);
-            let id = peer_item(peer.ip_address);
-            if !present && !out.held_back(&id) {
-                peers_changed = true;
-                match self.client.add_bgp_neighbor(peer).await {
-                    Ok(_) => {
-                        info!(instance = self.url(), peer = %peer.ip_address, remote_as = peer.remote_as, "BGP neighbour added");
-                        out.taken(&id);
-                    }
-                    Err(e) => out.refused(&id, e)?,
-                }
-            }
-        }
-        for (id, kind, set) in &config.sets {
-            if state.sets.contains_key(id) || out.held_back(id) {
+        for step in steps(&state.held, &listed, config) {
+            let id = step.item();
+            if out.held_back(&id) {
                 continue;
             }
-            match self.client.add_bgp_defined_set(*kind, set).await {
+            if let Step::DeletePolicy(_, name) = &step
+                && state.held.policy_applied(name)
+            {
+                // Its application's removal was refused or held back in this pass.
+                continue;
+            }
+            peers_changed |= step.changes_peers();
+            match self.execute(&step, &mut state.held).await {
                 Ok(()) => {
-                    info!(instance = self.url(), item = %id, "BGP defined set added");
-                    state.sets.insert(id.clone(), (*kind, set.clone()));
-                    out.taken(id);
+                    info!(instance = self.url(), item = %id, "BGP {}", step.done());
+                    out.taken(&id);
                 }
-                Err(e) => out.refused(id, e)?,
-            }
-        }
-        for (id, policy) in &config.policies {
-            if state.policies.contains_key(id) || out.held_back(id) {
-                continue;
-            }
-            match self.client.add_bgp_policy(policy).await {
-                Ok(()) => {
-                    info!(instance = self.url(), item = %id, "BGP policy added");
-                    state.policies.insert(id.clone(), policy.clone());
-                    out.taken(id);
-                }
-                Err(e) => out.refused(id, e)?,
-            }
-        }
-        for (id, apply) in &config.applies {
-            if state.applies.contains_key(id) || out.held_back(id) {
-                continue;
-            }
-            match self.client.apply_bgp_policy(apply).await {
-                Ok(_) => {
-                    info!(instance = self.url(), item = %id, "BGP policies applied");
-                    state.applies.insert(id.clone(), apply.clone());
-                    out.taken(id);
-                }
-                Err(e) => out.refused(id, e)?,
+                Err(e) => out.refused(&id, e)?,
             }
         }
         let mut report = out.report;
@@ -488,6 +328,43 @@ impl Instance {
             listed
         };
         Ok(report)
+    }
+
+    /// Sends one step of a pass and records in `held` what loxilb then holds.
+    async fn execute(&self, step: &Step, held: &mut Held) -> Result<(), ClientError> {
+        match step {
+            Step::Unapply(id, apply) => {
+                self.client.unapply_bgp_policy(apply).await?;
+                held.applies.remove(id);
+            }
+            Step::DeletePolicy(id, name) => {
+                self.client.delete_bgp_policy(name).await?;
+                held.policies.remove(id);
+            }
+            Step::DeleteSet(id, kind, name) => {
+                self.client.delete_bgp_defined_set(*kind, name).await?;
+                held.sets.remove(id);
+            }
+            Step::DeletePeer(ip, remote_as) => {
+                self.client.delete_bgp_neighbor(*ip, *remote_as).await?;
+            }
+            Step::AddPeer(peer) => {
+                self.client.add_bgp_neighbor(peer).await?;
+            }
+            Step::AddSet(id, kind, set) => {
+                self.client.add_bgp_defined_set(*kind, set).await?;
+                held.sets.insert(id.clone(), (*kind, set.clone()));
+            }
+            Step::AddPolicy(id, policy) => {
+                self.client.add_bgp_policy(policy).await?;
+                held.policies.insert(id.clone(), policy.clone());
+            }
+            Step::Apply(id, apply) => {
+                self.client.apply_bgp_policy(apply).await?;
+                held.applies.insert(id.clone(), apply.clone());
+            }
+        }
+        Ok(())
     }
 
     /// The first pass after this process started: the sets and policies of `config` that
@@ -509,7 +386,7 @@ impl Instance {
                 .collect();
             for (id, policy) in &config.policies {
                 if held.contains(&policy.name) {
-                    state.policies.insert(id.clone(), policy.clone());
+                    state.held.policies.insert(id.clone(), policy.clone());
                 }
             }
         }
@@ -535,7 +412,7 @@ impl Instance {
                 .collect();
             for (id, k2, set) in &config.sets {
                 if k2 == k && held.contains(&set.name) {
-                    state.sets.insert(id.clone(), (*k2, set.clone()));
+                    state.held.sets.insert(id.clone(), (*k2, set.clone()));
                 }
             }
         }
@@ -567,26 +444,27 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_refusal_waits_longer_each_time_until_the_configuration_changes() {
         let mut r = Refusals::default();
+        let a = ItemId::Apply("a".into());
         r.under(&config(65000));
-        assert_eq!(r.waiting("apply a"), None);
+        assert_eq!(r.waiting(&a), None);
         let mut waited = Vec::new();
         for _ in 0..4 {
-            r.refused("apply a", "not found peer".into());
+            r.refused(&a, "not found peer".into());
             let mut ms = 0;
-            while r.waiting("apply a") == Some("not found peer") {
+            while r.waiting(&a) == Some("not found peer") {
                 tokio::time::advance(Duration::from_millis(100)).await;
                 ms += 100;
             }
             waited.push(ms);
         }
         assert_eq!(waited, [500, 1000, 2000, 4000]);
-        r.refused("apply a", "not found peer".into());
+        r.refused(&a, "not found peer".into());
         r.under(&config(65000));
-        assert!(r.waiting("apply a").is_some(), "the same configuration");
+        assert!(r.waiting(&a).is_some(), "the same configuration");
         r.under(&config(65001));
-        assert_eq!(r.waiting("apply a"), None, "another configuration");
-        r.refused("apply a", "refused".into());
-        r.taken("apply a");
-        assert_eq!(r.waiting("apply a"), None);
+        assert_eq!(r.waiting(&a), None, "another configuration");
+        r.refused(&a, "refused".into());
+        r.taken(&a);
+        assert_eq!(r.waiting(&a), None);
     }
 }

@@ -53,6 +53,7 @@
 
 mod apply;
 pub mod bgp;
+mod bgp_plan;
 mod firewall;
 mod limits;
 mod members;
