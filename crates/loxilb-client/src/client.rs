@@ -37,6 +37,20 @@ pub struct RetryPolicy {
     pub max_delay: Duration,
 }
 
+impl RetryPolicy {
+    /// The waits between attempts: from `min_delay`, doubling, at most `max_delay`, one
+    /// fewer than `attempts` (a policy of 0 attempts still makes one).
+    pub fn delays(&self) -> impl Iterator<Item = Duration> + use<> {
+        use backon::BackoffBuilder;
+        backon::ExponentialBuilder::default()
+            .with_min_delay(self.min_delay)
+            .with_max_delay(self.max_delay)
+            .with_factor(2.0)
+            .with_max_times(self.attempts.max(1) - 1)
+            .build()
+    }
+}
+
 impl Default for RetryPolicy {
     fn default() -> Self {
         RetryPolicy {
@@ -663,17 +677,18 @@ impl LoxilbClient {
         once: impl Fn() -> F,
         retry: impl Fn(&T) -> bool,
     ) -> T {
-        let policy = self.cfg.retry;
-        let mut delay = policy.min_delay;
+        let mut delays = self.cfg.retry.delays();
         let mut attempt = 1;
         loop {
             let result = once().await;
-            if !retry(&result) || attempt >= policy.attempts.max(1) {
+            if !retry(&result) {
                 return result;
             }
+            let Some(delay) = delays.next() else {
+                return result;
+            };
             tracing::debug!(url = %self.display, attempt, "retrying loxilb call");
             tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(policy.max_delay);
             attempt += 1;
         }
     }
@@ -947,5 +962,26 @@ fn success_body(bytes: &[u8]) -> Result<(), ClientError> {
             message: other.to_string(),
         }),
         None => Err(ClientError::BadResponse("200 without a result".into())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_retry_policy_waits_doubling_up_to_its_maximum_between_its_attempts() {
+        let policy = RetryPolicy {
+            attempts: 5,
+            min_delay: Duration::from_millis(50),
+            max_delay: Duration::from_millis(150),
+        };
+        let ms: Vec<u128> = policy.delays().map(|d| d.as_millis()).collect();
+        assert_eq!(ms, [50, 100, 150, 150]);
+        let once = RetryPolicy {
+            attempts: 0,
+            ..RetryPolicy::default()
+        };
+        assert_eq!(once.delays().count(), 0);
     }
 }

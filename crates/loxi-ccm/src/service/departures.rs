@@ -185,7 +185,14 @@ impl Departures {
 /// retried a few times, then the unfiltered watch is used (it works everywhere).
 pub async fn type_selector_supported(api: &Api<Service>) -> bool {
     let probe = ListParams::default().fields(TYPE_SELECTOR).limit(1);
-    for attempt in 1..=5u32 {
+    use backon::BackoffBuilder;
+    // Five probes, 0.2 s apart at first, doubling.
+    let mut delays = backon::ExponentialBuilder::default()
+        .with_min_delay(std::time::Duration::from_millis(200))
+        .with_factor(2.0)
+        .with_max_times(5)
+        .build();
+    for attempt in 1.. {
         let answer = api.list_metadata(&probe).await;
         match (selector_answer(&answer), answer) {
             (Some(true), _) => return true,
@@ -195,8 +202,8 @@ pub async fn type_selector_supported(api: &Api<Service>) -> bool {
             }
             (None, answer) => {
                 warn!(error = ?answer.err(), attempt, "probing the Service type field selector");
-                tokio::time::sleep(std::time::Duration::from_millis(200 * u64::from(attempt)))
-                    .await;
+                let Some(delay) = delays.next() else { break };
+                tokio::time::sleep(delay).await;
             }
         }
     }
