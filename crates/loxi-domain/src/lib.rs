@@ -22,6 +22,7 @@ pub mod naming;
 pub mod placement;
 pub mod plan;
 pub mod pools;
+pub mod private_address;
 pub mod roles;
 pub mod selection;
 pub mod sharing;

@@ -475,6 +475,19 @@ pub struct ServiceArgs {
     )]
     pub use_pod_network: bool,
 
+    /// The private address every rule carries as loxilb's privateIP, for clouds where the VIP
+    /// is an elastic IP translated to the loxilb instance's own address: written as a CIDR,
+    /// the address in it is used (10.10.0.1 of 10.10.0.1/24), or as a bare address. Not for
+    /// Services that name their address (loxilb.io/staticIP, spec.loadBalancerIP), nor for
+    /// VIPs of the other IP family. loxilb sets it only when a rule is created.
+    /// docs/configuration.md#private-addresses (kube-loxilb: --privateCIDR)
+    #[arg(
+        long = "private-cidr",
+        alias = "privateCIDR",
+        env = "LOXI_CCM_PRIVATE_CIDR"
+    )]
+    pub private_cidr: Option<String>,
+
     /// Watch Pod metadata to read Multus' k8s.v1.cni.cncf.io/network-status, so Services with
     /// loxilb.io/multus-nets forward to the pods' secondary-network addresses. Off by default:
     /// it keeps every Pod's metadata in memory.

@@ -127,6 +127,8 @@ pub struct Config {
     /// `allowedSources` (docs/configuration.md#source-ranges).
     pub source_ranges_firewall: bool,
     pub cluster_id: Option<ClusterId>,
+    /// `--privateCIDR`: the rules' `privateIP` (docs/configuration.md#private-addresses).
+    pub private_ip: Option<std::net::IpAddr>,
     pub namespace: Option<String>,
     pub health_interval: Duration,
     pub drift_interval: Duration,
@@ -287,6 +289,7 @@ impl Config {
             enforce_source_ranges: args.services.source_ranges != "ignore",
             source_ranges_firewall: args.services.source_ranges == "firewall",
             cluster_id: services.cluster_id,
+            private_ip: services.private_ip,
             namespace: args.services.namespace.clone(),
             health_interval: args.loxilb_api.health_interval,
             drift_interval: args.loxilb_api.drift_interval,
@@ -473,8 +476,6 @@ mod tests {
     #[test]
     fn unsupported_kube_loxilb_flags_name_the_docs_section() {
         for (argv, flag) in [
-            (vec!["--privateCIDR=10.10.0.0/16"], "privateCIDR"),
-            (vec!["--privateCIDR", "10.10.0.0/16"], "privateCIDR"),
             (vec!["--appendEPs"], "appendEPs"),
             (vec!["--appendEPs=true"], "appendEPs"),
             (
@@ -507,6 +508,37 @@ mod tests {
         // Other unknown flags keep clap's message (with its suggestions).
         let e = err(run(&[BASE[0], "--externalCIDRR=10.0.0.0/8"], &env_of(&[])));
         assert!(e.contains("unexpected argument"), "{e}");
+    }
+
+    /// kube-loxilb's `privateCIDR` (refused until issue 28), as a flag, an option and a
+    /// config-file key: the address written in the CIDR.
+    #[test]
+    fn private_cidr_gives_the_rules_private_address() {
+        let address = |flags: &[&str], env: &[(&str, &str)]| {
+            run(&[BASE, flags].concat(), &env_of(env))
+                .unwrap()
+                .config()
+                .unwrap()
+                .private_ip
+        };
+        let want = Some("10.10.0.1".parse().unwrap());
+        assert_eq!(address(&[], &[]), None);
+        assert_eq!(address(&["--privateCIDR=10.10.0.1/24"], &[]), want);
+        assert_eq!(address(&["--privateCIDR", "10.10.0.1/24"], &[]), want);
+        assert_eq!(address(&["--private-cidr=10.10.0.1"], &[]), want);
+        let file = temp_file("privatecidr", "privateCIDR: 10.10.0.1/24\n");
+        assert_eq!(
+            address(&[], &[("LOXI_CCM_CONFIG", file.to_str().unwrap())]),
+            want
+        );
+        let e = err(run(
+            &[BASE, &["--privateCIDR=10.10.0.1/40"]].concat(),
+            &env_of(&[]),
+        ));
+        assert!(
+            e.contains("private-cidr") && e.contains("prefix length"),
+            "{e}"
+        );
     }
 
     /// kube-loxilb's `noZoneName`, as a flag and as a config-file key.
@@ -543,7 +575,7 @@ mod tests {
                 file.display()
             )
         );
-        let file = temp_file("unsupported", "privateCIDR: 10.0.0.0/8\n");
+        let file = temp_file("unsupported", "externalSecondaryCIDRs6: 2001:db8::/64\n");
         let e = err(run(
             BASE,
             &env_of(&[("LOXI_CCM_CONFIG", file.to_str().unwrap())]),
@@ -551,7 +583,8 @@ mod tests {
         assert_eq!(
             e,
             format!(
-                "config file {}: key \"privateCIDR\": kube-loxilb's privateCIDR is not \
+                "config file {}: key \"externalSecondaryCIDRs6\": kube-loxilb's \
+                 externalSecondaryCIDRs6 is not \
                  supported by loxi-ccm yet: remove it (docs/migration.md#what-is-not-supported-yet \
                  says what it did and what to do instead)",
                 file.display()

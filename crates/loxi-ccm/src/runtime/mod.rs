@@ -230,6 +230,7 @@ pub async fn run(
             advertise: cfg.bgp.is_some(),
             zone: cfg.zone.clone(),
             zone_instances: cfg.zone_instances,
+            private_ip: cfg.private_ip,
         },
         selection,
         kube: client,
