@@ -18,6 +18,7 @@ pub mod intent;
 pub mod inventory;
 pub mod ipam;
 pub mod model;
+pub mod mtls;
 pub mod naming;
 pub mod placement;
 pub mod plan;
