@@ -9,7 +9,7 @@
 //! are checked first, so a misspelt value is named as such; `mtls-frontend-mode: disabled`
 //! and `mtls-backend-verify: no` ask for nothing and are accepted.
 //!
-//! No Secret is read for these annotations: loxi-ccm's RBAC grants no access to Secrets.
+//! No Secret is read for these annotations, and they need no RBAC.
 
 use std::collections::BTreeMap;
 
