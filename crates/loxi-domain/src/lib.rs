@@ -26,6 +26,7 @@ pub mod pools;
 pub mod private_address;
 pub mod roles;
 pub mod selection;
+pub mod shared_rules;
 pub mod sharing;
 pub mod text;
 pub mod write_window;

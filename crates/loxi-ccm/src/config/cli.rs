@@ -488,6 +488,18 @@ pub struct ServiceArgs {
     )]
     pub private_cidr: Option<String>,
 
+    /// Share rules with other controllers or clusters on the same loxilb: endpoints are added
+    /// to a rule with loxilb's attach and taken off with detach, so a rule on the same
+    /// address, port and protocol holds everyone's endpoints; a rule is never deleted
+    /// outright (loxilb drops it with its last endpoint) and the drift check compares only
+    /// this controller's endpoints. docs/configuration.md#shared-rules (kube-loxilb: --appendEPs)
+    #[arg(
+        long = "append-endpoints",
+        alias = "appendEPs",
+        env = "LOXI_CCM_APPEND_ENDPOINTS"
+    )]
+    pub append_endpoints: bool,
+
     /// Watch Pod metadata to read Multus' k8s.v1.cni.cncf.io/network-status, so Services with
     /// loxilb.io/multus-nets forward to the pods' secondary-network addresses. Off by default:
     /// it keeps every Pod's metadata in memory.
@@ -684,6 +696,7 @@ const GO_BOOLS: &[&str] = &[
     "ccm_mode",
     "monitor",
     "use_pod_network",
+    "append_endpoints",
     "multus",
     "loxilb_insecure_skip_tls_verify",
 ];

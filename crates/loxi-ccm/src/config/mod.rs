@@ -129,6 +129,8 @@ pub struct Config {
     pub cluster_id: Option<ClusterId>,
     /// `--privateCIDR`: the rules' `privateIP` (docs/configuration.md#private-addresses).
     pub private_ip: Option<std::net::IpAddr>,
+    /// `--appendEPs`: rules shared with other controllers (docs/configuration.md#shared-rules).
+    pub append_endpoints: bool,
     pub namespace: Option<String>,
     pub health_interval: Duration,
     pub drift_interval: Duration,
@@ -290,6 +292,7 @@ impl Config {
             source_ranges_firewall: args.services.source_ranges == "firewall",
             cluster_id: services.cluster_id,
             private_ip: services.private_ip,
+            append_endpoints: args.services.append_endpoints,
             namespace: args.services.namespace.clone(),
             health_interval: args.loxilb_api.health_interval,
             drift_interval: args.loxilb_api.drift_interval,
@@ -475,14 +478,10 @@ mod tests {
     /// "unexpected argument"; `check` reports the same.
     #[test]
     fn unsupported_kube_loxilb_flags_name_the_docs_section() {
-        for (argv, flag) in [
-            (vec!["--appendEPs"], "appendEPs"),
-            (vec!["--appendEPs=true"], "appendEPs"),
-            (
-                vec!["--externalSecondaryCIDRs6=2001:db8::/64"],
-                "externalSecondaryCIDRs6",
-            ),
-        ] {
+        for (argv, flag) in [(
+            vec!["--externalSecondaryCIDRs6=2001:db8::/64"],
+            "externalSecondaryCIDRs6",
+        )] {
             let e = err(run(&[BASE, &argv[..]].concat(), &env_of(&[])));
             assert_eq!(
                 e,
@@ -494,7 +493,15 @@ mod tests {
                 "{argv:?}"
             );
         }
-        let checked = load(["loxi-ccm", "check", "--appendEPs", BASE[0]], &env_of(&[]));
+        let checked = load(
+            [
+                "loxi-ccm",
+                "check",
+                "--externalSecondaryCIDRs6=2001:db8::/64",
+                BASE[0],
+            ],
+            &env_of(&[]),
+        );
         assert!(
             matches!(
                 checked,
@@ -539,6 +546,25 @@ mod tests {
             e.contains("private-cidr") && e.contains("prefix length"),
             "{e}"
         );
+    }
+
+    /// kube-loxilb's `appendEPs` (refused until issue 28): a Go-style boolean flag and a key.
+    #[test]
+    fn append_eps_shares_rules() {
+        let on = |flags: &[&str], env: &[(&str, &str)]| {
+            run(&[BASE, flags].concat(), &env_of(env))
+                .unwrap()
+                .config()
+                .unwrap()
+                .append_endpoints
+        };
+        assert!(!on(&[], &[]));
+        assert!(on(&["--appendEPs"], &[]));
+        assert!(on(&["--appendEPs=true"], &[]));
+        assert!(!on(&["--appendEPs=false"], &[]));
+        assert!(on(&["--append-endpoints"], &[]));
+        let file = temp_file("appendeps", "appendEPs: true\n");
+        assert!(on(&[], &[("LOXI_CCM_CONFIG", file.to_str().unwrap())]));
     }
 
     /// kube-loxilb's `noZoneName`, as a flag and as a config-file key.

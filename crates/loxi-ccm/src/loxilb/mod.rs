@@ -60,6 +60,7 @@ pub mod probe;
 pub mod queues;
 mod roles;
 mod rules;
+mod shared;
 mod window;
 
 pub use members::{Fleet, Group, Member, MembersChanged};
@@ -283,6 +284,8 @@ pub struct Instance {
     window: window::Window,
     /// The firewall rules of ours it holds (`firewall.rs`, `--source-ranges=firewall`).
     firewall: Mutex<firewall::FwBook>,
+    /// `--appendEPs`: rules shared with other controllers, and what we attached (`shared.rs`).
+    shared: shared::SharedRules,
 }
 
 /// The outcome of applying rules to one instance. Only transport failures (the instance is
@@ -344,6 +347,7 @@ impl Instance {
                 client_timeout,
             )),
             firewall: Mutex::default(),
+            shared: shared::SharedRules::default(),
         }
     }
 
