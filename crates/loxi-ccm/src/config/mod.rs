@@ -372,6 +372,7 @@ mod tests {
     }
 
     const BASE: &[&str] = &["--loxilb-url=http://127.0.0.1:11111"];
+    const POOL: &[&str] = &["--external-cidr=192.0.2.0/24"];
 
     #[test]
     fn precedence_flag_then_env_then_file_then_default() {
@@ -522,7 +523,7 @@ mod tests {
     #[test]
     fn private_cidr_gives_the_rules_private_address() {
         let address = |flags: &[&str], env: &[(&str, &str)]| {
-            run(&[BASE, flags].concat(), &env_of(env))
+            run(&[BASE, POOL, flags].concat(), &env_of(env))
                 .unwrap()
                 .config()
                 .unwrap()
@@ -539,7 +540,7 @@ mod tests {
             want
         );
         let e = err(run(
-            &[BASE, &["--privateCIDR=10.10.0.1/40"]].concat(),
+            &[BASE, POOL, &["--privateCIDR=10.10.0.1/40"]].concat(),
             &env_of(&[]),
         ));
         assert!(
@@ -552,7 +553,7 @@ mod tests {
     #[test]
     fn append_eps_shares_rules() {
         let on = |flags: &[&str], env: &[(&str, &str)]| {
-            run(&[BASE, flags].concat(), &env_of(env))
+            run(&[BASE, POOL, flags].concat(), &env_of(env))
                 .unwrap()
                 .config()
                 .unwrap()
