@@ -479,10 +479,14 @@ mod tests {
     /// "unexpected argument"; `check` reports the same.
     #[test]
     fn unsupported_kube_loxilb_flags_name_the_docs_section() {
-        for (argv, flag) in [(
-            vec!["--externalSecondaryCIDRs6=2001:db8::/64"],
-            "externalSecondaryCIDRs6",
-        )] {
+        for (argv, flag) in [
+            (vec!["--gatewayAPI"], "gatewayAPI"),
+            (vec!["--loxilbGatewayClass=loxilb"], "loxilbGatewayClass"),
+            (
+                vec!["--externalSecondaryCIDRs6=2001:db8::/64"],
+                "externalSecondaryCIDRs6",
+            ),
+        ] {
             let e = err(run(&[BASE, &argv[..]].concat(), &env_of(&[])));
             assert_eq!(
                 e,
