@@ -231,6 +231,8 @@ impl Instance {
             match sent {
                 None => report.superseded += 1,
                 Some(Ok(())) => {
+                    // Endpoints changed on a rule that was there: an in-place update.
+                    report.updated += usize::from(h.rules.get(&key).is_some());
                     match after(h.rules.get(&key), &action) {
                         Some(rule) => h.rules.insert(rule),
                         None => {
@@ -240,7 +242,6 @@ impl Instance {
                     }
                     self.shared.note(&owner, &action);
                     report.changes += 1;
-                    report.updated += usize::from(matches!(action, SharedAction::Detach(_)));
                 }
                 Some(Err(e)) if is_transport(&e) => transport = Some(e),
                 Some(Err(e)) => report.failed.push((key, e)),
