@@ -170,6 +170,7 @@ fn a_misspelled_or_mistyped_value_is_refused() {
         ("loxilb.discovery.servce=x", "'servce' not allowed"),
         ("haRoles.setRoles=not-an-ip", "/haRoles/setRoles"),
         ("haRoles.numZoneInstances=0", "/haRoles/numZoneInstances"),
+        ("privateCIDR=10.10.0.1 /24", "/privateCIDR"),
         // The documentation's placeholder, copied as it is.
         ("image.repository=<registry>/loxi-ccm", "/image/repository"),
         ("image.tag=0.1.0 ", "/image/tag"),

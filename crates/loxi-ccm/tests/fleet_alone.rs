@@ -61,6 +61,7 @@ fn rule() -> Rule {
         allowed_sources: vec![],
         secondary_ips: vec![],
         bgp: false,
+        private_ip: None,
     }
 }
 

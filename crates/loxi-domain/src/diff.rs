@@ -133,6 +133,7 @@ mod tests {
             allowed_sources: vec![],
             secondary_ips: vec![],
             bgp: false,
+            private_ip: None,
         }
     }
 
@@ -390,6 +391,7 @@ mod tests {
                                 .map(|s| s.parse::<IpAddr>().unwrap())
                                 .collect(),
                             bgp: false,
+                            private_ip: None,
                         };
                         (key, rule)
                     },

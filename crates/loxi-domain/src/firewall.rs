@@ -255,6 +255,7 @@ mod tests {
             allowed_sources: sources.iter().map(|s| s.parse().unwrap()).collect(),
             secondary_ips: vec![],
             bgp: false,
+            private_ip: None,
         }
     }
 

@@ -35,6 +35,10 @@ pub const ANN_MULTUS_NETS: &str = "loxilb.io/multus-nets";
 pub const ANN_NODE_LABEL: &str = "loxilb.io/nodelabel";
 pub const ANN_PREF_LOCAL_POD: &str = "loxilb.io/prefLocalPod";
 pub const ANN_PROXY_PROTOCOL_V2: &str = "loxilb.io/useproxyprotov2";
+/// kube-loxilb's name (its flag of this name never took effect): the Service's endpoints
+/// are the addresses and ports of its EndpointSlices, also hand-made slices of a
+/// selector-less Service pointing outside the cluster.
+pub const ANN_USE_EXTERNAL_ENDPOINT: &str = "loxilb.io/useExternalEndpoint";
 
 /// loxilb's upper bound for `inactiveTimeOut` and (silently) `probeTimeout`
 /// (docs/loxilb-api.md#limits).
@@ -346,12 +350,26 @@ pub fn parse_intent(
     }
     intent.use_pod_network =
         !intent.multus_networks.is_empty() || pod_network.unwrap_or(defaults.use_pod_network);
+    if yes_no(annotations, ANN_USE_EXTERNAL_ENDPOINT)? == Some(true) {
+        if pod_network == Some(false) {
+            return Err(invalid(
+                ANN_USE_EXTERNAL_ENDPOINT,
+                get(annotations, ANN_USE_EXTERNAL_ENDPOINT).unwrap_or("yes"),
+                &format!(
+                    "endpoints from the EndpointSlices are what {ANN_USE_POD_NETWORK}: yes \
+                     means, which conflicts with {ANN_USE_POD_NETWORK}: no"
+                ),
+            ));
+        }
+        intent.use_pod_network = true;
+    }
 
     if let Some(v) = get(annotations, ANN_NODE_LABEL) {
         intent.node_selector = Some(parse_node_label(v)?);
     }
     intent.prefer_local_pod = yes_no(annotations, ANN_PREF_LOCAL_POD)?.unwrap_or(false);
     intent.proxy_protocol_v2 = yes_no(annotations, ANN_PROXY_PROTOCOL_V2)?.unwrap_or(false);
+    crate::mtls::check_mtls(annotations)?;
     Ok(intent)
 }
 
@@ -837,6 +855,50 @@ mod tests {
         // Multus endpoints are pod addresses.
         let e = err(&[(ANN_MULTUS_NETS, "net1"), (ANN_USE_POD_NETWORK, "no")]);
         assert_eq!(e.annotation, ANN_MULTUS_NETS);
+    }
+
+    #[test]
+    fn external_endpoints_come_from_the_slices() {
+        let with = |pairs: &[(&str, &str)], defaults: Defaults| {
+            let a = pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            parse_intent(&a, defaults)
+        };
+        let on = with(&[(ANN_USE_EXTERNAL_ENDPOINT, "yes")], Defaults::default()).unwrap();
+        assert!(on.use_pod_network);
+        let on = with(&[(ANN_USE_EXTERNAL_ENDPOINT, "true")], Defaults::default()).unwrap();
+        assert!(on.use_pod_network);
+        // "no" takes nothing away from --usePodNetwork.
+        let pods = Defaults {
+            use_pod_network: true,
+            ..Defaults::default()
+        };
+        assert!(
+            with(&[(ANN_USE_EXTERNAL_ENDPOINT, "no")], pods)
+                .unwrap()
+                .use_pod_network
+        );
+        assert!(
+            !with(&[(ANN_USE_EXTERNAL_ENDPOINT, "no")], Defaults::default())
+                .unwrap()
+                .use_pod_network
+        );
+        let e = err(&[
+            (ANN_USE_EXTERNAL_ENDPOINT, "yes"),
+            (ANN_USE_POD_NETWORK, "no"),
+        ]);
+        assert_eq!(e.annotation, ANN_USE_EXTERNAL_ENDPOINT);
+        let e = err(&[(ANN_USE_EXTERNAL_ENDPOINT, "maybe")]);
+        assert_eq!(e.annotation, ANN_USE_EXTERNAL_ENDPOINT);
+    }
+
+    #[test]
+    fn mtls_requests_are_refused_on_the_service() {
+        let e = err(&[(crate::mtls::ANN_MTLS_FRONTEND_MODE, "required")]);
+        assert_eq!(e.annotation, crate::mtls::ANN_MTLS_FRONTEND_MODE);
+        assert_eq!(e.reason(), "InvalidAnnotation");
     }
 
     #[test]

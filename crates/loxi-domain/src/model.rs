@@ -284,6 +284,11 @@ pub struct Rule {
     /// created, and counts advertisements per address (docs/loxilb-api.md#bgp).
     #[serde(default)]
     pub bgp: bool,
+    /// The private address loxilb plumbs for the VIP (`privateIP`, `--privateCIDR`: a cloud
+    /// elastic IP is the VIP, this the instance's address behind it). Write-only: loxilb
+    /// never lists it and only sets it when the rule is created (docs/loxilb-api.md).
+    #[serde(default)]
+    pub private_ip: Option<IpAddr>,
 }
 
 impl Rule {
@@ -331,6 +336,7 @@ impl Rule {
         if r.key.protocol != Protocol::Sctp {
             r.secondary_ips.clear();
         }
+        r.private_ip = None;
         r
     }
 }
@@ -358,6 +364,7 @@ mod tests {
             allowed_sources: vec![],
             secondary_ips: vec![],
             bgp: false,
+            private_ip: None,
         }
     }
 
@@ -384,6 +391,8 @@ mod tests {
             vec!["10.0.0.0/8".parse::<IpNet>().unwrap()]
         );
         assert!(o.secondary_ips.is_empty(), "dropped for non-sctp");
+        r.private_ip = Some("10.10.0.1".parse().unwrap());
+        assert_eq!(r.observable().private_ip, None, "never listed");
         assert_eq!(rule(Protocol::Tcp).observable().inactive_timeout, 240);
         assert_eq!(rule(Protocol::Sctp).observable().inactive_timeout, 240);
         let mut s = rule(Protocol::Sctp);

@@ -275,6 +275,8 @@ pub fn plan_rules(
                     // Set by the controller, which knows whether BGP is on and the pool's
                     // choice.
                     bgp: false,
+                    // Set by the controller from `--privateCIDR`.
+                    private_ip: None,
                 }
                 .normalized(),
             );

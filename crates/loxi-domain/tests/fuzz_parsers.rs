@@ -24,10 +24,14 @@ use loxi_domain::duration::parse_duration;
 use loxi_domain::intent::{
     ANN_EP_SELECT, ANN_LB_MODE, ANN_LIVENESS, ANN_MULTUS_NETS, ANN_NODE_LABEL, ANN_PREF_LOCAL_POD,
     ANN_PRIO_WEIGHTS, ANN_PROBE_PORT, ANN_PROBE_REQ, ANN_PROBE_RESP, ANN_PROBE_RETRIES,
-    ANN_PROBE_TIMEOUT, ANN_PROBE_TYPE, ANN_PROXY_PROTOCOL_V2, ANN_TIMEOUT, ANN_USE_POD_NETWORK,
+    ANN_PROBE_TIMEOUT, ANN_PROBE_TYPE, ANN_PROXY_PROTOCOL_V2, ANN_TIMEOUT,
+    ANN_USE_EXTERNAL_ENDPOINT, ANN_USE_POD_NETWORK,
 };
 use loxi_domain::inventory::{Document, Inventory};
 use loxi_domain::ipam::{AddressBlock, Family, PortProto};
+use loxi_domain::mtls::{
+    ANN_MTLS_BACKEND_VERIFY, ANN_MTLS_FRONTEND_MODE, ANN_MTLS_FRONTEND_SECRET,
+};
 use loxi_domain::pools::{PoolSpec, RawRequirement, RawSelector, validate_pool};
 use loxi_domain::{Defaults, NatMode, parse_intent};
 use proptest::prelude::*;
@@ -185,6 +189,10 @@ const ANNOTATIONS: &[&str] = &[
     ANN_NODE_LABEL,
     ANN_PREF_LOCAL_POD,
     ANN_PROXY_PROTOCOL_V2,
+    ANN_USE_EXTERNAL_ENDPOINT,
+    ANN_MTLS_FRONTEND_MODE,
+    ANN_MTLS_FRONTEND_SECRET,
+    ANN_MTLS_BACKEND_VERIFY,
     ANN_POOL_SELECT,
     ANN_IPAM,
     ANN_STATIC_IP,

@@ -33,6 +33,7 @@ pub fn to_entry(rule: &Rule) -> LoadbalanceEntry {
             inactive_timeout: rule.inactive_timeout,
             proxyprotocolv2: rule.proxy_protocol_v2,
             bgp: rule.bgp,
+            private_ip: rule.private_ip.as_ref().map(ip_text).unwrap_or_default(),
             ..Default::default()
         },
         endpoints: rule
@@ -150,6 +151,8 @@ pub fn from_entry(entry: &LoadbalanceEntry) -> Option<Rule> {
             allowed_sources,
             secondary_ips,
             bgp: sa.bgp,
+            // Never listed (docs/loxilb-api.md#listing-rules); read when present.
+            private_ip: sa.private_ip.parse().ok(),
         }
         .normalized(),
     )
@@ -215,6 +218,7 @@ mod tests {
             allowed_sources: vec!["10.0.0.0/8".parse().unwrap()],
             secondary_ips: vec!["192.0.2.20".parse().unwrap(), "192.0.2.30".parse().unwrap()],
             bgp: true,
+            private_ip: Some("10.10.0.1".parse().unwrap()),
         }
     }
 
@@ -242,6 +246,7 @@ mod tests {
             allowed_sources: vec![],
             secondary_ips: vec![],
             bgp: false,
+            private_ip: None,
         };
         assert_eq!(from_entry(&to_entry(&rule)), Some(rule));
         let full = full_rule();
@@ -278,11 +283,14 @@ mod tests {
             v["allowedSources"],
             serde_json::json!([{"prefix": "10.0.0.0/8"}])
         );
-        // The default probe type is not sent at all.
+        assert_eq!(v["serviceArguments"]["privateIP"], "10.10.0.1");
+        // The default probe type is not sent at all, nor an absent private address.
         let mut plain = full_rule();
         plain.probe = Probe::default();
+        plain.private_ip = None;
         let v = serde_json::to_value(to_entry(&plain)).unwrap();
         assert!(v["serviceArguments"].get("probetype").is_none());
+        assert!(v["serviceArguments"].get("privateIP").is_none());
         assert_eq!(v["serviceArguments"]["probeport"], 0);
     }
 

@@ -71,6 +71,7 @@ fn tcp_rule(vip: &str, port: u16, name: &str, endpoints: Vec<Endpoint>) -> Rule 
         allowed_sources: vec![],
         secondary_ips: vec![],
         bgp: false,
+        private_ip: None,
     }
 }
 
@@ -167,6 +168,7 @@ async fn apply_creates_rule_with_exact_fields() {
         secondary_ips: vec![],
         allowed_sources: vec![],
         index: 1,
+        private_ip: None,
     };
     assert_eq!(sim.rules(), vec![expected]);
 }

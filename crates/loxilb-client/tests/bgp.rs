@@ -439,6 +439,7 @@ fn rule_entry(endpoint: &str, bgp: bool) -> LoadbalanceEntry {
         allowed_sources: vec![],
         secondary_ips: vec![],
         bgp: false,
+        private_ip: None,
     });
     entry.service_arguments.bgp = bgp;
     entry

@@ -203,6 +203,7 @@ fn minimal() -> LoadbalanceEntry {
         allowed_sources: vec![],
         secondary_ips: vec![],
         bgp: false,
+        private_ip: None,
     })
 }
 

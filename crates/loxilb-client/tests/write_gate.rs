@@ -34,6 +34,7 @@ fn rule() -> Rule {
         allowed_sources: Vec::new(),
         secondary_ips: Vec::new(),
         bgp: false,
+        private_ip: None,
     }
 }
 

@@ -62,6 +62,9 @@ pub struct SimRule {
     pub allowed_sources: Vec<String>,
     /// Internal rule index (1..=max_rules).
     pub index: u32,
+    /// `privateIP` as stored at creation. loxilb never returns it over the API; the
+    /// simulator shows it here so tests can see what a controller sent.
+    pub private_ip: Option<String>,
 }
 
 /// Rule identity (docs/loxilb-api.md#rule-identity).
@@ -138,8 +141,7 @@ struct StoredRule {
     proberesp: String,
     probe_timeout: u32,
     probe_retries: i32,
-    /// Kept like loxilb does, never returned by GET.
-    #[allow(dead_code)]
+    /// Kept like loxilb does, never returned by GET (only in [`SimRule`]).
     private_ip: Option<IpAddr>,
     endpoints: Vec<StoredEp>,
     secondary_ips: Vec<IpAddr>,
@@ -213,6 +215,7 @@ impl StoredRule {
                 .collect(),
             secondary_ips: self.secondary_ips.iter().map(ToString::to_string).collect(),
             allowed_sources: self.allowed_sources.clone(),
+            private_ip: self.private_ip.map(|ip| ip.to_string()),
             index: self.index,
         }
     }

@@ -521,3 +521,32 @@ async fn core_argument_errors() {
     );
     assert!(env.find("2001:db8::10", 80).await.is_some());
 }
+
+/// `privateIP` (`--privateCIDR`): parsed, stored at creation, never updated (a change alone
+/// is 409 and not applied) and never listed (docs/loxilb-api.md#rule-fields).
+#[tokio::test]
+async fn private_ip_is_set_at_creation_only_and_never_listed() {
+    let env = start().await;
+    let mut body = tcp_rule("192.168.10.100", 80, &["10.0.0.11"]);
+    body["serviceArguments"]["privateIP"] = json!("10.10.0.1");
+    assert_success(&env.post_lb(&body).await);
+    let stored = |env: &Env| env.sim.rules()[0].private_ip.clone();
+    assert_eq!(stored(&env).as_deref(), Some("10.10.0.1"));
+    let listed = env.find("192.168.10.100", 80).await.unwrap();
+    assert!(listed["serviceArguments"].get("privateIP").is_none());
+    body["serviceArguments"]["privateIP"] = json!("10.10.0.2");
+    assert_handler_error(&env.post_lb(&body).await, 409, "lbrule-exists error");
+    assert_eq!(stored(&env).as_deref(), Some("10.10.0.1"));
+    // With an endpoint change the endpoints are updated, the private address is not.
+    body["endpoints"] = endpoints(&["10.0.0.12"], 8080);
+    assert_success(&env.post_lb(&body).await);
+    assert_eq!(stored(&env).as_deref(), Some("10.10.0.1"));
+    let mut bad = tcp_rule("192.168.10.101", 80, &["10.0.0.11"]);
+    bad["serviceArguments"]["privateIP"] = json!("10.10.0");
+    assert_handler_error(
+        &env.post_lb(&bad).await,
+        400,
+        "malformed-service privateIP error",
+    );
+    assert_eq!(env.sim.rules().len(), 1);
+}

@@ -145,6 +145,7 @@ pub async fn snapshot(client: &kube::Client, cfg: &Config) -> anyhow::Result<Sna
             advertise: cfg.bgp.is_some(),
             zone: cfg.zone.clone(),
             zone_instances: cfg.zone_instances,
+            private_ip: cfg.private_ip,
         },
         services,
         nodes: nodes.iter().map(node_view).collect(),

@@ -475,6 +475,31 @@ pub struct ServiceArgs {
     )]
     pub use_pod_network: bool,
 
+    /// The private address every rule carries as loxilb's privateIP, for clouds where the VIP
+    /// is an elastic IP translated to the loxilb instance's own address: written as a CIDR,
+    /// the address in it is used (10.10.0.1 of 10.10.0.1/24), or as a bare address. Not for
+    /// Services that name their address (loxilb.io/staticIP, spec.loadBalancerIP), nor for
+    /// VIPs of the other IP family. loxilb sets it only when a rule is created.
+    /// docs/configuration.md#private-addresses (kube-loxilb: --privateCIDR)
+    #[arg(
+        long = "private-cidr",
+        alias = "privateCIDR",
+        env = "LOXI_CCM_PRIVATE_CIDR"
+    )]
+    pub private_cidr: Option<String>,
+
+    /// Share rules with other controllers or clusters on the same loxilb: endpoints are added
+    /// to a rule with loxilb's attach and taken off with detach, so a rule on the same
+    /// address, port and protocol holds everyone's endpoints; a rule is never deleted
+    /// outright (loxilb drops it with its last endpoint) and the drift check compares only
+    /// this controller's endpoints. docs/configuration.md#shared-rules (kube-loxilb: --appendEPs)
+    #[arg(
+        long = "append-endpoints",
+        alias = "appendEPs",
+        env = "LOXI_CCM_APPEND_ENDPOINTS"
+    )]
+    pub append_endpoints: bool,
+
     /// Watch Pod metadata to read Multus' k8s.v1.cni.cncf.io/network-status, so Services with
     /// loxilb.io/multus-nets forward to the pods' secondary-network addresses. Off by default:
     /// it keeps every Pod's metadata in memory.
@@ -671,6 +696,7 @@ const GO_BOOLS: &[&str] = &[
     "ccm_mode",
     "monitor",
     "use_pod_network",
+    "append_endpoints",
     "multus",
     "loxilb_insecure_skip_tls_verify",
 ];

@@ -32,17 +32,17 @@ pub(super) const LEGACY_KEYS: &[(&str, &[&str])] = &[
     ("lb_mode", &["setLBMode"]),
     ("monitor", &["monitor"]),
     ("use_pod_network", &["usePodNetwork"]),
+    ("private_cidr", &["privateCIDR"]),
+    ("append_endpoints", &["appendEPs"]),
     ("load_balancer_class", &["loxilbLoadBalancerClass"]),
 ];
 
 /// kube-loxilb settings (flags and config-file keys) whose feature loxi-ccm does not have
 /// yet. Refused with an explanation rather than ignored: silently dropping e.g.
-/// `privateCIDR` would change what loxilb is told. What each did and what to do meanwhile:
+/// `externalSecondaryCIDRs6` would change which addresses Services get. What each did and what to do meanwhile:
 /// [`NOT_YET_SUPPORTED_DOC`].
 pub const NOT_YET_SUPPORTED: &[&str] = &[
     "externalSecondaryCIDRs6",
-    "privateCIDR",
-    "appendEPs",
     "gatewayAPI",
     "loxilbGatewayClass",
 ];

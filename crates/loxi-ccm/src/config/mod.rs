@@ -127,6 +127,10 @@ pub struct Config {
     /// `allowedSources` (docs/configuration.md#source-ranges).
     pub source_ranges_firewall: bool,
     pub cluster_id: Option<ClusterId>,
+    /// `--privateCIDR`: the rules' `privateIP` (docs/configuration.md#private-addresses).
+    pub private_ip: Option<std::net::IpAddr>,
+    /// `--appendEPs`: rules shared with other controllers (docs/configuration.md#shared-rules).
+    pub append_endpoints: bool,
     pub namespace: Option<String>,
     pub health_interval: Duration,
     pub drift_interval: Duration,
@@ -287,6 +291,8 @@ impl Config {
             enforce_source_ranges: args.services.source_ranges != "ignore",
             source_ranges_firewall: args.services.source_ranges == "firewall",
             cluster_id: services.cluster_id,
+            private_ip: services.private_ip,
+            append_endpoints: args.services.append_endpoints,
             namespace: args.services.namespace.clone(),
             health_interval: args.loxilb_api.health_interval,
             drift_interval: args.loxilb_api.drift_interval,
@@ -366,6 +372,7 @@ mod tests {
     }
 
     const BASE: &[&str] = &["--loxilb-url=http://127.0.0.1:11111"];
+    const POOL: &[&str] = &["--external-cidr=192.0.2.0/24"];
 
     #[test]
     fn precedence_flag_then_env_then_file_then_default() {
@@ -473,10 +480,8 @@ mod tests {
     #[test]
     fn unsupported_kube_loxilb_flags_name_the_docs_section() {
         for (argv, flag) in [
-            (vec!["--privateCIDR=10.10.0.0/16"], "privateCIDR"),
-            (vec!["--privateCIDR", "10.10.0.0/16"], "privateCIDR"),
-            (vec!["--appendEPs"], "appendEPs"),
-            (vec!["--appendEPs=true"], "appendEPs"),
+            (vec!["--gatewayAPI"], "gatewayAPI"),
+            (vec!["--loxilbGatewayClass=loxilb"], "loxilbGatewayClass"),
             (
                 vec!["--externalSecondaryCIDRs6=2001:db8::/64"],
                 "externalSecondaryCIDRs6",
@@ -493,7 +498,15 @@ mod tests {
                 "{argv:?}"
             );
         }
-        let checked = load(["loxi-ccm", "check", "--appendEPs", BASE[0]], &env_of(&[]));
+        let checked = load(
+            [
+                "loxi-ccm",
+                "check",
+                "--externalSecondaryCIDRs6=2001:db8::/64",
+                BASE[0],
+            ],
+            &env_of(&[]),
+        );
         assert!(
             matches!(
                 checked,
@@ -507,6 +520,56 @@ mod tests {
         // Other unknown flags keep clap's message (with its suggestions).
         let e = err(run(&[BASE[0], "--externalCIDRR=10.0.0.0/8"], &env_of(&[])));
         assert!(e.contains("unexpected argument"), "{e}");
+    }
+
+    /// kube-loxilb's `privateCIDR` (refused until issue 28), as a flag, an option and a
+    /// config-file key: the address written in the CIDR.
+    #[test]
+    fn private_cidr_gives_the_rules_private_address() {
+        let address = |flags: &[&str], env: &[(&str, &str)]| {
+            run(&[BASE, POOL, flags].concat(), &env_of(env))
+                .unwrap()
+                .config()
+                .unwrap()
+                .private_ip
+        };
+        let want = Some("10.10.0.1".parse().unwrap());
+        assert_eq!(address(&[], &[]), None);
+        assert_eq!(address(&["--privateCIDR=10.10.0.1/24"], &[]), want);
+        assert_eq!(address(&["--privateCIDR", "10.10.0.1/24"], &[]), want);
+        assert_eq!(address(&["--private-cidr=10.10.0.1"], &[]), want);
+        let file = temp_file("privatecidr", "privateCIDR: 10.10.0.1/24\n");
+        assert_eq!(
+            address(&[], &[("LOXI_CCM_CONFIG", file.to_str().unwrap())]),
+            want
+        );
+        let e = err(run(
+            &[BASE, POOL, &["--privateCIDR=10.10.0.1/40"]].concat(),
+            &env_of(&[]),
+        ));
+        assert!(
+            e.contains("private-cidr") && e.contains("prefix length"),
+            "{e}"
+        );
+    }
+
+    /// kube-loxilb's `appendEPs` (refused until issue 28): a Go-style boolean flag and a key.
+    #[test]
+    fn append_eps_shares_rules() {
+        let on = |flags: &[&str], env: &[(&str, &str)]| {
+            run(&[BASE, POOL, flags].concat(), &env_of(env))
+                .unwrap()
+                .config()
+                .unwrap()
+                .append_endpoints
+        };
+        assert!(!on(&[], &[]));
+        assert!(on(&["--appendEPs"], &[]));
+        assert!(on(&["--appendEPs=true"], &[]));
+        assert!(!on(&["--appendEPs=false"], &[]));
+        assert!(on(&["--append-endpoints"], &[]));
+        let file = temp_file("appendeps", "appendEPs: true\n");
+        assert!(on(&[], &[("LOXI_CCM_CONFIG", file.to_str().unwrap())]));
     }
 
     /// kube-loxilb's `noZoneName`, as a flag and as a config-file key.
@@ -543,7 +606,7 @@ mod tests {
                 file.display()
             )
         );
-        let file = temp_file("unsupported", "privateCIDR: 10.0.0.0/8\n");
+        let file = temp_file("unsupported", "externalSecondaryCIDRs6: 2001:db8::/64\n");
         let e = err(run(
             BASE,
             &env_of(&[("LOXI_CCM_CONFIG", file.to_str().unwrap())]),
@@ -551,7 +614,8 @@ mod tests {
         assert_eq!(
             e,
             format!(
-                "config file {}: key \"privateCIDR\": kube-loxilb's privateCIDR is not \
+                "config file {}: key \"externalSecondaryCIDRs6\": kube-loxilb's \
+                 externalSecondaryCIDRs6 is not \
                  supported by loxi-ccm yet: remove it (docs/migration.md#what-is-not-supported-yet \
                  says what it did and what to do instead)",
                 file.display()

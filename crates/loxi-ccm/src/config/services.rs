@@ -13,6 +13,8 @@ pub(super) struct ServiceSettings {
     pub(super) controller: ControllerName,
     pub(super) defaults: Defaults,
     pub(super) cluster_id: Option<ClusterId>,
+    /// `--privateCIDR`: the rules' `privateIP`.
+    pub(super) private_ip: Option<std::net::IpAddr>,
 }
 
 pub(super) fn service_settings(
@@ -44,8 +46,16 @@ pub(super) fn service_settings(
     if args.concurrency == 0 {
         return Err(origins.invalid_value("concurrency", "0", "must be at least 1"));
     }
+    let private_ip = match args.private_cidr.as_deref() {
+        Some(v) if !v.trim().is_empty() => Some(
+            loxi_domain::private_address::parse_private_cidr(v)
+                .map_err(|why| origins.invalid_value("private_cidr", v, &why))?,
+        ),
+        _ => None,
+    };
     Ok(ServiceSettings {
         controller: controller_name(args, origins)?,
+        private_ip,
         defaults: Defaults {
             mode,
             monitor: args.monitor,

@@ -173,7 +173,11 @@ enum Sent {
 
 /// Tells the window how long loxilb took. A write that never reached it (refused
 /// connection, TLS) says nothing about loxilb's speed: its room just goes back.
-fn answered<T>(turn: super::window::Turn<'_>, kind: WriteKind, result: &Result<T, ClientError>) {
+pub(super) fn answered<T>(
+    turn: super::window::Turn<'_>,
+    kind: WriteKind,
+    result: &Result<T, ClientError>,
+) {
     match result {
         Err(ClientError::Unreachable { .. } | ClientError::Tls { .. }) => drop(turn),
         _ => turn.answered(kind),
@@ -280,6 +284,11 @@ impl Instance {
         metrics: &Metrics,
         requeue: Option<&Requeue>,
     ) -> Result<ApplyReport, ClientError> {
+        if self.appends_endpoints() {
+            return self
+                .apply_service_shared(namespace, name, desired, metrics)
+                .await;
+        }
         let in_scope = |rule: &Rule| {
             RuleName::parse(&rule.name).is_some_and(|n| {
                 n.cluster == cluster.as_str() && n.namespace == namespace && n.service == name
@@ -745,6 +754,9 @@ impl Instance {
     ) -> Result<ApplyReport, ClientError> {
         if !h.known {
             self.refresh(h, metrics).await?;
+        }
+        if self.appends_endpoints() {
+            return self.converge_shared(h, desired, metrics).await;
         }
         let mut report = ApplyReport::default();
         let (mut deletes, mut changes, mut creates) =

@@ -23,6 +23,8 @@ struct FleetInner {
     capacity: AtomicUsize,
     parallel_calls: AtomicUsize,
     write_window: AtomicUsize,
+    /// `--appendEPs`, for the instances there and those that join.
+    append_endpoints: std::sync::atomic::AtomicBool,
 }
 
 /// One loxilb of the fleet as its sources name it: its group and its API URL.
@@ -95,6 +97,7 @@ impl Fleet {
                 capacity: AtomicUsize::new(capacity.max(1)),
                 parallel_calls: AtomicUsize::new(DEFAULT_PARALLEL_CALLS),
                 write_window: AtomicUsize::new(DEFAULT_WRITE_WINDOW),
+                append_endpoints: std::sync::atomic::AtomicBool::new(false),
             }),
         };
         fleet.set_capacity(capacity);
@@ -162,6 +165,7 @@ impl Fleet {
                 Ordering::Relaxed,
             );
             inst.set_write_window(self.inner.write_window.load(Ordering::Relaxed));
+            inst.set_append_endpoints(self.inner.append_endpoints.load(Ordering::Relaxed));
             changed.joined.push(url.clone());
             next.push(Arc::new(inst));
         }
@@ -194,6 +198,15 @@ impl Fleet {
         self.inner.write_window.store(max.max(1), Ordering::Relaxed);
         for inst in self.instances().iter() {
             inst.set_write_window(max);
+        }
+    }
+
+    /// `--appendEPs`: rules shared with other controllers (`shared.rs`), on every instance
+    /// and on those that join.
+    pub fn set_append_endpoints(&self, on: bool) {
+        self.inner.append_endpoints.store(on, Ordering::Relaxed);
+        for inst in self.instances().iter() {
+            inst.set_append_endpoints(on);
         }
     }
 

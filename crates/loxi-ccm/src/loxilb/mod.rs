@@ -61,6 +61,7 @@ pub mod probe;
 pub mod queues;
 mod roles;
 mod rules;
+mod shared;
 mod window;
 
 pub use members::{Fleet, Group, Member, MembersChanged};
@@ -284,6 +285,8 @@ pub struct Instance {
     window: window::Window,
     /// The firewall rules of ours it holds (`firewall.rs`, `--source-ranges=firewall`).
     firewall: Mutex<firewall::FwBook>,
+    /// `--appendEPs`: rules shared with other controllers, and what we attached (`shared.rs`).
+    shared: shared::SharedRules,
 }
 
 /// The outcome of applying rules to one instance. Only transport failures (the instance is
@@ -345,6 +348,7 @@ impl Instance {
                 client_timeout,
             )),
             firewall: Mutex::default(),
+            shared: shared::SharedRules::default(),
         }
     }
 
@@ -473,6 +477,7 @@ mod tests {
             allowed_sources: sources.iter().map(|s| s.parse().unwrap()).collect(),
             secondary_ips: vec![],
             bgp: false,
+            private_ip: None,
         }
     }
 

@@ -109,6 +109,7 @@ pub async fn run(
     let instances = Instances::with_capacity(clients, cfg.loxilb_max_rules, &cluster);
     instances.set_parallel_calls(usize::from(cfg.concurrency));
     instances.set_write_window(cfg.loxilb_write_window);
+    instances.set_append_endpoints(cfg.append_endpoints);
 
     // One stop signal for the reconcile loop: the caller's shutdown or a lost leadership.
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -230,6 +231,7 @@ pub async fn run(
             advertise: cfg.bgp.is_some(),
             zone: cfg.zone.clone(),
             zone_instances: cfg.zone_instances,
+            private_ip: cfg.private_ip,
         },
         selection,
         kube: client,

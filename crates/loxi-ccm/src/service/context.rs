@@ -41,6 +41,8 @@ pub struct Settings {
     pub zone: String,
     /// HA instances per group (`--num-zone-instances`): `<group>-inst0`, ...
     pub zone_instances: u16,
+    /// `--privateCIDR`: the `privateIP` of the rules (`loxi_domain::private_address`).
+    pub private_ip: Option<std::net::IpAddr>,
 }
 
 impl Default for Settings {
@@ -54,6 +56,7 @@ impl Default for Settings {
             advertise: false,
             zone: loxi_domain::roles::DEFAULT_ZONE.to_string(),
             zone_instances: 1,
+            private_ip: None,
         }
     }
 }

@@ -10,6 +10,7 @@ use loxi_domain::ingress::IngressMode;
 use loxi_domain::naming::{DEFAULT_INSTANCE, RuleName};
 use loxi_domain::placement::PlacementError;
 use loxi_domain::plan::Plan;
+use loxi_domain::private_address::private_ip_for;
 use loxi_domain::roles::{UnknownInstance, ZONE_INSTANCE_ANNOTATION, parse_instance};
 use loxi_domain::{
     AnnotationError, ClusterId, EndpointView, NodeView, PlanError, TrafficPolicy, parse_intent,
@@ -126,6 +127,16 @@ pub fn plan_from(
         // Per pool: a pool with `bgpAdvertise: false` keeps its addresses unannounced.
         for rule in &mut plan.rules {
             rule.bgp = advertises(&rule.key.ip);
+        }
+    }
+    if settings.private_ip.is_some() {
+        let lb_ip = svc
+            .spec
+            .as_ref()
+            .and_then(|s| s.load_balancer_ip.as_deref());
+        for rule in &mut plan.rules {
+            rule.private_ip =
+                private_ip_for(settings.private_ip, svc.annotations(), lb_ip, rule.key.ip);
         }
     }
     if ha_instance != DEFAULT_INSTANCE {
