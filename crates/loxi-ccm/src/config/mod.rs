@@ -169,6 +169,9 @@ pub struct Config {
     pub fleet_record: (String, String),
     /// `--bgp-crds`: serve kube-loxilb's BGP custom resources (only with `bgp`).
     pub bgp_crds: bool,
+    /// `--gateway-api`: the GatewayClass controllerName served (`--loxilb-gateway-class`);
+    /// `None`: the Gateway API is not served.
+    pub gateway_class: Option<String>,
 }
 
 /// Where the loxilb token comes from.
@@ -308,6 +311,7 @@ impl Config {
             ha_bgp_hold: args.ha.ha_bgp_hold,
             roles_record: (record_namespace.clone(), format!("{lease_name}-ha-roles")),
             bgp_crds: args.bgp.bgp_crds,
+            gateway_class: services::gateway_class(&args.gateway, origins)?,
         })
     }
 }
