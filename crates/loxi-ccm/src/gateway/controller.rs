@@ -10,7 +10,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::Api;
 use kube::runtime::reflector::{self, Store, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use super::pass::Pass;
 use super::types::{Gateway, GatewayClass, ReferenceGrant, TCPRoute, UDPRoute};
@@ -98,15 +98,6 @@ pub async fn run(settings: Settings, handles: Handles) {
     let pass = Pass::new(settings.clone(), handles.clone(), stores.clone());
     // The address index must be rebuilt from the claims before anything is claimed.
     handles.gate.wait_ready().await;
-    for (kind, ready) in [
-        ("GatewayClass", stores.classes.wait_until_ready().boxed()),
-        ("Gateway", stores.gateways.wait_until_ready().boxed()),
-    ] {
-        if ready.await.is_err() {
-            warn!(kind, "Gateway API watch ended before its first listing");
-            return;
-        }
-    }
     info!(controller = %settings.controller_name, "Gateway API controller started");
     let mut tick = tokio::time::interval(settings.resync);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -122,7 +113,15 @@ pub async fn run(settings: Settings, handles: Handles) {
                 while let Some(Some(())) = changes.next().now_or_never() {}
             }
         }
-        if !*handles.gate.leader().borrow() {
+        // Nothing is decided from a Gateway or class store before its first listing (a
+        // Gateway missing from it would look deleted); the watches are polled meanwhile.
+        let listed = |ready: Option<Result<(), reflector::store::WriterDropped>>| {
+            matches!(ready, Some(Ok(())))
+        };
+        if !*handles.gate.leader().borrow()
+            || !listed(stores.classes.wait_until_ready().now_or_never())
+            || !listed(stores.gateways.wait_until_ready().now_or_never())
+        {
             continue;
         }
         pass.run().await;
