@@ -142,7 +142,7 @@ mod tests {
         let a = json!({"conditions": [{"type": "Accepted", "lastTransitionTime": "2020-01-01T00:00:00Z"}]});
         let b = json!({"conditions": [{"type": "Accepted", "lastTransitionTime": "2021-01-01T00:00:00Z"}]});
         let c = json!({"conditions": [{"type": "Accepted", "status": "False"}]});
-        assert!(same_parents(&[a.clone()], &[b]));
+        assert!(same_parents(std::slice::from_ref(&a), &[b]));
         assert!(!same_parents(&[a], &[c]));
     }
 
