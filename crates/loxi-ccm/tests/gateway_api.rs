@@ -7,6 +7,8 @@
 
 mod common;
 
+use std::process::Command;
+
 use common::{Options, WAIT, World, install_gateway_api_crds, wait_for};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -157,14 +159,22 @@ async fn programmed_address(w: &World, tcp_routes: i64, udp_routes: i64) -> Stri
     .await
 }
 
-#[tokio::test]
-async fn gateway_with_tcp_and_udp_routes_from_two_namespaces() {
-    install_gateway_api_crds(
-        &common::control_plane().admin_client().await.unwrap(),
-        Channel::Standard,
-    )
-    .await;
-    let opts = Options {
+/// A world whose controller serves the Gateway API, with the CRDs of `channel` installed
+/// (while this test holds the binary's lock) before that controller starts.
+async fn gateway_world(name: &str, channel: Channel, opts: Options) -> World {
+    let plain = Options {
+        extra_args: Vec::new(),
+        ..opts.clone()
+    };
+    let mut w = World::with(name, plain).await;
+    install_gateway_api_crds(&w.client, channel).await;
+    w.stop_controller().await;
+    w.start_controller(&opts).await;
+    w
+}
+
+fn gateway_options() -> Options {
+    Options {
         // The Gateway controller's resync is the drift interval: a loxilb restart is
         // repaired within it.
         drift: "2s",
@@ -173,8 +183,13 @@ async fn gateway_with_tcp_and_udp_routes_from_two_namespaces() {
             format!("--loxilbGatewayClass={CONTROLLER}"),
         ],
         ..Options::default()
-    };
-    let mut w = World::with("gwapi", opts.clone()).await;
+    }
+}
+
+#[tokio::test]
+async fn gateway_with_tcp_and_udp_routes_from_two_namespaces() {
+    let opts = gateway_options();
+    let mut w = gateway_world("gwapi", Channel::Standard, opts.clone()).await;
     let ns = w.ns.clone();
     let other = format!("{ns}-other");
     let namespaces: Api<Namespace> = Api::all(w.client.clone());
@@ -484,4 +499,136 @@ async fn gateway_with_tcp_and_udp_routes_from_two_namespaces() {
         .delete(&class, &DeleteParams::default())
         .await;
     let _ = namespaces.delete(&other, &DeleteParams::default()).await;
+}
+
+/// The shipped RBAC (deploy/ and deploy/optional/gateway-api-rbac.yaml, as `kubectl apply`
+/// takes them) is all the Gateway controller needs: it runs with the shipped
+/// ServiceAccount's token, here on the experimental channel's CRDs (their v1 kinds).
+#[tokio::test]
+async fn the_shipped_rbac_serves_a_gateway_on_the_experimental_channel() {
+    let opts = Options {
+        leader_elect: false,
+        ..gateway_options()
+    };
+    let mut w = gateway_world("gwrbac", Channel::Experimental, opts.clone()).await;
+    let cp = common::control_plane();
+    let kubectl = cp.k8s_bin_dir().join("kubectl");
+    let deploy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy");
+    for file in [
+        deploy.clone(),
+        deploy.join("optional/gateway-api-rbac.yaml"),
+    ] {
+        let out = Command::new(&kubectl)
+            .arg("--kubeconfig")
+            .arg(cp.kubeconfig_path())
+            .args(["apply", "--validate=strict", "-f"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let out = Command::new(&kubectl)
+        .arg("--kubeconfig")
+        .arg(cp.kubeconfig_path())
+        .args(["-n", "kube-system", "create", "token", "loxi-ccm"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sa_kc = cp.dir().join("gateway-sa.kubeconfig");
+    cp.write_kubeconfig(&sa_kc, String::from_utf8(out.stdout).unwrap().trim())
+        .unwrap();
+    let sa_client = cp.client_for_kubeconfig(&sa_kc).await.unwrap();
+    w.stop_controller().await;
+    w.controller = Some(w.spawn_controller_with(sa_client, &opts));
+
+    let ns = w.ns.clone();
+    backend_service(&w, "echo", ("tcp", 7000, "TCP")).await;
+    Api::<EndpointSlice>::namespaced(w.client.clone(), &ns)
+        .create(
+            &PostParams::default(),
+            &slice(
+                "echo-1",
+                "echo",
+                ("tcp", 7007, "TCP"),
+                &[("10.244.2.1", true)],
+            ),
+        )
+        .await
+        .unwrap();
+    let class = format!("loxilb-rbac-{}", std::process::id());
+    create(
+        &w,
+        None,
+        "GatewayClass",
+        json!({"metadata": {"name": class}, "spec": {"controllerName": CONTROLLER}}),
+    )
+    .await;
+    create(
+        &w,
+        Some(&ns),
+        "Gateway",
+        json!({
+            "metadata": {"name": "gw"},
+            "spec": {
+                "gatewayClassName": class,
+                "listeners": [
+                    {"name": "tcp", "port": 7000, "protocol": "TCP"},
+                    {"name": "udp", "port": 7001, "protocol": "UDP"}
+                ]
+            }
+        }),
+    )
+    .await;
+    create(
+        &w,
+        Some(&ns),
+        "TCPRoute",
+        json!({
+            "metadata": {"name": "echo"},
+            "spec": {
+                "parentRefs": [{"name": "gw", "sectionName": "tcp"}],
+                "rules": [{"backendRefs": [{"name": "echo", "port": 7000}]}]
+            }
+        }),
+    )
+    .await;
+    let ip = programmed_address(&w, 1, 0).await;
+    let want = vec![(
+        7000u16,
+        "tcp".to_string(),
+        vec!["10.244.2.1:7007".to_string()],
+    )];
+    wait_for("the rule", WAIT, || async {
+        (w.rules_for(&ip) == want).then_some(())
+    })
+    .await;
+    wait_for("the route accepted", WAIT, || async {
+        (route_verdict(&w, &ns, "TCPRoute", "echo").await?
+            == (pair("True", "Accepted"), pair("True", "ResolvedRefs")))
+            .then_some(())
+    })
+    .await;
+    api(&w, Some(&ns), "Gateway")
+        .delete("gw", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("Gateway gone", WAIT, || async {
+        get(&w, Some(&ns), "Gateway", "gw")
+            .await
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert!(w.rules_for(&ip).is_empty());
+    let _ = api(&w, None, "GatewayClass")
+        .delete(&class, &DeleteParams::default())
+        .await;
 }

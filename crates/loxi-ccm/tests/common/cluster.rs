@@ -99,6 +99,7 @@ pub async fn install_gateway_api_crds(
             crds.replace(&name, &PostParams::default(), &crd)
                 .await
                 .unwrap_or_else(|e| panic!("CRD {name} refused: {e}"));
+            crd.metadata.resource_version = None;
         }
         install_crd(client, &crd).await;
     }
