@@ -406,6 +406,21 @@ async fn gateway_with_tcp_and_udp_routes_from_two_namespaces() {
         )
         .await;
     }
+    // The refused route also gets a Warning Event naming the reason (once, in its namespace).
+    wait_for("a Warning Event on the refused route", WAIT, || async {
+        let events: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(w.client.clone(), &other);
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items
+            .iter()
+            .any(|e| {
+                e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("intruder")
+                    && e.type_.as_deref() == Some("Warning")
+                    && e.reason.as_deref() == Some("NotAllowedByListeners")
+            })
+            .then_some(())
+    })
+    .await;
     // The address is a durable claim with the Gateway as its owner.
     let claims = w.claims().await;
     let claim = claims

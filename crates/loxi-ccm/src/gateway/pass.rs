@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::{
-    LoadBalancerIngress, LoadBalancerStatus, Service, ServiceSpec, ServiceStatus,
+    LoadBalancerIngress, LoadBalancerStatus, ObjectReference, Service, ServiceSpec, ServiceStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, Patch, PatchParams};
@@ -39,12 +39,24 @@ struct Route {
     namespace: String,
     name: String,
     generation: Option<i64>,
+    uid: Option<String>,
     spec: L4RouteSpec,
     /// `status.parents` as read (every controller's).
     parents: Vec<Value>,
 }
 
 impl Route {
+    fn object_ref(&self) -> ObjectReference {
+        ObjectReference {
+            api_version: Some(format!("{GROUP}/v1")),
+            kind: Some(self.kind.kind().to_string()),
+            namespace: Some(self.namespace.clone()),
+            name: Some(self.name.clone()),
+            uid: self.uid.clone(),
+            ..ObjectReference::default()
+        }
+    }
+
     fn api(&self, client: &kube::Client) -> Api<kube::api::DynamicObject> {
         let resource = kube::api::ApiResource {
             group: GROUP.into(),
@@ -165,6 +177,7 @@ impl Pass {
             namespace: r.namespace().unwrap_or_default(),
             name: r.name_any(),
             generation: r.meta().generation,
+            uid: r.uid(),
             spec: r.spec.l4.clone(),
             parents: r.status.clone().unwrap_or_default().parents,
         });
@@ -173,6 +186,7 @@ impl Pass {
             namespace: r.namespace().unwrap_or_default(),
             name: r.name_any(),
             generation: r.meta().generation,
+            uid: r.uid(),
             spec: r.spec.l4.clone(),
             parents: r.status.clone().unwrap_or_default().parents,
         });
@@ -300,6 +314,9 @@ impl Pass {
                 let mut want = vec![accepted, resolved_refs];
                 let have =
                     our_conditions(&route.parents, &parent_json, &self.settings.controller_name);
+                for c in want.iter().filter(|c| c.status == "False") {
+                    self.warn_once(route.object_ref(), &have, &c.reason, &c.message);
+                }
                 stamp_all(&mut want, &have, route.generation, &now());
                 entries
                     .entry((route.kind, route.namespace.clone(), route.name.clone()))
@@ -312,6 +329,11 @@ impl Pass {
             }
         }
         let valid = verdicts.iter().filter(|v| v.usable()).count();
+        let shown = gw
+            .status
+            .as_ref()
+            .map(|s| s.conditions.clone())
+            .unwrap_or_default();
         let address = requested_address(gw);
         let (addresses, programmed) = match &address {
             Err(message) => (
@@ -341,7 +363,7 @@ impl Pass {
                     (held.addresses.clone(), self.apply(&ns, &name, &rules).await)
                 }
                 Err(EnsureError::Problem(p)) => {
-                    self.warn(gw, p.reason(), &p.to_string());
+                    self.warn_once(gw.object_ref(&()), &shown, p.reason(), &p.to_string());
                     (
                         Vec::new(),
                         Programmed::No {
@@ -361,7 +383,7 @@ impl Pass {
         };
         let accepted = match (&address, valid) {
             (Err(message), _) => {
-                self.warn(gw, "UnsupportedAddress", message);
+                self.warn_once(gw.object_ref(&()), &shown, "UnsupportedAddress", message);
                 condition("Accepted", false, "UnsupportedAddress", message.clone())
             }
             (Ok(_), 0) => condition(
@@ -676,7 +698,22 @@ impl Pass {
         .map(|_| ())
     }
 
-    fn warn(&self, gw: &Gateway, reason: &str, message: &str) {
+    /// A Warning Event about bad input, once: not again while the object's status already
+    /// shows the problem (`shown`: a False condition with the same message), so a pass
+    /// every few seconds does not repeat it.
+    fn warn_once(
+        &self,
+        regarding: ObjectReference,
+        shown: &[Condition],
+        reason: &str,
+        message: &str,
+    ) {
+        if shown
+            .iter()
+            .any(|c| c.status == "False" && c.message == message)
+        {
+            return;
+        }
         self.h.recorder.publish(
             Event {
                 type_: EventType::Warning,
@@ -685,7 +722,7 @@ impl Pass {
                 action: "Reconcile".to_string(),
                 secondary: None,
             },
-            gw.object_ref(&()),
+            regarding,
         );
     }
 }
