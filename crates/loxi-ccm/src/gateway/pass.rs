@@ -40,6 +40,9 @@ struct Route {
     name: String,
     generation: Option<i64>,
     uid: Option<String>,
+    /// As read: our status write carries it, so a concurrent write of another controller's
+    /// entry is never overwritten (409, tried again at the next pass).
+    resource_version: Option<String>,
     spec: L4RouteSpec,
     /// `status.parents` as read (every controller's).
     parents: Vec<Value>,
@@ -178,6 +181,7 @@ impl Pass {
             name: r.name_any(),
             generation: r.meta().generation,
             uid: r.uid(),
+            resource_version: r.resource_version(),
             spec: r.spec.l4.clone(),
             parents: r.status.clone().unwrap_or_default().parents,
         });
@@ -187,6 +191,7 @@ impl Pass {
             name: r.name_any(),
             generation: r.meta().generation,
             uid: r.uid(),
+            resource_version: r.resource_version(),
             spec: r.spec.l4.clone(),
             parents: r.status.clone().unwrap_or_default().parents,
         });
@@ -591,7 +596,10 @@ impl Pass {
         if same_parents(&merged, &route.parents) {
             return;
         }
-        let patch = json!({"status": {"parents": merged}});
+        let patch = json!({
+            "metadata": {"resourceVersion": route.resource_version},
+            "status": {"parents": merged},
+        });
         if let Err(e) = route
             .api(&self.h.kube)
             .patch_status(&route.name, &PatchParams::default(), &Patch::Merge(&patch))
