@@ -133,12 +133,12 @@ fn test() -> Result<()> {
     // The Go builds of the control plane, helm and promtool (minutes when cold, cached by
     // version) run one after the other while cargo compiles.
     eprintln!(
-        "xtask: building the Kubernetes control plane, helm and promtool in the background if missing"
+        "xtask: building the Kubernetes control plane, helm and promtool, fetching the Gateway API CRDs, in the background if missing"
     );
     let mut control_plane = Command::new("bash")
         .arg("-c")
         .arg(format!(
-            "set -e; K8S_VERSION={} bash scripts/control-plane.sh >/dev/null; bash scripts/go-tool.sh helm >/dev/null; bash scripts/go-tool.sh promtool >/dev/null; bash scripts/go-tool.sh actionlint >/dev/null",
+            "set -e; K8S_VERSION={} bash scripts/control-plane.sh >/dev/null; bash scripts/go-tool.sh helm >/dev/null; bash scripts/go-tool.sh promtool >/dev/null; bash scripts/go-tool.sh actionlint >/dev/null; bash scripts/gateway-api-crds.sh >/dev/null",
             testenv::K8S_VERSION
         ))
         .current_dir(workspace_root())
@@ -164,7 +164,7 @@ fn test() -> Result<()> {
     let status = control_plane.wait()?;
     if !status.success() {
         bail!(
-            "building the Go tools failed ({status}): scripts/control-plane.sh or scripts/go-tool.sh (helm, promtool, actionlint), see their output above"
+            "building the Go tools failed ({status}): scripts/control-plane.sh, scripts/go-tool.sh (helm, promtool, actionlint) or scripts/gateway-api-crds.sh, see their output above"
         );
     }
     let mut tests = cargo();

@@ -8,6 +8,7 @@ pub mod audit;
 pub mod bgp;
 pub mod config;
 pub mod fleet;
+pub mod gateway;
 pub mod ipam;
 pub mod k8s;
 pub mod leader;

@@ -31,6 +31,10 @@ pub const RELEASE: &str = "loxi-ccm";
 /// Options rendered into `deploy/optional/`, each with the `--set` that turns it on.
 const OPTIONAL: &[(&str, &str)] = &[
     ("templates/optional/multus-rbac.yaml", "multus.enabled=true"),
+    (
+        "templates/optional/gateway-api-rbac.yaml",
+        "gatewayApi.enabled=true",
+    ),
     ("templates/optional/bgp-crds.yaml", "bgpCrds.enabled=true"),
     (
         "templates/optional/loxiurl-crd.yaml",

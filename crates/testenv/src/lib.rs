@@ -16,6 +16,7 @@
 //! rendering of `deploy/` from the Helm chart ([`chart`]).
 
 pub mod chart;
+pub mod gateway_api;
 pub mod node;
 pub mod tools;
 pub mod workdirs;

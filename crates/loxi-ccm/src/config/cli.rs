@@ -107,6 +107,9 @@ pub struct RunArgs {
     pub services: ServiceArgs,
 
     #[command(flatten)]
+    pub gateway: GatewayArgs,
+
+    #[command(flatten)]
     pub bgp: BgpArgs,
 
     #[command(flatten)]
@@ -580,6 +583,38 @@ pub struct BgpArgs {
         action = clap::ArgAction::Set
     )]
     pub bgp_crds: bool,
+}
+
+/// The Gateway API (docs/gateway-api.md).
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Gateway API")]
+pub struct GatewayArgs {
+    /// Serve the Gateway API: GatewayClasses whose spec.controllerName is
+    /// --loxilb-gateway-class are accepted, their Gateways get an address from the pools
+    /// (an AddressClaim, as a Service's) and their TCP and UDP listeners become loxilb rules
+    /// toward the ready endpoints of the attached TCPRoutes' and UDPRoutes' backends. The
+    /// Gateway API CRDs (v1.x, standard channel) must be installed (docs/gateway-api.md).
+    /// (kube-loxilb: --gatewayAPI)
+    #[arg(
+        long = "gateway-api",
+        alias = "gatewayAPI",
+        env = "LOXI_CCM_GATEWAY_API",
+        default_value_t = false,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    pub gateway_api: bool,
+
+    /// The GatewayClass spec.controllerName served with --gateway-api: a domain-prefixed
+    /// path. (kube-loxilb: --loxilbGatewayClass)
+    #[arg(
+        long = "loxilb-gateway-class",
+        alias = "loxilbGatewayClass",
+        env = "LOXI_CCM_LOXILB_GATEWAY_CLASS",
+        default_value = "loxilb.io/loxilb"
+    )]
+    pub loxilb_gateway_class: String,
 }
 
 /// HA roles of the loxilbs and HA instances of the Services (docs/fleet.md).

@@ -29,6 +29,8 @@ pub(super) const LEGACY_KEYS: &[(&str, &[&str])] = &[
     ("bgp_peers", &["extBGPPeers"]),
     ("bgp_multihop", &["eBGPMultiHop"]),
     ("bgp_crds", &["enableBGPCRDs"]),
+    ("gateway_api", &["gatewayAPI"]),
+    ("loxilb_gateway_class", &["loxilbGatewayClass"]),
     ("lb_mode", &["setLBMode"]),
     ("monitor", &["monitor"]),
     ("use_pod_network", &["usePodNetwork"]),
@@ -39,13 +41,10 @@ pub(super) const LEGACY_KEYS: &[(&str, &[&str])] = &[
 
 /// kube-loxilb settings (flags and config-file keys) whose feature loxi-ccm does not have
 /// yet. Refused with an explanation rather than ignored: silently dropping e.g.
-/// `externalSecondaryCIDRs6` would change which addresses Services get. What each did and what to do meanwhile:
+/// `externalSecondaryCIDRs6` would change which addresses Services get. What each did and
+/// what to do meanwhile:
 /// [`NOT_YET_SUPPORTED_DOC`].
-pub const NOT_YET_SUPPORTED: &[&str] = &[
-    "externalSecondaryCIDRs6",
-    "gatewayAPI",
-    "loxilbGatewayClass",
-];
+pub const NOT_YET_SUPPORTED: &[&str] = &["externalSecondaryCIDRs6"];
 
 /// The section of the documentation the refusal of a [`NOT_YET_SUPPORTED`] setting names.
 pub const NOT_YET_SUPPORTED_DOC: &str = "docs/migration.md#what-is-not-supported-yet";

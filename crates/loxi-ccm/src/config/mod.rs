@@ -173,6 +173,9 @@ pub struct Config {
     pub fleet_record: (String, String),
     /// `--bgp-crds`: serve kube-loxilb's BGP custom resources (only with `bgp`).
     pub bgp_crds: bool,
+    /// `--gateway-api`: the GatewayClass controllerName served (`--loxilb-gateway-class`);
+    /// `None`: the Gateway API is not served.
+    pub gateway_class: Option<String>,
 }
 
 /// Where the loxilb token comes from.
@@ -314,6 +317,7 @@ impl Config {
             ha_bgp_hold: args.ha.ha_bgp_hold,
             roles_record: (record_namespace.clone(), format!("{lease_name}-ha-roles")),
             bgp_crds: args.bgp.bgp_crds,
+            gateway_class: services::gateway_class(&args.gateway, origins)?,
         })
     }
 }
@@ -479,14 +483,10 @@ mod tests {
     /// "unexpected argument"; `check` reports the same.
     #[test]
     fn unsupported_kube_loxilb_flags_name_the_docs_section() {
-        for (argv, flag) in [
-            (vec!["--gatewayAPI"], "gatewayAPI"),
-            (vec!["--loxilbGatewayClass=loxilb"], "loxilbGatewayClass"),
-            (
-                vec!["--externalSecondaryCIDRs6=2001:db8::/64"],
-                "externalSecondaryCIDRs6",
-            ),
-        ] {
+        for (argv, flag) in [(
+            vec!["--externalSecondaryCIDRs6=2001:db8::/64"],
+            "externalSecondaryCIDRs6",
+        )] {
             let e = err(run(&[BASE, &argv[..]].concat(), &env_of(&[])));
             assert_eq!(
                 e,

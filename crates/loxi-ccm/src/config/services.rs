@@ -4,7 +4,7 @@
 use loxi_domain::{ClusterId, ControllerName, Defaults, NatMode};
 
 use crate::config::ConfigError;
-use crate::config::cli::{KubeApiArgs, ServiceArgs};
+use crate::config::cli::{GatewayArgs, KubeApiArgs, ServiceArgs};
 use crate::config::origins::Origins;
 
 /// What the Service options decide.
@@ -103,6 +103,34 @@ pub(super) fn kube_api_rate_limit(
         qps: args.kube_api_qps,
         burst: args.kube_api_burst,
     })
+}
+
+/// The GatewayClass controllerName served with `--gateway-api` (`None` without it): a
+/// domain-prefixed path, as the Gateway API requires of `spec.controllerName`.
+pub(super) fn gateway_class(
+    args: &GatewayArgs,
+    origins: &Origins,
+) -> Result<Option<String>, ConfigError> {
+    if !args.gateway_api {
+        return Ok(None);
+    }
+    let class = args.loxilb_gateway_class.trim();
+    let valid = class.split_once('/').is_some_and(|(domain, path)| {
+        domain.contains('.')
+            && !path.is_empty()
+            && domain
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+            && !path.chars().any(char::is_whitespace)
+    }) && class.len() <= 253;
+    if !valid {
+        return Err(origins.invalid_value(
+            "loxilb_gateway_class",
+            class,
+            "expected a domain-prefixed path, e.g. loxilb.io/loxilb",
+        ));
+    }
+    Ok(Some(class.to_string()))
 }
 
 #[cfg(test)]

@@ -59,13 +59,17 @@ pub struct ClaimedBy {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
     /// `secondary` for an SCTP multi-homing address (never shared, not shown in the
-    /// Service's status); absent for a VIP.
+    /// Service's status); `gateway` when the owner is a Gateway API Gateway of this
+    /// namespace/name, not a Service (never shared); absent for a Service's VIP.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(transform = super::schema::owner_role)]
     pub role: Option<String>,
 }
 
 pub use crate::k8s::view::ROLE_SECONDARY;
+
+/// The role recorded on a claim's owner entry for a Gateway's address (docs/gateway-api.md).
+pub const ROLE_GATEWAY: &str = "gateway";
 
 impl ClaimedBy {
     /// An owner entry for a Service occupying what `sharing` says (`Exclusive`: no ports).
@@ -97,8 +101,22 @@ impl ClaimedBy {
         }
     }
 
+    /// The owner entry of a Gateway's address: exclusive.
+    pub fn gateway(namespace: &str, name: &str, uid: &str) -> ClaimedBy {
+        ClaimedBy {
+            role: Some(ROLE_GATEWAY.to_string()),
+            ..ClaimedBy::new(namespace, name, uid, &Sharing::Exclusive)
+        }
+    }
+
+    /// Owned by a Gateway, not a Service.
+    pub fn is_gateway(&self) -> bool {
+        self.role.as_deref() == Some(ROLE_GATEWAY)
+    }
+
     /// The allocator's owner key: `namespace/name` for a VIP, `namespace/name#secondary`
-    /// for a secondary address (`#` never appears in a Kubernetes name).
+    /// for a secondary address, `namespace/name#gateway` for a Gateway's (`#` never appears
+    /// in a Kubernetes name).
     pub fn key(&self) -> String {
         match &self.role {
             Some(role) => format!("{}/{}#{role}", self.namespace, self.name),

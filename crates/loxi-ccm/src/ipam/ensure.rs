@@ -134,6 +134,14 @@ fn unknown_pool(
     }
 }
 
+/// Whose addresses a pass ensures: a Service's, or a Gateway's (seen as a Service of its
+/// namespace/name by `super::gateway`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum OwnerKind {
+    Service,
+    Gateway,
+}
+
 /// Who the Service is in the index and on its claims, for one role.
 struct Owner {
     key: String,
@@ -143,10 +151,18 @@ struct Owner {
 }
 
 impl Owner {
-    fn of(svc: &Service, role: Role, sharing: &Sharing) -> Owner {
+    fn of(svc: &Service, role: Role, sharing: &Sharing, kind: OwnerKind) -> Owner {
         let ns = svc.namespace().unwrap_or_default();
         let name = svc.name_any();
         let uid = svc.uid().unwrap_or_default();
+        if kind == OwnerKind::Gateway {
+            let me = ClaimedBy::gateway(&ns, &name, &uid);
+            return Owner {
+                key: me.key(),
+                me,
+                occupies: Sharing::Exclusive,
+            };
+        }
         match role {
             Role::Vip => Owner {
                 key: owner_key(svc),
@@ -167,15 +183,24 @@ impl Ipam {
     /// addresses), each backed by its claim. A Service that cannot have its addresses now
     /// waits: it is re-queued when an address is released or the pools change.
     pub async fn ensure(&self, svc: &Service) -> Result<Held, EnsureError> {
-        let result = self.ensure_all(svc).await;
+        let result = self.ensure_all(svc, OwnerKind::Service).await;
         if matches!(result, Err(EnsureError::Problem(_))) {
             self.wait_for_address(svc);
         }
         result
     }
 
-    async fn ensure_all(&self, svc: &Service) -> Result<Held, EnsureError> {
-        let sharing = service_sharing(svc, &self.settings.zone).map_err(AddressProblem::from)?;
+    pub(super) async fn ensure_all(
+        &self,
+        svc: &Service,
+        kind: OwnerKind,
+    ) -> Result<Held, EnsureError> {
+        let sharing = match kind {
+            OwnerKind::Service => {
+                service_sharing(svc, &self.settings.zone).map_err(AddressProblem::from)?
+            }
+            OwnerKind::Gateway => Sharing::Exclusive,
+        };
         let pools = self.pool_set();
         let namespace_labels = self
             .pools
@@ -190,7 +215,7 @@ impl Ipam {
         let all = (slots.vips.iter().map(|s| (s, Role::Vip)))
             .chain(slots.secondaries.iter().map(|s| (s, Role::Secondary)));
         for (slot, role) in all {
-            let owner = Owner::of(svc, role, &sharing);
+            let owner = Owner::of(svc, role, &sharing, kind);
             let taken = match role {
                 Role::Vip => &held.addresses,
                 Role::Secondary => &held.secondaries,

@@ -11,6 +11,7 @@ pub mod address_pools;
 pub mod claims;
 pub mod crds;
 mod ensure;
+mod gateway;
 mod release;
 mod schema;
 pub mod watch;
@@ -525,6 +526,11 @@ impl Ipam {
             let owners = claim.owners();
             let mut orphans: Vec<&ClaimedBy> = Vec::new();
             for o in owners.iter().copied() {
+                // A Gateway's claim is released by the Gateway's own cleanup
+                // (crate::gateway): the Service store does not know it.
+                if o.is_gateway() {
+                    continue;
+                }
                 if in_scope(o) && !o.uid.is_empty() && missing(o) && confirm_gone(o.clone()).await {
                     orphans.push(o);
                 }

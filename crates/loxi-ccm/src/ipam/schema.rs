@@ -264,9 +264,9 @@ pub fn owner_ports(schema: &mut Schema) {
     }
 }
 
-/// `role` of a claim owner: `secondary` or absent.
+/// `role` of a claim owner: `secondary`, `gateway` or absent.
 pub fn owner_role(schema: &mut Schema) {
-    set(schema.ensure_object(), "enum", vec!["secondary"]);
+    set(schema.ensure_object(), "enum", vec!["secondary", "gateway"]);
 }
 
 /// `spec.retainUntil` of a claim.

@@ -343,6 +343,28 @@ pub async fn run(
         cfg.zone.clone(),
     ));
     tasks.spawn(watches::replans(ctx.clone(), fleet.replans()));
+    if let Some(class) = &cfg.gateway_class {
+        tasks.spawn(crate::gateway::run(
+            crate::gateway::Settings {
+                controller_name: class.clone(),
+                resync: cfg.drift_interval,
+                group: cfg.zone.clone(),
+                style: crate::gateway::rules::RuleStyle {
+                    mode: ctx.settings.defaults.mode,
+                    advertise: ctx.settings.advertise,
+                },
+            },
+            crate::gateway::Handles {
+                kube: ctx.kube.clone(),
+                ipam: ctx.ipam.clone(),
+                instances: ctx.fleet.clone(),
+                gate: ctx.gate.clone(),
+                cluster: ctx.cluster.clone(),
+                metrics: ctx.report.metrics.clone(),
+                recorder: ctx.report.recorder.clone(),
+            },
+        ));
+    }
     tasks.spawn(service::drift::drift_loop(ctx.clone(), cfg.drift_interval));
     let requeues = service::watch::channel_stream(requeue_rx);
     let reconciling = controller

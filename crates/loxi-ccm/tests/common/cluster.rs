@@ -78,6 +78,33 @@ async fn install_crd(
     .await;
 }
 
+/// The upstream Gateway API CRDs of `channel` (fetched and cached by
+/// `testenv::gateway_api`), created or, when another channel's are there, replaced, and
+/// waited for until Established.
+pub async fn install_gateway_api_crds(
+    client: &kube::Client,
+    channel: testenv::gateway_api::Channel,
+) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let wanted = tokio::task::spawn_blocking(move || testenv::gateway_api::crds(channel))
+        .await
+        .unwrap()
+        .expect("the Gateway API CRDs (scripts/gateway-api-crds.sh)");
+    for value in wanted {
+        let mut crd: CustomResourceDefinition = serde_json::from_value(value).unwrap();
+        let name = crd.metadata.name.clone().unwrap();
+        if let Some(existing) = crds.get_opt(&name).await.unwrap() {
+            crd.metadata.resource_version = existing.metadata.resource_version;
+            crds.replace(&name, &PostParams::default(), &crd)
+                .await
+                .unwrap_or_else(|e| panic!("CRD {name} refused: {e}"));
+            crd.metadata.resource_version = None;
+        }
+        install_crd(client, &crd).await;
+    }
+}
+
 /// The CRDs of one file shipped in `deploy/` (e.g. `optional/loxiurl-crd.yaml`), created
 /// (or left as they are when they exist) and waited for until Established.
 pub async fn install_shipped_crds(client: &kube::Client, file: &str) {
