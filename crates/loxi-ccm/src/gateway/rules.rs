@@ -79,6 +79,8 @@ pub fn gateway_rules(
                 allowed_sources: Vec::new(),
                 secondary_ips: Vec::new(),
                 bgp: style.advertise,
+                // --privateCIDR is for Services (elastic-IP HA of a Service's address).
+                private_ip: None,
             };
             rules.push(rule.normalized());
         }
