@@ -60,6 +60,7 @@ pub mod probe;
 pub mod queues;
 mod roles;
 mod rules;
+pub mod snat;
 mod window;
 
 pub use members::{Fleet, Group, Member, MembersChanged};
