@@ -207,7 +207,10 @@ pub fn pod_addresses(
             } else {
                 format!("{namespace}/{net}")
             };
-            let addrs = pod.networks.get(&qualified).or_else(|| pod.networks.get(net));
+            let addrs = pod
+                .networks
+                .get(&qualified)
+                .or_else(|| pod.networks.get(net));
             out.extend(addrs.into_iter().flatten().copied());
         }
     }
@@ -501,7 +504,12 @@ mod tests {
 
     #[test]
     fn the_older_egress_keeps_a_shared_source_and_the_other_reports_it() {
-        let young = input("ns/a", "2026-01-02T00:00:00Z", &["10.0.0.5"], &["10.244.0.9"]);
+        let young = input(
+            "ns/a",
+            "2026-01-02T00:00:00Z",
+            &["10.0.0.5"],
+            &["10.244.0.9"],
+        );
         let old = input("ns/b", "2026-01-01T00:00:00Z", &["10.0.0.5"], &[]);
         let d = decide(&[young, old], 50_001);
         assert_eq!(d.rules.len(), 2);
@@ -513,7 +521,10 @@ mod tests {
         let (programmed, conds) = status(&d.verdicts["ns/a"], &[("http://l1", Some(Ok(())))]);
         assert_eq!(programmed, "1/1");
         assert_eq!(conds[1].2, "SourceConflict");
-        assert!(conds[1].3.contains("10.0.0.5/32 is held by Egress ns/b"), "{conds:?}");
+        assert!(
+            conds[1].3.contains("10.0.0.5/32 is held by Egress ns/b"),
+            "{conds:?}"
+        );
         let (_, conds) = status(&d.verdicts["ns/b"], &[("http://l1", Some(Ok(())))]);
         assert_eq!((conds[1].1, conds[1].2), ("True", "Programmed"));
     }
@@ -548,7 +559,10 @@ mod tests {
         assert_eq!(programmed, "1/3");
         assert_eq!((conds[1].1, conds[1].2), ("False", "LoxilbNotProgrammed"));
         assert!(conds[1].3.contains("http://l2: not reachable"), "{conds:?}");
-        assert!(conds[1].3.contains("http://l3: rule-snat error"), "{conds:?}");
+        assert!(
+            conds[1].3.contains("http://l3: rule-snat error"),
+            "{conds:?}"
+        );
         let (_, conds) = status(v, &[]);
         assert_eq!(conds[1].2, "NoLoxilb");
     }

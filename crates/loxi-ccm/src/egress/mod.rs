@@ -56,7 +56,8 @@ pub const MULTUS_ANNOTATION: &str = "loxilb.io/multus-nets";
 const SETTLE: Duration = Duration::from_millis(200);
 
 /// Where the Egress kind's CRD comes from, for the log line while it is not served.
-const CRD_HINT: &str = "install the CRD with kubectl apply -f deploy/optional/egress.yaml (Helm: egress.enabled=true)";
+const CRD_HINT: &str =
+    "install the CRD with kubectl apply -f deploy/optional/egress.yaml (Helm: egress.enabled=true)";
 
 /// Where the Egress watch is (as `crate::bgp`): its CRD not served, its first listing under
 /// way, or listed. Not served: there is no Egress, and an empty store is the truth.
@@ -73,6 +74,9 @@ type Passes = BTreeMap<String, Option<Result<(), String>>>;
 #[derive(Default)]
 struct State {
     passes: Passes,
+    /// What a pass reads of each Egress and pod, by kind and key: an event that changes
+    /// none of it (a status we wrote, a pod's conditions) starts no pass.
+    seen: std::collections::HashMap<(bool, String), String>,
 }
 
 /// The Egress subsystem's handle.
@@ -129,6 +133,26 @@ pub fn pod_source(pod: &Pod) -> PodSource {
             .unwrap_or_default(),
         live: pod.metadata.deletion_timestamp.is_none() && !finished,
     }
+}
+
+fn object_key<K: Resource>(obj: &K) -> String {
+    format!(
+        "{}/{}",
+        obj.meta().namespace.as_deref().unwrap_or_default(),
+        obj.meta().name.as_deref().unwrap_or_default()
+    )
+}
+
+/// What a pass decides from of an Egress (its status and our finalizer are what a pass
+/// writes).
+fn egress_inputs(e: &Egress) -> String {
+    format!(
+        "{:?} {:?} {:?} {:?}",
+        e.spec,
+        e.meta().deletion_timestamp.is_some(),
+        e.annotations().get(MULTUS_ANNOTATION),
+        e.meta().creation_timestamp
+    )
 }
 
 fn now() -> String {
@@ -188,9 +212,8 @@ impl Egresses {
                                 me.phase.send_replace(Phase::Listed);
                                 me.changed();
                             }
-                            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {
-                                me.changed()
-                            }
+                            Ok(watcher::Event::Apply(e)) => me.note(true, &e, egress_inputs(&e)),
+                            Ok(watcher::Event::Delete(e)) => me.forget(true, &e),
                             Ok(_) => {}
                             Err(e) => warn!(error = %e, "Egress watch error"),
                         }
@@ -214,9 +237,10 @@ impl Egresses {
                             me.pods_listed.send_replace(true);
                             me.changed();
                         }
-                        Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {
-                            me.changed()
+                        Ok(watcher::Event::Apply(p)) => {
+                            me.note(false, &p, format!("{:?}", pod_source(&p)))
                         }
+                        Ok(watcher::Event::Delete(p)) => me.forget(false, &p),
                         Ok(_) => {}
                         Err(e) => warn!(error = %e, "Pod watch error (egress)"),
                     }
@@ -225,14 +249,25 @@ impl Egresses {
                 .await;
             }
         };
-        (
-            egresses,
-            vec![Box::pin(egress_watch), Box::pin(pod_watch)],
-        )
+        (egresses, vec![Box::pin(egress_watch), Box::pin(pod_watch)])
     }
 
     fn changed(&self) {
         self.changes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// An object arrived: a pass follows when what a pass reads of it changed.
+    fn note<K: Resource>(&self, egress: bool, obj: &K, inputs: String) {
+        let key = (egress, object_key(obj));
+        let changed = self.state().seen.insert(key, inputs.clone()) != Some(inputs);
+        if changed {
+            self.changed();
+        }
+    }
+
+    fn forget<K: Resource>(&self, egress: bool, obj: &K) {
+        self.state().seen.remove(&(egress, object_key(obj)));
+        self.changed();
     }
 
     /// Runs passes over `instances()` (every loxilb of the fleet now): after each change, and
@@ -341,9 +376,7 @@ impl Egresses {
         };
         let result = self.program(inst, &decision.rules).await;
         let ok = matches!(result, Some(Ok(())));
-        self.state()
-            .passes
-            .insert(inst.url().to_string(), result);
+        self.state().passes.insert(inst.url().to_string(), result);
         if ok {
             info!(
                 instance = inst.url(),
@@ -362,7 +395,10 @@ impl Egresses {
         if !inst.is_healthy() {
             return None;
         }
-        match inst.converge_snat(self.preference, rules, &self.metrics).await {
+        match inst
+            .converge_snat(self.preference, rules, &self.metrics)
+            .await
+        {
             Ok(report) if report.refused.is_empty() => Some(Ok(())),
             Ok(report) => {
                 let text: Vec<String> = report
@@ -387,7 +423,9 @@ impl Egresses {
         let outcomes: Vec<Outcome<'_>> = passes
             .iter()
             .map(|(url, p)| {
-                let p = p.as_ref().map(|r| r.as_ref().map(|_| ()).map_err(String::as_str));
+                let p = p
+                    .as_ref()
+                    .map(|r| r.as_ref().map(|_| ()).map_err(String::as_str));
                 (url.as_str(), p)
             })
             .collect();
@@ -444,7 +482,10 @@ impl Egresses {
                 self.announce(e, &previous, &status);
                 let body = Patch::Merge(json!({ "status": status }));
                 let api: Api<Egress> = Api::namespaced(self.client.clone(), &ns);
-                if let Err(err) = api.patch_status(&name, &PatchParams::default(), &body).await {
+                if let Err(err) = api
+                    .patch_status(&name, &PatchParams::default(), &body)
+                    .await
+                {
                     warn!(egress = %key, error = %err, "could not write an Egress's status");
                 }
             }
@@ -481,7 +522,10 @@ impl Egresses {
         let body = Patch::Merge(json!({
             "metadata": { "finalizers": finalizers, "resourceVersion": e.resource_version() }
         }));
-        if let Err(err) = api.patch(&e.name_any(), &PatchParams::default(), &body).await {
+        if let Err(err) = api
+            .patch(&e.name_any(), &PatchParams::default(), &body)
+            .await
+        {
             warn!(egress = %e.name_any(), error = %err, "could not write an Egress's finalizers");
         }
     }
@@ -555,6 +599,9 @@ mod tests {
         assert_eq!(s.ips, vec!["10.244.0.7".parse::<IpAddr>().unwrap()]);
         assert_eq!(s.networks["ns/m1"].len(), 1);
         pod.status.as_mut().unwrap().phase = Some("Succeeded".into());
-        assert!(!pod_source(&pod).live, "a finished pod's address is not its own");
+        assert!(
+            !pod_source(&pod).live,
+            "a finished pod's address is not its own"
+        );
     }
 }
