@@ -306,44 +306,15 @@ impl Egresses {
             return None;
         }
         let egresses = self.store.state();
-        let mut pods_by_ns: BTreeMap<String, Vec<PodSource>> = BTreeMap::new();
-        if !egresses.is_empty() {
-            for pod in self.pods.state() {
-                pods_by_ns
-                    .entry(pod.namespace().unwrap_or_default())
-                    .or_default()
-                    .push(pod_source(&pod));
-            }
-        }
-        let inputs: Vec<EgressInput> = egresses
-            .iter()
-            .map(|e| {
-                let ns = e.namespace().unwrap_or_default();
-                let nets: Vec<String> = e
-                    .annotations()
-                    .get(MULTUS_ANNOTATION)
-                    .map(|v| {
-                        v.split(',')
-                            .map(|n| n.trim().to_string())
-                            .filter(|n| !n.is_empty())
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                let pods = pods_by_ns.get(&ns).map(Vec::as_slice).unwrap_or_default();
-                EgressInput {
-                    key: format!("{ns}/{}", e.name_any()),
-                    created: e
-                        .meta()
-                        .creation_timestamp
-                        .as_ref()
-                        .map(|t| t.0.to_string())
-                        .unwrap_or_default(),
-                    spec: e.spec.to_domain(),
-                    pod_addresses: pod_addresses(&ns, &e.spec.selector, &nets, pods),
-                    deleting: e.meta().deletion_timestamp.is_some(),
-                }
-            })
-            .collect();
+        let pods = if egresses.is_empty() {
+            Vec::new()
+        } else {
+            self.pods.state()
+        };
+        let inputs = inputs(
+            egresses.iter().map(|e| e.as_ref()),
+            pods.iter().map(|p| p.as_ref()),
+        );
         Some((decide(&inputs, self.preference), egresses))
     }
 
@@ -529,6 +500,50 @@ impl Egresses {
             warn!(egress = %e.name_any(), error = %err, "could not write an Egress's finalizers");
         }
     }
+}
+
+/// What `loxi_domain::egress::decide` reads of `egresses`, with the addresses of the pods
+/// (of any namespace: each Egress looks at its own) each selects now. The audit reads the
+/// same (`crate::audit`).
+pub fn inputs<'a>(
+    egresses: impl Iterator<Item = &'a Egress>,
+    pods: impl Iterator<Item = &'a Pod>,
+) -> Vec<EgressInput> {
+    let mut pods_by_ns: BTreeMap<String, Vec<PodSource>> = BTreeMap::new();
+    for pod in pods {
+        pods_by_ns
+            .entry(pod.namespace().unwrap_or_default())
+            .or_default()
+            .push(pod_source(pod));
+    }
+    egresses
+        .map(|e| {
+            let ns = e.namespace().unwrap_or_default();
+            let nets: Vec<String> = e
+                .annotations()
+                .get(MULTUS_ANNOTATION)
+                .map(|v| {
+                    v.split(',')
+                        .map(|n| n.trim().to_string())
+                        .filter(|n| !n.is_empty())
+                        .collect()
+                })
+                .unwrap_or_default();
+            let pods = pods_by_ns.get(&ns).map(Vec::as_slice).unwrap_or_default();
+            EgressInput {
+                key: format!("{ns}/{}", e.name_any()),
+                created: e
+                    .meta()
+                    .creation_timestamp
+                    .as_ref()
+                    .map(|t| t.0.to_string())
+                    .unwrap_or_default(),
+                spec: e.spec.to_domain(),
+                pod_addresses: pod_addresses(&ns, &e.spec.selector, &nets, pods),
+                deleting: e.meta().deletion_timestamp.is_some(),
+            }
+        })
+        .collect()
 }
 
 /// The fleet worker's replay followed by the Egresses' (`crate::fleet::workers::Replay`):
