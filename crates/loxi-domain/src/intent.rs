@@ -35,6 +35,8 @@ pub const ANN_MULTUS_NETS: &str = "loxilb.io/multus-nets";
 pub const ANN_NODE_LABEL: &str = "loxilb.io/nodelabel";
 pub const ANN_PREF_LOCAL_POD: &str = "loxilb.io/prefLocalPod";
 pub const ANN_PROXY_PROTOCOL_V2: &str = "loxilb.io/useproxyprotov2";
+/// kube-loxilb's per-Service egress flag (`yes`/`no`): loxilb's rule field `egress`.
+pub const ANN_EGRESS: &str = "loxilb.io/egress";
 
 /// loxilb's upper bound for `inactiveTimeOut` and (silently) `probeTimeout`
 /// (docs/loxilb-api.md#limits).
@@ -108,6 +110,8 @@ pub struct ServiceIntent {
     /// about loxilb instances, so it does not change endpoint choice (docs/annotations.md).
     pub prefer_local_pod: bool,
     pub proxy_protocol_v2: bool,
+    /// `loxilb.io/egress`.
+    pub egress: bool,
 }
 
 impl ServiceIntent {
@@ -125,6 +129,7 @@ impl ServiceIntent {
             node_selector: None,
             prefer_local_pod: false,
             proxy_protocol_v2: false,
+            egress: false,
         }
     }
 
@@ -352,6 +357,7 @@ pub fn parse_intent(
     }
     intent.prefer_local_pod = yes_no(annotations, ANN_PREF_LOCAL_POD)?.unwrap_or(false);
     intent.proxy_protocol_v2 = yes_no(annotations, ANN_PROXY_PROTOCOL_V2)?.unwrap_or(false);
+    intent.egress = yes_no(annotations, ANN_EGRESS)?.unwrap_or(false);
     Ok(intent)
 }
 
@@ -668,6 +674,7 @@ mod tests {
             (ANN_NODE_LABEL, "node-role.kubernetes.io/edge=true"),
             (ANN_PREF_LOCAL_POD, "yes"),
             (ANN_PROXY_PROTOCOL_V2, "yes"),
+            (ANN_EGRESS, "yes"),
             ("loxilb.io/somethingnew", "whatever"),
         ])
         .unwrap();
@@ -696,7 +703,7 @@ mod tests {
                 value: Some("true".into())
             })
         );
-        assert!(i.prefer_local_pod && i.proxy_protocol_v2);
+        assert!(i.prefer_local_pod && i.proxy_protocol_v2 && i.egress);
         // Every epselect spelling.
         for (v, sel) in [
             ("rr", EndpointSelection::RoundRobin),

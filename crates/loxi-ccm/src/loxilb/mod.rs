@@ -470,6 +470,7 @@ mod tests {
             probe: RuleProbe::default(),
             inactive_timeout: 0,
             proxy_protocol_v2: false,
+            egress: false,
             allowed_sources: sources.iter().map(|s| s.parse().unwrap()).collect(),
             secondary_ips: vec![],
             bgp: false,
