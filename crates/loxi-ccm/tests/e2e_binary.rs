@@ -703,6 +703,7 @@ async fn a_frozen_leader_once_resumed_writes_nothing_to_loxilb() {
     .await;
     let (frozen, _) = replicas.remove(leader);
     let (_, standby_port) = replicas[0];
+    let stopped_at = sim.uptime();
     unsafe {
         libc_kill(frozen.0.id() as i32, 19); // SIGSTOP
     }
@@ -722,10 +723,14 @@ async fn a_frozen_leader_once_resumed_writes_nothing_to_loxilb() {
             .unwrap();
     }
     let claims: Api<loxi_ccm::ipam::claims::AddressClaim> = Api::all(admin.clone());
-    wait_for("the deleted Services' rules and claims gone", || async {
-        let claims = claims.list(&Default::default()).await.ok()?.items.len();
-        (sim.rules().len() == 6 && claims == 6).then_some(())
-    })
+    wait_for(
+        "the deleted Services, their rules and claims gone",
+        || async {
+            let claims = claims.list(&Default::default()).await.ok()?.items.len();
+            let services = services.list(&Default::default()).await.ok()?.items.len();
+            (sim.rules().len() == 6 && claims == 6 && services == 6).then_some(())
+        },
+    )
     .await;
     let live: std::collections::BTreeSet<String> = shown(&services).await.into_values().collect();
     let rules_before = sim.rules();
@@ -775,8 +780,10 @@ async fn a_frozen_leader_once_resumed_writes_nothing_to_loxilb() {
     assert_eq!(
         sim.writes_from(&old_leader),
         old_writes_before,
-        "the resumed old leader {old_leader} wrote to loxilb: {since:?}; SIGCONT {:?} after \
-         the simulator's start; its log, last lines first:\n{}",
+        "the resumed old leader {old_leader} wrote to loxilb: {since:?}; SIGSTOP {:?} and \
+         SIGCONT {:?} after the simulator's start (a write accepted before SIGSTOP left before \
+         the freeze); its log, last lines first:\n{}",
+        stopped_at,
         resumed_at,
         tail.join("\n")
     );

@@ -218,7 +218,12 @@ async fn a_restarted_loxilb_gets_its_role_before_bgp_and_rules() {
     let w = World::with_sim("harestartorder", opts, bgp).await;
     w.add_node("node-a", "10.7.0.1").await;
     let ip = w.serve_one_port("web", 80).await;
-    assert_eq!(w.sim.cluster_state("llb-inst0").as_deref(), Some("MASTER"));
+    // At the controller's start the role waits for the first role decision (after the HA
+    // record is read), which may come after the first rules.
+    wait_for("the start-up role", WAIT, || async {
+        (w.sim.cluster_state("llb-inst0").as_deref() == Some("MASTER")).then_some(())
+    })
+    .await;
     // The start-up replay is over (its BGP part comes last but one) before the restart.
     wait_for("BGP configured", WAIT, || async {
         let bgp = w.sim.bgp();

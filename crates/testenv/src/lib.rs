@@ -8,7 +8,8 @@
 //!
 //! Child processes are started from a dedicated thread with `PR_SET_PDEATHSIG`: when the test
 //! process ends, in any way (panic, abort, kill), the kernel kills etcd and kube-apiserver
-//! too. [`ControlPlane`]'s `Drop` stops them earlier when it runs.
+//! too. [`ControlPlane`]'s `Drop` stops them earlier when it runs. Their working directory
+//! is removed by a later control plane once no process uses it ([`workdirs`]).
 //!
 //! Also the other real tools the tests use: kube-controller-manager on the same API server
 //! ([`ControlPlane::start_controller_manager`]), `helm` and `promtool` ([`tools`]), and the
@@ -17,6 +18,7 @@
 pub mod chart;
 pub mod node;
 pub mod tools;
+pub mod workdirs;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -192,7 +194,11 @@ impl ControlPlane {
 
     async fn start_inner(extra: &[&str], extra_sans: &[String]) -> Result<ControlPlane> {
         let bin_dir = tokio::task::spawn_blocking(bin_dir).await??;
-        let dir = tempfile::Builder::new().prefix("loxi-ccm-cp-").tempdir()?;
+        workdirs::sweep();
+        let dir = tempfile::Builder::new()
+            .prefix(workdirs::PREFIX)
+            .tempdir()?;
+        workdirs::claim(dir.path())?;
         let d = dir.path().to_path_buf();
 
         // Certificates: a CA and a serving certificate for 127.0.0.1 / localhost.
