@@ -7,6 +7,7 @@
 pub mod audit;
 pub mod bgp;
 pub mod config;
+pub mod egress;
 pub mod fleet;
 pub mod gateway;
 pub mod ipam;

@@ -119,6 +119,7 @@ fn deploy_is_the_chart_rendered() {
         "optional/multus-rbac.yaml",
         "optional/bgp-crds.yaml",
         "optional/loxiurl-crd.yaml",
+        "optional/egress.yaml",
     ] {
         assert!(
             names.contains(&&PathBuf::from(expected)),

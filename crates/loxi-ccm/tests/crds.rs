@@ -17,6 +17,7 @@ fn checked_in_crds_match_the_code() {
     let optional = loxi_ccm::bgp::crds::rendered()
         .into_iter()
         .chain(loxi_ccm::config::sources::rendered())
+        .chain(loxi_ccm::egress::crds::rendered())
         .map(|(file, yaml)| (chart.join("files").join(file), yaml));
     for (path, yaml) in ours.chain(optional) {
         if update {
@@ -64,6 +65,7 @@ fn every_field_of_every_crd_has_a_description() {
         loxi_ccm::ipam::claims::AddressClaim::crd(),
         loxi_ccm::ipam::address_pools::AddressPool::crd(),
         loxi_ccm::config::sources::LoxiURL::crd(),
+        loxi_ccm::egress::crds::Egress::crd(),
     ] {
         let name = crd.metadata.name.clone().unwrap_or_default();
         for version in &crd.spec.versions {

@@ -58,6 +58,7 @@ fn rule() -> Rule {
         probe: RuleProbe::default(),
         inactive_timeout: 0,
         proxy_protocol_v2: false,
+        egress: false,
         allowed_sources: vec![],
         secondary_ips: vec![],
         bgp: false,

@@ -44,6 +44,7 @@ fn fixed_at_create_differs(have: &Rule, want: &Rule) -> bool {
         || have.secondary_ips != want.secondary_ips
         || have.allowed_sources != want.allowed_sources
         || have.bgp != want.bgp
+        || have.egress != want.egress
 }
 
 /// Fields whose change makes loxilb apply a re-POST (docs/loxilb-api.md#updates), as far as a
@@ -130,6 +131,7 @@ mod tests {
             probe: Probe::default(),
             inactive_timeout: 0,
             proxy_protocol_v2: false,
+            egress: false,
             allowed_sources: vec![],
             secondary_ips: vec![],
             bgp: false,
@@ -238,7 +240,7 @@ mod tests {
         for (i, f) in in_place.iter().enumerate() {
             assert!(matches!(update(f)[..], [Action::Update(_)]), "case {i}");
         }
-        let recreate: [&dyn Fn(&mut Rule); 8] = [
+        let recreate: [&dyn Fn(&mut Rule); 9] = [
             // loxilb applies no source-range change of the same length (inverted compare).
             &|r| r.allowed_sources = vec!["10.0.0.0/8".parse().unwrap()],
             &|r| {
@@ -252,6 +254,8 @@ mod tests {
             &|r| r.mode = NatMode::FullNat,
             // loxilb ignores a re-POST that changes only the idle timeout.
             &|r| r.inactive_timeout = 600,
+            // loxilb refuses to change it: "cant modify rule egress mode".
+            &|r| r.egress = true,
         ];
         for (i, f) in recreate.iter().enumerate() {
             assert!(matches!(update(f)[..], [Action::Recreate(_)]), "case {i}");
@@ -382,6 +386,7 @@ mod tests {
                             probe,
                             inactive_timeout,
                             proxy_protocol_v2: proxy,
+                            egress: false,
                             allowed_sources: sources
                                 .iter()
                                 .map(|s| s.parse::<IpNet>().unwrap())

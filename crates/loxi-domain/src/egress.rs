@@ -9,7 +9,9 @@
 //! of the pods selected *now*, and the diff against what loxilb holds of ours removes exactly
 //! what is no longer wanted.
 //!
-//! Not wired into the controller yet (no CRD served, no watch): see docs/migration.md.
+//! The controller (`crates/loxi-ccm/src/egress/`) gathers every Egress with the addresses
+//! of the pods it selects now, asks [`decide`] for the rules of all of them together and
+//! what to say on each, and brings every loxilb to those rules.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -161,6 +163,211 @@ pub fn merge(
     (merged, conflicts)
 }
 
+/// Whether a pod with `labels` is selected by `selector` (every pair equal); an empty
+/// selector selects no pod (kube-loxilb reads pods only for a non-empty one).
+pub fn selects(selector: &BTreeMap<String, String>, labels: &BTreeMap<String, String>) -> bool {
+    !selector.is_empty() && selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+/// One pod of an Egress's namespace, as far as egress needs it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodSource {
+    pub labels: BTreeMap<String, String>,
+    /// `status.podIPs`.
+    pub ips: Vec<IpAddr>,
+    /// Multus: its addresses per attached network, keyed as its
+    /// `k8s.v1.cni.cncf.io/network-status` annotation spells the network (`namespace/name`).
+    pub networks: BTreeMap<String, Vec<IpAddr>>,
+    /// Neither being deleted nor finished: its address is its own (a finished pod's address
+    /// may already be another pod's).
+    pub live: bool,
+}
+
+/// The addresses of the live pods of `namespace` that `selector` selects: their pod IPs, or
+/// with `multus_nets` (the Egress's `loxilb.io/multus-nets`, a network `name` meaning
+/// `namespace/name`) their addresses on those networks instead. Sorted, unique.
+pub fn pod_addresses(
+    namespace: &str,
+    selector: &BTreeMap<String, String>,
+    multus_nets: &[String],
+    pods: &[PodSource],
+) -> Vec<IpAddr> {
+    let mut out = Vec::new();
+    for pod in pods
+        .iter()
+        .filter(|p| p.live && selects(selector, &p.labels))
+    {
+        if multus_nets.is_empty() {
+            out.extend(pod.ips.iter().copied());
+            continue;
+        }
+        for net in multus_nets {
+            let qualified = if net.contains('/') {
+                net.clone()
+            } else {
+                format!("{namespace}/{net}")
+            };
+            let addrs = pod
+                .networks
+                .get(&qualified)
+                .or_else(|| pod.networks.get(net));
+            out.extend(addrs.into_iter().flatten().copied());
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// One Egress as the controller sees it now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EgressInput {
+    /// `namespace/name`.
+    pub key: String,
+    /// RFC 3339 creation time: the older of two Egresses naming one source keeps it.
+    pub created: String,
+    pub spec: EgressSpec,
+    /// The addresses of the pods its selector selects now.
+    pub pod_addresses: Vec<IpAddr>,
+    /// Being deleted: its rules go.
+    pub deleting: bool,
+}
+
+/// What is decided for one Egress.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EgressVerdict {
+    /// Its rules (those it holds; a source another Egress took is not among them), or why
+    /// its spec cannot be programmed.
+    pub rules: Result<Vec<SnatRule>, EgressError>,
+    /// Sources it names that an older Egress holds: (source, that Egress's key).
+    pub conflicts: Vec<(IpNet, String)>,
+}
+
+/// Every Egress's rules together: what each loxilb must hold of ours, and per live Egress
+/// what it got.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Decision {
+    pub rules: Vec<SnatRule>,
+    pub verdicts: BTreeMap<String, EgressVerdict>,
+}
+
+/// The rules of every live Egress (an Egress being deleted has none) at `preference`, one
+/// per source: the oldest Egress naming a source holds it (then the first by key), the
+/// others report the conflict. An invalid spec holds nothing and keeps nothing.
+pub fn decide(inputs: &[EgressInput], preference: u16) -> Decision {
+    let mut order: Vec<&EgressInput> = inputs.iter().filter(|e| !e.deleting).collect();
+    order.sort_by(|a, b| (&a.created, &a.key).cmp(&(&b.created, &b.key)));
+    let mut taken: BTreeMap<IpNet, &str> = BTreeMap::new();
+    let mut decision = Decision::default();
+    for e in order {
+        let verdict = match plan(&e.spec, &e.pod_addresses, preference) {
+            Err(err) => EgressVerdict {
+                rules: Err(err),
+                conflicts: Vec::new(),
+            },
+            Ok(rules) => {
+                let mut held = Vec::new();
+                let mut conflicts = Vec::new();
+                for r in rules {
+                    match taken.get(&r.source) {
+                        Some(owner) => conflicts.push((r.source, owner.to_string())),
+                        None => {
+                            taken.insert(r.source, &e.key);
+                            held.push(r);
+                        }
+                    }
+                }
+                decision.rules.extend(held.iter().copied());
+                EgressVerdict {
+                    rules: Ok(held),
+                    conflicts,
+                }
+            }
+        };
+        decision.verdicts.insert(e.key.clone(), verdict);
+    }
+    decision.rules.sort();
+    decision
+}
+
+/// One loxilb's last pass: `None` not reached (down), `Some(Err)` its refusal.
+pub type Outcome<'a> = (&'a str, Option<Result<(), &'a str>>);
+
+/// A condition to write: (type, status, reason, message).
+pub type ConditionText = (&'static str, &'static str, &'static str, String);
+
+/// What an Egress's status says, from its verdict and every loxilb's last pass (a pass
+/// that succeeded holds every rule of the decision, so this Egress's too): `programmed`
+/// "n/m" and the conditions `Accepted` and `Programmed`.
+pub fn status(verdict: &EgressVerdict, outcomes: &[Outcome<'_>]) -> (String, Vec<ConditionText>) {
+    let total = outcomes.len();
+    let rules = match &verdict.rules {
+        Err(e) => {
+            return (
+                format!("0/{total}"),
+                vec![
+                    ("Accepted", "False", "InvalidSpec", e.to_string()),
+                    (
+                        "Programmed",
+                        "False",
+                        "NotAccepted",
+                        "the spec is not valid (condition Accepted)".to_string(),
+                    ),
+                ],
+            );
+        }
+        Ok(rules) => rules,
+    };
+    let good = outcomes
+        .iter()
+        .filter(|(_, o)| matches!(o, Some(Ok(()))))
+        .count();
+    let programmed = format!("{good}/{total}");
+    let accepted = ("Accepted", "True", "Valid", String::new());
+    let mut trouble: Vec<String> = outcomes
+        .iter()
+        .filter_map(|(url, o)| match o {
+            None => Some(format!("{url}: not reachable")),
+            Some(Err(e)) => Some(format!("{url}: {e}")),
+            Some(Ok(())) => None,
+        })
+        .collect();
+    let condition = if !verdict.conflicts.is_empty() {
+        let taken: Vec<String> = verdict
+            .conflicts
+            .iter()
+            .map(|(source, owner)| format!("{source} is held by Egress {owner}"))
+            .collect();
+        trouble.insert(0, taken.join(", "));
+        ("Programmed", "False", "SourceConflict", trouble.join("; "))
+    } else if total == 0 {
+        (
+            "Programmed",
+            "False",
+            "NoLoxilb",
+            "no loxilb to program".to_string(),
+        )
+    } else if good < total {
+        (
+            "Programmed",
+            "False",
+            "LoxilbNotProgrammed",
+            trouble.join("; "),
+        )
+    } else {
+        (
+            "Programmed",
+            "True",
+            "Programmed",
+            format!(
+                "{} source(s) NATed to the vip on {good} loxilb(s)",
+                rules.len()
+            ),
+        )
+    };
+    (programmed, vec![accepted, condition])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -240,5 +447,123 @@ mod tests {
         let owner = ClusterId::new("c1").unwrap();
         let p = snat_preference(&owner);
         assert!((SNAT_PREFERENCE_BASE..SNAT_PREFERENCE_BASE + 4096).contains(&p));
+    }
+
+    fn input(key: &str, created: &str, addresses: &[&str], pods: &[&str]) -> EgressInput {
+        EgressInput {
+            key: key.into(),
+            created: created.into(),
+            spec: spec(addresses, "192.0.2.50"),
+            pod_addresses: pods.iter().map(|p| p.parse().unwrap()).collect(),
+            deleting: false,
+        }
+    }
+
+    #[test]
+    fn selectors_need_every_label_and_empty_selects_nothing() {
+        let labels = BTreeMap::from([("app".to_string(), "web".to_string())]);
+        assert!(selects(&labels, &labels));
+        assert!(!selects(&BTreeMap::new(), &labels));
+        let more = BTreeMap::from([
+            ("app".to_string(), "web".to_string()),
+            ("tier".to_string(), "x".to_string()),
+        ]);
+        assert!(!selects(&more, &labels));
+    }
+
+    #[test]
+    fn pod_addresses_follow_labels_liveness_and_multus_networks() {
+        let ip = |a: &str| -> IpAddr { a.parse().unwrap() };
+        let labels = BTreeMap::from([("app".to_string(), "web".to_string())]);
+        let pod = |ips: &[&str], live: bool| PodSource {
+            labels: labels.clone(),
+            ips: ips.iter().map(|a| ip(a)).collect(),
+            networks: BTreeMap::from([("ns/macvlan1".to_string(), vec![ip("192.168.5.9")])]),
+            live,
+        };
+        let other = PodSource {
+            labels: BTreeMap::new(),
+            ips: vec![ip("10.244.9.9")],
+            ..PodSource::default()
+        };
+        let pods = [
+            pod(&["10.244.1.5", "fd00::5"], true),
+            pod(&["10.244.1.6"], false),
+            other,
+        ];
+        assert_eq!(
+            pod_addresses("ns", &labels, &[], &pods),
+            vec![ip("10.244.1.5"), ip("fd00::5")]
+        );
+        assert_eq!(
+            pod_addresses("ns", &labels, &["macvlan1".into()], &pods),
+            vec![ip("192.168.5.9")]
+        );
+        assert!(pod_addresses("ns", &BTreeMap::new(), &[], &pods).is_empty());
+    }
+
+    #[test]
+    fn the_older_egress_keeps_a_shared_source_and_the_other_reports_it() {
+        let young = input(
+            "ns/a",
+            "2026-01-02T00:00:00Z",
+            &["10.0.0.5"],
+            &["10.244.0.9"],
+        );
+        let old = input("ns/b", "2026-01-01T00:00:00Z", &["10.0.0.5"], &[]);
+        let d = decide(&[young, old], 50_001);
+        assert_eq!(d.rules.len(), 2);
+        assert!(d.verdicts["ns/b"].conflicts.is_empty());
+        assert_eq!(
+            d.verdicts["ns/a"].conflicts,
+            vec![("10.0.0.5/32".parse().unwrap(), "ns/b".to_string())]
+        );
+        let (programmed, conds) = status(&d.verdicts["ns/a"], &[("http://l1", Some(Ok(())))]);
+        assert_eq!(programmed, "1/1");
+        assert_eq!(conds[1].2, "SourceConflict");
+        assert!(
+            conds[1].3.contains("10.0.0.5/32 is held by Egress ns/b"),
+            "{conds:?}"
+        );
+        let (_, conds) = status(&d.verdicts["ns/b"], &[("http://l1", Some(Ok(())))]);
+        assert_eq!((conds[1].1, conds[1].2), ("True", "Programmed"));
+    }
+
+    #[test]
+    fn a_deleted_or_invalid_egress_holds_nothing() {
+        let mut gone = input("ns/a", "t", &["10.0.0.5"], &[]);
+        gone.deleting = true;
+        let mut bad = input("ns/b", "t", &["10.0.0.6"], &[]);
+        bad.spec.vip = "no".into();
+        let d = decide(&[gone, bad], 50_001);
+        assert!(d.rules.is_empty());
+        assert!(!d.verdicts.contains_key("ns/a"));
+        let (programmed, conds) = status(&d.verdicts["ns/b"], &[("u", Some(Ok(())))]);
+        assert_eq!(programmed, "0/1");
+        assert_eq!((conds[0].1, conds[0].2), ("False", "InvalidSpec"));
+        assert!(conds[0].3.contains("spec.vip"), "{conds:?}");
+    }
+
+    #[test]
+    fn programmed_counts_the_loxilbs_that_hold_the_rules() {
+        let d = decide(&[input("ns/a", "t", &["10.0.0.5"], &[])], 50_001);
+        let v = &d.verdicts["ns/a"];
+        let (programmed, conds) = status(
+            v,
+            &[
+                ("http://l1", Some(Ok(()))),
+                ("http://l2", None),
+                ("http://l3", Some(Err("rule-snat error"))),
+            ],
+        );
+        assert_eq!(programmed, "1/3");
+        assert_eq!((conds[1].1, conds[1].2), ("False", "LoxilbNotProgrammed"));
+        assert!(conds[1].3.contains("http://l2: not reachable"), "{conds:?}");
+        assert!(
+            conds[1].3.contains("http://l3: rule-snat error"),
+            "{conds:?}"
+        );
+        let (_, conds) = status(v, &[]);
+        assert_eq!(conds[1].2, "NoLoxilb");
     }
 }

@@ -252,6 +252,7 @@ mod tests {
             probe: crate::model::Probe::default(),
             inactive_timeout: 0,
             proxy_protocol_v2: false,
+            egress: false,
             allowed_sources: sources.iter().map(|s| s.parse().unwrap()).collect(),
             secondary_ips: vec![],
             bgp: false,

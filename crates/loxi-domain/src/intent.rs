@@ -39,6 +39,8 @@ pub const ANN_PROXY_PROTOCOL_V2: &str = "loxilb.io/useproxyprotov2";
 /// are the addresses and ports of its EndpointSlices, also hand-made slices of a
 /// selector-less Service pointing outside the cluster.
 pub const ANN_USE_EXTERNAL_ENDPOINT: &str = "loxilb.io/useExternalEndpoint";
+/// kube-loxilb's per-Service egress flag (`yes`/`no`): loxilb's rule field `egress`.
+pub const ANN_EGRESS: &str = "loxilb.io/egress";
 
 /// loxilb's upper bound for `inactiveTimeOut` and (silently) `probeTimeout`
 /// (docs/loxilb-api.md#limits).
@@ -112,6 +114,8 @@ pub struct ServiceIntent {
     /// about loxilb instances, so it does not change endpoint choice (docs/annotations.md).
     pub prefer_local_pod: bool,
     pub proxy_protocol_v2: bool,
+    /// `loxilb.io/egress`.
+    pub egress: bool,
 }
 
 impl ServiceIntent {
@@ -129,6 +133,7 @@ impl ServiceIntent {
             node_selector: None,
             prefer_local_pod: false,
             proxy_protocol_v2: false,
+            egress: false,
         }
     }
 
@@ -370,6 +375,7 @@ pub fn parse_intent(
     intent.prefer_local_pod = yes_no(annotations, ANN_PREF_LOCAL_POD)?.unwrap_or(false);
     intent.proxy_protocol_v2 = yes_no(annotations, ANN_PROXY_PROTOCOL_V2)?.unwrap_or(false);
     crate::mtls::check_mtls(annotations)?;
+    intent.egress = yes_no(annotations, ANN_EGRESS)?.unwrap_or(false);
     Ok(intent)
 }
 
@@ -686,6 +692,7 @@ mod tests {
             (ANN_NODE_LABEL, "node-role.kubernetes.io/edge=true"),
             (ANN_PREF_LOCAL_POD, "yes"),
             (ANN_PROXY_PROTOCOL_V2, "yes"),
+            (ANN_EGRESS, "yes"),
             ("loxilb.io/somethingnew", "whatever"),
         ])
         .unwrap();
@@ -714,7 +721,7 @@ mod tests {
                 value: Some("true".into())
             })
         );
-        assert!(i.prefer_local_pod && i.proxy_protocol_v2);
+        assert!(i.prefer_local_pod && i.proxy_protocol_v2 && i.egress);
         // Every epselect spelling.
         for (v, sel) in [
             ("rr", EndpointSelection::RoundRobin),

@@ -274,6 +274,9 @@ pub struct Rule {
     pub inactive_timeout: u32,
     /// Send a PROXY protocol v2 header to endpoints (tcp only).
     pub proxy_protocol_v2: bool,
+    /// `loxilb.io/egress`: loxilb's rule flag `egress` (the endpoints' own outgoing traffic
+    /// leaves with the rule's address). Fixed at creation: loxilb refuses to change it.
+    pub egress: bool,
     /// Source allow-list (`allowedSources`), from `spec.loadBalancerSourceRanges`. Empty =
     /// no restriction. Canonical (network) form, sorted.
     pub allowed_sources: Vec<IpNet>,
@@ -361,6 +364,7 @@ mod tests {
             probe: Probe::default(),
             inactive_timeout: 0,
             proxy_protocol_v2: false,
+            egress: false,
             allowed_sources: vec![],
             secondary_ips: vec![],
             bgp: false,

@@ -260,6 +260,7 @@ pub fn plan_rules(
                     probe: intent.probe.clone(),
                     inactive_timeout: intent.inactive_timeout,
                     proxy_protocol_v2: intent.proxy_protocol_v2,
+                    egress: intent.egress,
                     allowed_sources: allowed_sources.clone(),
                     // Each VIP gets the secondary addresses of its own family (a
                     // dual-stack Service's other VIP has none).

@@ -151,6 +151,7 @@ mod tests {
             secondary_ips: vec![],
             bgp: false,
             private_ip: None,
+            egress: false,
         }
         .normalized()
     }

@@ -32,6 +32,7 @@ pub fn to_entry(rule: &Rule) -> LoadbalanceEntry {
             probe_retries: i32::try_from(rule.probe.retries).unwrap_or(i32::MAX),
             inactive_timeout: rule.inactive_timeout,
             proxyprotocolv2: rule.proxy_protocol_v2,
+            egress: rule.egress,
             bgp: rule.bgp,
             private_ip: rule.private_ip.as_ref().map(ip_text).unwrap_or_default(),
             ..Default::default()
@@ -148,6 +149,7 @@ pub fn from_entry(entry: &LoadbalanceEntry) -> Option<Rule> {
                 sa.inactive_timeout
             },
             proxy_protocol_v2: sa.proxyprotocolv2,
+            egress: sa.egress,
             allowed_sources,
             secondary_ips,
             bgp: sa.bgp,
@@ -215,6 +217,7 @@ mod tests {
             },
             inactive_timeout: 0,
             proxy_protocol_v2: false,
+            egress: false,
             allowed_sources: vec!["10.0.0.0/8".parse().unwrap()],
             secondary_ips: vec!["192.0.2.20".parse().unwrap(), "192.0.2.30".parse().unwrap()],
             bgp: true,
@@ -243,6 +246,7 @@ mod tests {
             probe: Probe::default(),
             inactive_timeout: 0,
             proxy_protocol_v2: false,
+            egress: false,
             allowed_sources: vec![],
             secondary_ips: vec![],
             bgp: false,

@@ -214,9 +214,12 @@ pub fn owned_snat_rule(entry: &FirewallEntry, preference: u16) -> Option<SnatRul
     if !plain {
         return None;
     }
-    let destination: IpNet = m.destination_ip.parse().ok()?;
-    if destination.prefix_len() != 0 {
-        return None;
+    // Any destination: listed as `0.0.0.0/0` or `::/0`, sent empty.
+    if !m.destination_ip.is_empty() {
+        let destination: IpNet = m.destination_ip.parse().ok()?;
+        if destination.prefix_len() != 0 {
+            return None;
+        }
     }
     Some(SnatRule {
         source: m.source_ip.parse::<IpNet>().ok()?.trunc(),

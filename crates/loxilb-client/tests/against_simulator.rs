@@ -68,6 +68,7 @@ fn tcp_rule(vip: &str, port: u16, name: &str, endpoints: Vec<Endpoint>) -> Rule 
         probe: Default::default(),
         inactive_timeout: 0,
         proxy_protocol_v2: false,
+        egress: false,
         allowed_sources: vec![],
         secondary_ips: vec![],
         bgp: false,

@@ -436,6 +436,7 @@ fn rule_entry(endpoint: &str, bgp: bool) -> LoadbalanceEntry {
         probe: Default::default(),
         inactive_timeout: 0,
         proxy_protocol_v2: false,
+        egress: false,
         allowed_sources: vec![],
         secondary_ips: vec![],
         bgp: false,

@@ -200,6 +200,7 @@ fn minimal() -> LoadbalanceEntry {
         probe: Default::default(),
         inactive_timeout: 0,
         proxy_protocol_v2: false,
+        egress: false,
         allowed_sources: vec![],
         secondary_ips: vec![],
         bgp: false,

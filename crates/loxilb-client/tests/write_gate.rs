@@ -31,6 +31,7 @@ fn rule() -> Rule {
         probe: Default::default(),
         inactive_timeout: 0,
         proxy_protocol_v2: false,
+        egress: false,
         allowed_sources: Vec::new(),
         secondary_ips: Vec::new(),
         bgp: false,

@@ -40,6 +40,7 @@ const OPTIONAL: &[(&str, &str)] = &[
         "templates/optional/loxiurl-crd.yaml",
         "loxiurlCrd.enabled=true",
     ),
+    ("templates/optional/egress.yaml", "egress.enabled=true"),
 ];
 
 /// `(path under deploy/, text)` for every plain manifest, in path order.

@@ -17,6 +17,7 @@ use loxi_domain::addressing::{ANN_SECONDARY_IPS, ANN_STATIC_IP};
 use loxi_domain::pools::PoolSet;
 use loxi_domain::{Action, ClusterId, NodeView, Rule, RuleKey, RuleName, diff_rules};
 
+mod egress;
 mod firewall;
 
 use crate::ipam::claims::{AddressClaim, ClaimedBy};
@@ -72,6 +73,9 @@ pub struct Snapshot {
     pub instances: Vec<InstanceSnapshot>,
     /// `--set-roles`: roles are arbitrated, so each HA instance has one master.
     pub roles: Option<loxi_domain::roles::HaSettings>,
+    /// `--egress`: every Egress with the addresses of the pods it selects now; `None`: off,
+    /// or the Egress kind not served (nothing checked).
+    pub egresses: Option<Vec<loxi_domain::egress::EgressInput>>,
 }
 
 /// The kinds of violation, each with a stable name (the report's first word after
@@ -244,6 +248,7 @@ pub fn audit(s: &Snapshot) -> Findings {
     let (desired, desired_fw) = firewall::split_desired(s, desired);
     check_rules(s, &view, &desired, &mut f);
     firewall::check(s, &view, &desired, &desired_fw, &mut f);
+    egress::check(s, &mut f);
     check_orphans(s, &view, &mut f);
     check_advertisements(s, &mut f);
     check_masters(s, &mut f);
@@ -1023,7 +1028,7 @@ mod tests {
 
     const NS: &str = "team";
 
-    fn service(name: &str, uid: &str, port: i32, ip: Option<&str>) -> Service {
+    pub(super) fn service(name: &str, uid: &str, port: i32, ip: Option<&str>) -> Service {
         Service {
             metadata: ObjectMeta {
                 namespace: Some(NS.into()),
@@ -1055,7 +1060,7 @@ mod tests {
         }
     }
 
-    fn owner(name: &str, uid: &str, port: u16) -> ClaimedBy {
+    pub(super) fn owner(name: &str, uid: &str, port: u16) -> ClaimedBy {
         ClaimedBy::new(
             NS,
             name,
@@ -1068,7 +1073,7 @@ mod tests {
         )
     }
 
-    fn claim(ip: &str, owners: Vec<ClaimedBy>) -> AddressClaim {
+    pub(super) fn claim(ip: &str, owners: Vec<ClaimedBy>) -> AddressClaim {
         let mut owners = owners.into_iter();
         let mut c = AddressClaim::new(
             &crate::ipam::claims::claim_name(&ip.parse().unwrap()),
@@ -1094,7 +1099,7 @@ mod tests {
         }
     }
 
-    fn snapshot(services: Vec<Service>, claims: Vec<AddressClaim>) -> Snapshot {
+    pub(super) fn snapshot(services: Vec<Service>, claims: Vec<AddressClaim>) -> Snapshot {
         let pool = Pool::new("default", vec!["192.0.2.0/24".parse().unwrap()]);
         let mut s = Snapshot {
             cluster: ClusterId::new("test").unwrap(),
@@ -1118,6 +1123,7 @@ mod tests {
             },
             instances: Vec::new(),
             roles: None,
+            egresses: None,
         };
         // A loxilb holding exactly the planned rules: a converged cluster.
         let rules = planned(&s);
@@ -1133,7 +1139,7 @@ mod tests {
     }
 
     /// Every rule the planner wants for the snapshot's served Services.
-    fn planned(s: &Snapshot) -> Vec<Rule> {
+    pub(super) fn planned(s: &Snapshot) -> Vec<Rule> {
         let view = View::new(s);
         let mut f = Findings::default();
         let mut rules: Vec<Rule> = desired_rules(s, &view, &mut f)
@@ -1164,7 +1170,7 @@ mod tests {
         )
     }
 
-    fn kinds(f: &Findings) -> Vec<Kind> {
+    pub(super) fn kinds(f: &Findings) -> Vec<Kind> {
         f.violations.iter().map(|v| v.kind).collect()
     }
 

@@ -19,6 +19,7 @@ use loxilb_client::convert::from_entry;
 
 use super::checks::{InstanceSnapshot, Snapshot};
 use crate::config::Config;
+use crate::egress::crds::Egress;
 use crate::ipam::address_pools::{AddressPool, cidrpool_spec, to_spec, with_cidrpools};
 use crate::ipam::claims::AddressClaim;
 use crate::k8s::view::{NETWORK_STATUS_ANNOTATION, Selection, multus_networks, node_view};
@@ -126,6 +127,23 @@ pub async fn snapshot(client: &kube::Client, cfg: &Config) -> anyhow::Result<Sna
     let resources = with_cidrpools(resources, &cidrpools(client).await);
     let pools = merge_pools(&cfg.pools, &cfg.secondary_pools, resources);
 
+    // With --egress, the Egresses (when their kind is served) and the pods they select.
+    let egresses = if cfg.egress {
+        match scoped::<Egress>(client, cfg).list(&lp).await {
+            Ok(list) => {
+                let pods = scoped::<Pod>(client, cfg)
+                    .list(&lp)
+                    .await
+                    .context("listing Pods")?
+                    .items;
+                Some(crate::egress::inputs(list.items.iter(), pods.iter()))
+            }
+            Err(e) if crate::k8s::served::not_installed(&e) => None,
+            Err(e) => return Err(e).context("listing Egresses"),
+        }
+    } else {
+        None
+    };
     // Every loxilb of the fleet: --loxilb-url, discovered, LoxiURL resources.
     let loxilbs = crate::config::sources::loxilbs(client, cfg).await?;
     let mut instances = Vec::new();
@@ -155,6 +173,7 @@ pub async fn snapshot(client: &kube::Client, cfg: &Config) -> anyhow::Result<Sna
         pools,
         instances,
         roles: cfg.roles.clone(),
+        egresses,
     })
 }
 

@@ -509,6 +509,13 @@ pub struct ServiceArgs {
     #[arg(long = "multus", env = "LOXI_CCM_MULTUS")]
     pub multus: bool,
 
+    /// Serve kube-loxilb's Egress resource (egress.loxilb.io/v1, CRD in
+    /// deploy/optional/egress.yaml): the addresses it lists and the pods its selector selects
+    /// leave through loxilb source-NATed to its vip (firewall SNAT rules on every loxilb,
+    /// docs/egress.md). Off by default: it keeps every Pod's labels and addresses in memory.
+    #[arg(long = "egress", env = "LOXI_CCM_EGRESS")]
+    pub egress: bool,
+
     /// Cluster identity written into every rule name so clusters can share a loxilb.
     /// Default: derived from the kube-system namespace UID.
     #[arg(long = "cluster-id", env = "LOXI_CCM_CLUSTER_ID")]
@@ -733,6 +740,7 @@ const GO_BOOLS: &[&str] = &[
     "use_pod_network",
     "append_endpoints",
     "multus",
+    "egress",
     "loxilb_insecure_skip_tls_verify",
 ];
 

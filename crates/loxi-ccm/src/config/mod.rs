@@ -146,6 +146,8 @@ pub struct Config {
     pub node_init: NodeInitArgs,
     /// Read Multus network-status from Pod metadata.
     pub multus: bool,
+    /// Serve kube-loxilb's Egress resource (`crate::egress`).
+    pub egress: bool,
     /// `None`: BGP off (`--bgp-local-as` unset or 0).
     pub bgp: Option<BgpSettings>,
     /// `Some` without `--loxilb-url`: the loxilbs are followed in the cluster.
@@ -306,6 +308,7 @@ impl Config {
             leader,
             node_init: args.node_init.clone(),
             multus: args.services.multus,
+            egress: args.services.egress,
             bgp,
             discovery,
             peer_discovery,

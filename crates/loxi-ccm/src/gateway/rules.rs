@@ -81,6 +81,7 @@ pub fn gateway_rules(
                 bgp: style.advertise,
                 // --privateCIDR is for Services (elastic-IP HA of a Service's address).
                 private_ip: None,
+                egress: false,
             };
             rules.push(rule.normalized());
         }

@@ -62,6 +62,7 @@ pub mod queues;
 mod roles;
 mod rules;
 mod shared;
+pub mod snat;
 mod window;
 
 pub use members::{Fleet, Group, Member, MembersChanged};
@@ -474,6 +475,7 @@ mod tests {
             probe: RuleProbe::default(),
             inactive_timeout: 0,
             proxy_protocol_v2: false,
+            egress: false,
             allowed_sources: sources.iter().map(|s| s.parse().unwrap()).collect(),
             secondary_ips: vec![],
             bgp: false,

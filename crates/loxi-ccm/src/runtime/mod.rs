@@ -22,6 +22,7 @@ use tracing::{info, warn};
 
 use crate::bgp::{Bgp, Resources as BgpResources};
 use crate::config::Config;
+use crate::egress::{self, Egresses};
 use crate::fleet::record::ConfigMapRecord;
 use crate::fleet::roles::Roles;
 use crate::fleet::{self, Fleet};
@@ -260,7 +261,28 @@ pub async fn run(
     });
     // The loxilbs' workers, the health tick and the role decisions: they stop with this
     // function.
-    let _fleet = fleet.start(service::drift::replay(ctx.clone()));
+    // kube-loxilb's Egress resource (--egress): watched, and replayed with every loxilb's
+    // rules after it restarted.
+    let egresses = if cfg.egress {
+        Some(
+            Egresses::watch(
+                &ctx.kube,
+                cfg.namespace.as_deref(),
+                &ctx.cluster,
+                ctx.report.recorder.clone(),
+                ctx.report.metrics.clone(),
+            )
+            .await,
+        )
+    } else {
+        None
+    };
+    let replay = service::drift::replay(ctx.clone());
+    let replay: fleet::workers::Replay = match &egresses {
+        Some((egresses, _)) => egress::with_replay(egresses.clone(), replay),
+        None => replay,
+    };
+    let _fleet = fleet.start(replay);
 
     // Everything below ends with this function (dropping the set aborts its tasks): a
     // stopped controller must not keep probing, replaying or repairing from frozen stores.
@@ -294,6 +316,21 @@ pub async fn run(
     ));
     for watch in bgp_watches {
         tasks.spawn(watch);
+    }
+    if let Some((egresses, watches)) = egresses {
+        for watch in watches {
+            tasks.spawn(watch);
+        }
+        let ready = {
+            let ctx = ctx.clone();
+            async move { ctx.gate.wait_ready().await }
+        };
+        let instances = ctx.fleet.clone();
+        tasks.spawn(egresses.run(
+            ready,
+            move || instances.instances().to_vec(),
+            cfg.drift_interval,
+        ));
     }
     // AddressPool status is the default controller's to write: every controller reads the
     // pools, but the status also describes them against the writer's flag pools (overlaps),

@@ -56,7 +56,7 @@ pub async fn install_crds(client: &kube::Client) {
 }
 
 /// Creates `crd` (or leaves it as it is when it exists) and waits until it is Established.
-async fn install_crd(
+pub async fn install_crd(
     client: &kube::Client,
     crd: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
 ) {

@@ -16,7 +16,7 @@ pub mod wait;
 // Re-exported so that tests name them `common::x`; each test binary uses some.
 #[allow(unused_imports)]
 pub use cluster::{
-    control_plane, delete_crds, host_address, host_address_v6, install_crds,
+    control_plane, delete_crds, host_address, host_address_v6, install_crd, install_crds,
     install_gateway_api_crds, install_shipped_crds, serial, store_in_etcd, test_namespace,
 };
 #[allow(unused_imports)]

@@ -133,3 +133,81 @@ pub(super) fn check(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{claim, kinds, owner, planned, service, snapshot};
+    use super::super::{Kind, Snapshot, audit};
+    use loxi_domain::firewall::{FwAction, FwRule, Preferences, split};
+    use loxilb_client::firewall::to_firewall_entry;
+
+    /// `--source-ranges=firewall`, one Service with a source range, and a loxilb holding
+    /// its LB rule (without the range) and its allow and drop rules: clean.
+    fn with_ranges() -> (Snapshot, Vec<FwRule>) {
+        let mut web = service("web", "u1", 80, Some("192.0.2.1"));
+        if let Some(spec) = web.spec.as_mut() {
+            spec.load_balancer_source_ranges = Some(vec!["198.51.100.0/24".into()]);
+        }
+        let mut s = snapshot(
+            vec![web],
+            vec![claim("192.0.2.1", vec![owner("web", "u1", 80)])],
+        );
+        s.settings.enforce_source_ranges = true;
+        s.settings.source_ranges_firewall = true;
+        let (lb, fw) = split(&planned(&s), Preferences::of(&s.cluster));
+        s.instances[0].rules = Ok(lb);
+        s.instances[0].firewall = Some(Ok(fw.iter().map(to_firewall_entry).collect()));
+        (s, fw)
+    }
+
+    #[test]
+    fn a_service_holding_its_allow_and_drop_rules_is_clean() {
+        let (s, fw) = with_ranges();
+        assert_eq!(fw.len(), 2, "one allow rule and one drop rule: {fw:?}");
+        let f = audit(&s);
+        assert!(f.clean(), "{f}");
+    }
+
+    #[test]
+    fn a_missing_drop_rule_is_a_violation_naming_the_service() {
+        let (mut s, _) = with_ranges();
+        if let Some(Ok(listed)) = &mut s.instances[0].firewall {
+            listed.retain(|e| !e.opts.drop);
+        }
+        let f = audit(&s);
+        assert_eq!(kinds(&f), vec![Kind::Rules], "{f}");
+        assert!(f.violations[0].detail.contains("team/web"), "{f}");
+        assert!(f.violations[0].detail.contains("Drop"), "{f}");
+    }
+
+    #[test]
+    fn a_rule_of_ours_nobody_wants_is_an_orphan_and_others_rules_are_not_looked_at() {
+        let (mut s, fw) = with_ranges();
+        let prefs = Preferences::of(&s.cluster);
+        let stale = FwRule {
+            destination: "192.0.2.9".parse().unwrap(),
+            port: 81,
+            ..fw[0]
+        };
+        let foreign = FwRule {
+            preference: prefs.drop.wrapping_add(100),
+            action: FwAction::Drop,
+            ..stale
+        };
+        if let Some(Ok(listed)) = &mut s.instances[0].firewall {
+            listed.push(to_firewall_entry(&stale));
+            listed.push(to_firewall_entry(&foreign));
+        }
+        let f = audit(&s);
+        assert_eq!(kinds(&f), vec![Kind::OwnedOrphan], "{f}");
+        assert!(f.violations[0].detail.contains("192.0.2.9:81"), "{f}");
+        // A firewall that cannot be listed is noted, not checked.
+        s.instances[0].firewall = Some(Err("refused".into()));
+        let f = audit(&s);
+        assert!(f.clean(), "{f}");
+        assert!(
+            f.notes.iter().any(|n| n.contains("firewall not checked")),
+            "{f}"
+        );
+    }
+}
