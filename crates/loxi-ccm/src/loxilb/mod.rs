@@ -228,12 +228,12 @@ impl Probe {
         matches!(self, Probe::CameBack | Probe::LostRules { .. })
     }
 
-    /// Services' Programmed conditions (which name unreachable instances) are stale.
+    /// Services' Programmed conditions (which name unreachable instances) are stale. Not
+    /// after a restart seen while reachable (`LostRules`): no condition names it, and the
+    /// Services' passes it would start would write their rules while the worker replays the
+    /// role and BGP settings that must come first (docs/loxilb-api.md#replay-order).
     pub fn changes_status(self) -> bool {
-        matches!(
-            self,
-            Probe::WentDown | Probe::CameBack | Probe::LostRules { .. }
-        )
+        matches!(self, Probe::WentDown | Probe::CameBack)
     }
 }
 
