@@ -15,7 +15,9 @@
 //!   moved while it was away), then its BGP settings, then every rule; BGP is kept in step
 //!   at every interval, and retried there while loxilb's goBGP is still starting (it answers
 //!   about 9 s after loxilb's API: docs/loxilb-api.md#the-global-configuration), without
-//!   holding back the rules.
+//!   holding back the rules. From the probe that finds the restart until the replay ran,
+//!   Services' passes leave that loxilb alone (`Instance::takes_passes`): the replay
+//!   carries their rules, and a pass in between would send rules before role and BGP.
 //!
 //! The rules of the replay come from the caller ([`Replay`]: the Services' desired rules are
 //! the `service` subsystem's), and what a BGP pass found is kept for the health tick, which
@@ -281,7 +283,9 @@ impl Workers {
                     .probe(&self.settings.cluster, &self.settings.metrics)
                     .await;
                 if probe.changes_status() {
-                    self.tell(true);
+                    // Back with its passes held: the Services' conditions change once its
+                    // replay ran (the driver tells then), not before; the roles hear now.
+                    self.tell(!(probe == Probe::CameBack && inst.passes_held()));
                 }
                 if probe == Probe::WentDown
                     && let Some(bgp) = &self.settings.bgp
@@ -375,6 +379,13 @@ impl Workers {
             if replay_owed && kind == Kind::Member && inst.is_healthy() {
                 let complete = (self.settings.replay)(inst.clone()).await;
                 replay_owed = !complete;
+                // Services' passes were held back since the restart was seen (its role and
+                // BGP had to go first): they write again once the replay ran, complete or
+                // not (a rule a limit held back is theirs to report), and each Service gets
+                // a pass for its conditions and for what changed during the replay.
+                if inst.is_healthy() && inst.resume_passes() {
+                    self.tell(true);
+                }
                 if complete && inst.start_serving() {
                     info!(
                         instance = inst.url(),

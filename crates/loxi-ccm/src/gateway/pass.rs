@@ -481,7 +481,7 @@ impl Pass {
         let mut reached = 0;
         for inst in instances
             .iter()
-            .filter(|i| i.group() == group.as_str() && i.is_serving())
+            .filter(|i| i.group() == group.as_str() && i.takes_passes())
         {
             if !inst.is_healthy() {
                 problems.push(format!("loxilb {} is down", inst.url()));

@@ -281,6 +281,11 @@ pub struct Instance {
     /// Services' passes program it. A discovered instance joins without (`Fleet::set_members`)
     /// and serves once its first replay programmed it completely.
     serving: AtomicBool,
+    /// Services' passes are held back from it: it restarted (or came back after being
+    /// away) and its worker replays its roles, BGP and rules, in that order
+    /// (docs/loxilb-api.md#replay-order); a pass in between would write rules before the
+    /// settings that must come first. Lifted once the replay ran (`resume_passes`).
+    passes_held: AtomicBool,
     /// Rule writes wait for their turn here (`window.rs`): as many in flight as loxilb
     /// answers in time, the most urgent first, superseded ones never sent.
     window: window::Window,
@@ -344,6 +349,7 @@ impl Instance {
             bgp: Mutex::default(),
             roles: Mutex::default(),
             serving: AtomicBool::new(true),
+            passes_held: AtomicBool::new(false),
             window: window::Window::new(WindowSettings::for_timeout(
                 DEFAULT_WRITE_WINDOW,
                 client_timeout,
@@ -424,6 +430,28 @@ impl Instance {
     /// Its first replay programmed it completely: Services' passes program it from now on.
     pub fn start_serving(&self) -> bool {
         !self.serving.swap(true, Ordering::SeqCst)
+    }
+
+    /// Whether Services' passes write to it now: it serves, and no replay after a restart
+    /// is owed (`passes_held`).
+    pub fn takes_passes(&self) -> bool {
+        self.is_serving() && !self.passes_held()
+    }
+
+    /// Whether Services' passes are held back until its replay ran (`passes_held`).
+    pub fn passes_held(&self) -> bool {
+        self.passes_held.load(Ordering::SeqCst)
+    }
+
+    /// Holds Services' passes back until its replay ran (`passes_held`).
+    pub(super) fn hold_passes(&self) {
+        self.passes_held.store(true, Ordering::SeqCst);
+    }
+
+    /// Its replay ran: Services' passes write to it again. True when they were held back
+    /// (their conditions, and what changed during the replay, need a pass).
+    pub fn resume_passes(&self) -> bool {
+        self.passes_held.swap(false, Ordering::SeqCst)
     }
 }
 

@@ -149,6 +149,11 @@ impl Instance {
                 }
             }
             h.room_freed();
+            if !first {
+                // Back after being away: it may have restarted empty. (At the controller's
+                // start nothing is held back: nothing was written there yet.)
+                self.hold_passes();
+            }
             info!(instance = self.url(), "loxilb reachable: replaying rules");
             metrics.replayed(self.url(), "came_back");
             return Probe::CameBack;
@@ -248,6 +253,7 @@ impl Instance {
         );
         h.learned_capacity = None;
         h.room_freed();
+        self.hold_passes();
         metrics.replayed(self.url(), "lost_rules");
         Probe::LostRules { missing }
     }

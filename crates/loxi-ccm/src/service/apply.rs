@@ -27,8 +27,9 @@ pub async fn apply_everywhere(
     let calls = instances
         .iter()
         .filter(|i| i.group() == group)
-        // Joining (discovery): its first replay programs everything, this rule set too.
-        .filter(|i| i.is_serving())
+        // Joining (discovery), or replaying after a restart: the replay programs
+        // everything, this rule set too, and a pass follows it.
+        .filter(|i| i.takes_passes())
         .map(|inst| {
             let owner = &owner;
             async move {

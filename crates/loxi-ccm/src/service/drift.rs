@@ -38,7 +38,8 @@ pub async fn drift_loop(ctx: Arc<Context>, interval: Duration) {
     loop {
         tick.tick().await;
         for inst in ctx.fleet.instances().iter() {
-            if inst.is_healthy() {
+            // One whose worker owes a replay (it restarted) is left to that replay.
+            if inst.is_healthy() && inst.takes_passes() {
                 wait_quiet(inst, interval).await;
                 converge_instance(&ctx, inst).await;
             }
