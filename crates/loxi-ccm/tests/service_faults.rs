@@ -82,6 +82,73 @@ async fn loxilb_restart_and_outage_are_repaired() {
     w.finish().await;
 }
 
+/// A Service deleted while its loxilb does not answer keeps its address and finalizer (an
+/// old rule may still forward there), with a Warning naming that loxilb, until the loxilb
+/// has been unreachable for `--loxilb-gone-after`: then it counts as gone for good, both are
+/// released, and the loxilb, once back, loses the rule in its replay.
+#[tokio::test]
+async fn a_deleted_service_waits_for_an_unreachable_loxilb_until_it_is_gone_for_good() {
+    let gone_after = std::time::Duration::from_secs(4);
+    let opts = Options {
+        extra_args: vec![format!("--loxilb-gone-after={}s", gone_after.as_secs())],
+        ..Options::default()
+    };
+    let w = World::with("gonegood", opts).await;
+    w.add_node("node-a", "10.0.4.1").await;
+    let ip = w.serve_one_port("web", 80).await;
+    w.sim.go_down().await;
+    let down_at = std::time::Instant::now();
+    let services: Api<k8s_openapi::api::core::v1::Service> =
+        Api::namespaced(w.client.clone(), &w.ns);
+    services
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for(
+        "the Warning naming the unreachable loxilb",
+        WAIT,
+        || async {
+            w.event_reasons("web")
+                .await
+                .iter()
+                .any(|r| r == "LoxilbUnavailable")
+                .then_some(())
+        },
+    )
+    .await;
+    let kept = w.get("web").await.is_some();
+    let claimed = w.claims().await.iter().any(|c| c.spec.address == ip);
+    assert!(
+        down_at.elapsed() >= gone_after || (kept && claimed),
+        "released while its loxilb was unreachable for less than {gone_after:?}: \
+         Service kept {kept}, address claimed {claimed}"
+    );
+    wait_for(
+        "the Service gone once its loxilb counts as gone for good",
+        WAIT,
+        || async { w.get("web").await.is_none().then_some(()) },
+    )
+    .await;
+    assert!(
+        down_at.elapsed() >= gone_after,
+        "the finalizer went after {:?}, before --loxilb-gone-after",
+        down_at.elapsed()
+    );
+    assert!(
+        !w.claims().await.iter().any(|c| c.spec.address == ip),
+        "its address is released with it"
+    );
+    // Back: its replay drops the rule nobody wants any more.
+    w.sim.come_up().await.unwrap();
+    wait_for(
+        "the orphan rule gone after the loxilb's return",
+        WAIT,
+        || async { w.rules_for(&ip).is_empty().then_some(()) },
+    )
+    .await;
+    w.finish().await;
+}
+
 #[tokio::test]
 async fn loxilb_errors_are_reported_and_retried() {
     let w = World::new("faults").await;

@@ -345,6 +345,15 @@ pub struct LoxilbApiArgs {
         default_value_t = 16
     )]
     pub loxilb_write_window: usize,
+
+    /// How long a loxilb stays unreachable before it counts as gone for good. Until then a
+    /// deleted Service whose rules it may still hold keeps its address and finalizer (an
+    /// address released while an old rule for it still forwards could go to another
+    /// Service); after that they are released, and the loxilb, should it come back, loses
+    /// that Service's rules in its replay. Long enough for a loxilb's restart or its node's
+    /// reboot (docs/architecture.md#writing-to-a-slow-loxilb).
+    #[arg(long = "loxilb-gone-after", env = "LOXI_CCM_LOXILB_GONE_AFTER", default_value = "10m", value_parser = parse_duration)]
+    pub loxilb_gone_after: Duration,
 }
 
 /// The address pools external IPs are taken from, and whether Services share them.

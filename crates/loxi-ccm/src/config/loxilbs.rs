@@ -20,6 +20,7 @@ pub(super) fn check_loxilb_api_limits(
         ("loxilb_timeout", args.loxilb_timeout),
         ("health_interval", args.health_interval),
         ("drift_interval", args.drift_interval),
+        ("loxilb_gone_after", args.loxilb_gone_after),
     ] {
         if d.is_zero() {
             return Err(origins.invalid_value(id, &format!("{d:?}"), "must be longer than 0"));

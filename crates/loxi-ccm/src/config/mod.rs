@@ -141,6 +141,8 @@ pub struct Config {
     pub loxilb_max_rules: usize,
     /// Rule writes in flight to one loxilb at most (`--loxilb-write-window`).
     pub loxilb_write_window: usize,
+    /// `--loxilb-gone-after`: unreachable this long, a loxilb counts as gone for good.
+    pub loxilb_gone_after: Duration,
     /// `None`: leader election off (this replica is always the leader).
     pub leader: Option<LeaseConfig>,
     pub node_init: NodeInitArgs,
@@ -305,6 +307,7 @@ impl Config {
             kube_api,
             loxilb_max_rules: args.loxilb_api.loxilb_max_rules,
             loxilb_write_window: args.loxilb_api.loxilb_write_window,
+            loxilb_gone_after: args.loxilb_api.loxilb_gone_after,
             leader,
             node_init: args.node_init.clone(),
             multus: args.services.multus,

@@ -23,6 +23,8 @@ struct FleetInner {
     capacity: AtomicUsize,
     parallel_calls: AtomicUsize,
     write_window: AtomicUsize,
+    /// `--loxilb-gone-after`, in milliseconds, for the instances there and those that join.
+    gone_after_ms: std::sync::atomic::AtomicU64,
     /// `--appendEPs`, for the instances there and those that join.
     append_endpoints: std::sync::atomic::AtomicBool,
 }
@@ -97,6 +99,10 @@ impl Fleet {
                 capacity: AtomicUsize::new(capacity.max(1)),
                 parallel_calls: AtomicUsize::new(DEFAULT_PARALLEL_CALLS),
                 write_window: AtomicUsize::new(DEFAULT_WRITE_WINDOW),
+                gone_after_ms: std::sync::atomic::AtomicU64::new(
+                    u64::try_from(super::probe::GONE_FOR_GOOD_AFTER.as_millis())
+                        .unwrap_or(u64::MAX),
+                ),
                 append_endpoints: std::sync::atomic::AtomicBool::new(false),
             }),
         };
@@ -165,6 +171,9 @@ impl Fleet {
                 Ordering::Relaxed,
             );
             inst.set_write_window(self.inner.write_window.load(Ordering::Relaxed));
+            inst.set_gone_after(std::time::Duration::from_millis(
+                self.inner.gone_after_ms.load(Ordering::Relaxed),
+            ));
             inst.set_append_endpoints(self.inner.append_endpoints.load(Ordering::Relaxed));
             changed.joined.push(url.clone());
             next.push(Arc::new(inst));
@@ -198,6 +207,18 @@ impl Fleet {
         self.inner.write_window.store(max.max(1), Ordering::Relaxed);
         for inst in self.instances().iter() {
             inst.set_write_window(max);
+        }
+    }
+
+    /// Sets how long an instance may stay unreachable before it counts as gone for good
+    /// (`--loxilb-gone-after`), for the instances there and those that join.
+    pub fn set_gone_after(&self, after: std::time::Duration) {
+        self.inner.gone_after_ms.store(
+            u64::try_from(after.as_millis()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        for inst in self.instances().iter() {
+            inst.set_gone_after(after);
         }
     }
 

@@ -262,8 +262,11 @@ pub struct Instance {
     down_unannounced: AtomicBool,
     /// Since when it has been unreachable (`None` while reachable or not probed yet): a
     /// deleted Service's rules may remain on it until it counts as gone for good
-    /// (`probe::GONE_FOR_GOOD_AFTER`).
+    /// (`gone_after`).
     down_since: std::sync::Mutex<Option<Instant>>,
+    /// Unreachable this long, it counts as gone for good (`--loxilb-gone-after`, default
+    /// `probe::GONE_FOR_GOOD_AFTER`), in milliseconds.
+    gone_after_ms: std::sync::atomic::AtomicU64,
     /// While it is down because its certificate was refused (`ClientError::Tls`): that
     /// error's text. Services then say so (`LoxilbTLSError`) instead of "unavailable": a
     /// certificate or CA to fix, not an outage to wait out.
@@ -341,6 +344,7 @@ impl Instance {
             probed: AtomicBool::new(false),
             down_unannounced: AtomicBool::new(false),
             down_since: std::sync::Mutex::new(None),
+            gone_after_ms: std::sync::atomic::AtomicU64::new(millis(probe::GONE_FOR_GOOD_AFTER)),
             tls_refusal: std::sync::Mutex::new(None),
             capacity: AtomicUsize::new(DEFAULT_CAPACITY),
             parallel_calls: AtomicUsize::new(DEFAULT_PARALLEL_CALLS),
@@ -436,6 +440,16 @@ impl Instance {
     /// is owed (`passes_held`).
     pub fn takes_passes(&self) -> bool {
         self.is_serving() && !self.passes_held()
+    }
+
+    /// How long it may stay unreachable before it counts as gone for good.
+    pub fn gone_after(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.gone_after_ms.load(Ordering::Relaxed))
+    }
+
+    /// Sets [`Instance::gone_after`] (`--loxilb-gone-after`).
+    pub fn set_gone_after(&self, after: std::time::Duration) {
+        self.gone_after_ms.store(millis(after), Ordering::Relaxed);
     }
 
     /// Whether Services' passes are held back until its replay ran (`passes_held`).
@@ -893,4 +907,9 @@ mod tests {
         sim.restart();
         assert_eq!(inst.probe(&c, &m).await, Probe::LostRules { missing: 1 });
     }
+}
+
+/// A duration in whole milliseconds, saturating.
+fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

@@ -23,7 +23,8 @@ pub(super) enum Marker {
     Refused,
 }
 
-/// How long a loxilb stays unreachable before it counts as gone for good: until then a
+/// How long a loxilb stays unreachable before it counts as gone for good, unless
+/// `--loxilb-gone-after` says otherwise (`Instance::gone_after`): until then a
 /// deleted Service whose rules it may hold keeps its address and finalizer (an address
 /// released while an old rule for it may still forward could go to another Service); after
 /// that they are released, and the loxilb, should it come back, loses the Service's rules as
@@ -53,9 +54,9 @@ impl Instance {
 
     /// Whether it may still hold rules of `namespace/service` although it does not answer:
     /// its table, as last listed, holds some (or it was never listed), and it is not gone
-    /// for good ([`GONE_FOR_GOOD_AFTER`]). A pass holding its table counts as "may".
+    /// for good ([`Instance::gone_after`]). A pass holding its table counts as "may".
     pub fn may_still_hold(&self, namespace: &str, service: &str) -> bool {
-        if self.is_healthy() || self.down_for().is_some_and(|d| d >= GONE_FOR_GOOD_AFTER) {
+        if self.is_healthy() || self.down_for().is_some_and(|d| d >= self.gone_after()) {
             return false;
         }
         match self.holdings.try_lock() {

@@ -110,6 +110,7 @@ pub async fn run(
     let instances = Instances::with_capacity(clients, cfg.loxilb_max_rules, &cluster);
     instances.set_parallel_calls(usize::from(cfg.concurrency));
     instances.set_write_window(cfg.loxilb_write_window);
+    instances.set_gone_after(cfg.loxilb_gone_after);
     instances.set_append_endpoints(cfg.append_endpoints);
 
     // One stop signal for the reconcile loop: the caller's shutdown or a lost leadership.

@@ -94,7 +94,7 @@ pub async fn cleanup(svc: &Service, ctx: &Context) -> Result<(), ReconcileError>
 
 /// The Service's rules off every reachable loxilb. An unreachable one that may still hold
 /// some keeps the Service's address and finalizer until it answers (its rules then go) or
-/// counts as gone for good (`crate::loxilb::probe::GONE_FOR_GOOD_AFTER`; should it come back
+/// counts as gone for good (`--loxilb-gone-after`, `Instance::gone_after`; should it come back
 /// after that, it loses them as orphans in its replay): a slow or briefly unreachable loxilb
 /// is not a gone one, and an address released while its old rule still forwards there could
 /// go to another Service.
@@ -107,7 +107,11 @@ async fn remove_rules(svc: &Service, ctx: &Context) -> Result<(), ReconcileError
         .filter(|i| i.may_still_hold(&owner.namespace, &owner.name))
         .map(|i| {
             let since = i.down_for().map_or(0, |d| d.as_secs());
-            format!("{} (unreachable for {since} s)", i.url())
+            let gone = i.gone_after().as_secs();
+            format!(
+                "{} (unreachable for {since} s; gone for good after {gone} s)",
+                i.url()
+            )
         })
         .collect();
     let mut removed = 0;
@@ -135,9 +139,8 @@ async fn remove_rules(svc: &Service, ctx: &Context) -> Result<(), ReconcileError
     } else {
         let message = format!(
             "its rules may remain on {}: its address and finalizer are kept until that loxilb \
-             answers, or for at most {} min",
+             answers or counts as gone for good (--loxilb-gone-after)",
             unreachable.join(", "),
-            crate::loxilb::probe::GONE_FOR_GOOD_AFTER.as_secs() / 60
         );
         let new = ctx
             .report
