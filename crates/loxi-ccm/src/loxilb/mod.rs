@@ -469,6 +469,11 @@ impl Instance {
     }
 }
 
+/// A duration in whole milliseconds, saturating.
+fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use super::limits::{TURN_HOLD, Waiters};
@@ -907,9 +912,4 @@ mod tests {
         sim.restart();
         assert_eq!(inst.probe(&c, &m).await, Probe::LostRules { missing: 1 });
     }
-}
-
-/// A duration in whole milliseconds, saturating.
-fn millis(d: std::time::Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
