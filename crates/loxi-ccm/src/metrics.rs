@@ -81,6 +81,13 @@ pub struct GroupStateLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MetadataLabels {
+    pub instance: String,
+    /// `full` (everything: a loxilb new to us or restarted, or after a removal) or `changes`.
+    pub body: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolLabels {
     pub pool: String,
     pub state: String,
@@ -109,6 +116,7 @@ pub struct Metrics {
     write_window: Family<InstanceLabels, Gauge>,
     writes_superseded: Family<InstanceLabels, Counter>,
     writes_unanswered: Family<InstanceLabels, Counter>,
+    k8s_metadata_objects: Family<MetadataLabels, Counter>,
     bgp_sessions: Family<BgpSessionLabels, Gauge>,
     ha_roles: Family<HaRoleLabels, Gauge>,
     ha_failovers: Family<HaInstanceLabels, Counter>,
@@ -215,6 +223,12 @@ impl Metrics {
             "loxilb_writes_superseded",
             "Waiting rule writes dropped unsent because a newer write of the same rule came",
             writes_superseded.clone(),
+        );
+        let k8s_metadata_objects = Family::<MetadataLabels, Counter>::default();
+        registry.register(
+            "k8s_metadata_objects_sent",
+            "Services, pods and Nodes sent to a loxilb as Kubernetes metadata (--enableK8sMetadata), by body: full or changes",
+            k8s_metadata_objects.clone(),
         );
         let writes_unanswered = Family::<InstanceLabels, Counter>::default();
         registry.register(
@@ -326,6 +340,7 @@ impl Metrics {
             write_window,
             writes_superseded,
             writes_unanswered,
+            k8s_metadata_objects,
             bgp_sessions,
             ha_roles,
             ha_failovers,
@@ -467,6 +482,15 @@ impl Metrics {
                 instance: instance.to_string(),
             })
             .inc();
+    }
+
+    pub fn k8s_metadata_sent(&self, instance: &str, body: &str, objects: usize) {
+        self.k8s_metadata_objects
+            .get_or_create(&MetadataLabels {
+                instance: instance.to_string(),
+                body: body.to_string(),
+            })
+            .inc_by(objects as u64);
     }
 
     pub fn replayed(&self, instance: &str, reason: &str) {

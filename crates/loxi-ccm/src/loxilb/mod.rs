@@ -57,6 +57,7 @@ mod bgp_plan;
 mod firewall;
 mod limits;
 mod members;
+mod metadata;
 pub mod probe;
 pub mod queues;
 mod roles;
