@@ -1,6 +1,7 @@
 //! Prometheus metrics. Labels are low-cardinality by construction: results and error
 //! categories are fixed strings, instances are the configured loxilb URLs.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64};
 use std::time::Duration;
 
@@ -128,6 +129,8 @@ pub struct Metrics {
     group_placed_rules: Family<GroupLabels, Gauge>,
     endpoints_dropped: Gauge,
     services_not_programmed: Family<ReasonLabels, Gauge>,
+    egresses_programmed: Gauge,
+    egresses_not_programmed: Family<ReasonLabels, Gauge>,
     events_dropped: Counter,
     leader: Gauge,
 }
@@ -290,6 +293,20 @@ impl Metrics {
              the condition's reason (CapacityExceeded, LoxilbUnavailable, PoolExhausted, ...)",
             services_not_programmed.clone(),
         );
+        let egresses_programmed = Gauge::default();
+        registry.register(
+            "egresses_programmed",
+            "kube-loxilb Egresses (--egress) whose Programmed condition is True: every source \
+             NATed on every reachable loxilb",
+            egresses_programmed.clone(),
+        );
+        let egresses_not_programmed = Family::<ReasonLabels, Gauge>::default();
+        registry.register(
+            "egresses_not_programmed",
+            "kube-loxilb Egresses (--egress) whose Programmed condition is not True, by the \
+             condition's reason",
+            egresses_not_programmed.clone(),
+        );
         let events_dropped = Counter::default();
         registry.register(
             "events_dropped",
@@ -352,6 +369,8 @@ impl Metrics {
             group_placed_rules,
             endpoints_dropped,
             services_not_programmed,
+            egresses_programmed,
+            egresses_not_programmed,
             events_dropped,
         }
     }
@@ -606,6 +625,32 @@ impl Metrics {
 
     pub fn set_endpoints_dropped(&self, n: usize) {
         self.endpoints_dropped.set(n as i64);
+    }
+
+    /// After an Egress pass: how many Egresses are programmed, and how many are not, by
+    /// reason (a reason seen before and not now is kept at 0).
+    pub fn set_egresses(&self, programmed: usize, not_programmed: &BTreeMap<String, usize>) {
+        self.egresses_programmed.set(programmed as i64);
+        // The reasons of loxi_domain::egress::status, so each series exists from the start.
+        let known = [
+            "NotAccepted",
+            "SourceConflict",
+            "NoLoxilb",
+            "LoxilbNotProgrammed",
+        ];
+        let reasons = known
+            .iter()
+            .map(|r| r.to_string())
+            .chain(not_programmed.keys().cloned())
+            .collect::<std::collections::BTreeSet<String>>();
+        for reason in &reasons {
+            let n = not_programmed.get(reason).copied().unwrap_or(0);
+            self.egresses_not_programmed
+                .get_or_create(&ReasonLabels {
+                    reason: reason.clone(),
+                })
+                .set(n as i64);
+        }
     }
 
     /// `n` Services are not programmed for `reason` (0 keeps the series, at 0).

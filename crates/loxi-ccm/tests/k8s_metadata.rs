@@ -114,15 +114,21 @@ async fn metadata_arrives_then_only_changes() {
         set(&[&format!("web={ip}")]),
         set(&["meta-n1"]),
     );
-    wait_for("loxilb knows the Service, its pods and the Node", WAIT, || {
-        let got = known(&w.sim.k8s_metadata_posts());
-        let done = got == want;
-        async move { done.then_some(()) }
-    })
+    wait_for(
+        "loxilb knows the Service, its pods and the Node",
+        WAIT,
+        || {
+            let got = known(&w.sim.k8s_metadata_posts());
+            let done = got == want;
+            async move { done.then_some(()) }
+        },
+    )
     .await;
     let first = w.sim.k8s_metadata_posts();
     assert!(
-        first.iter().all(|p| p.pods.iter().all(|p| p.name != "db-1")),
+        first
+            .iter()
+            .all(|p| p.pods.iter().all(|p| p.name != "db-1")),
         "a pod no Service of ours selects is not sent: {first:?}"
     );
 
@@ -132,7 +138,9 @@ async fn metadata_arrives_then_only_changes() {
         .patch_status(
             "web-2",
             &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"podIP": "10.244.0.9", "podIPs": [{"ip": "10.244.0.9"}]}})),
+            &Patch::Merge(
+                json!({"status": {"podIP": "10.244.0.9", "podIPs": [{"ip": "10.244.0.9"}]}}),
+            ),
         )
         .await
         .unwrap();

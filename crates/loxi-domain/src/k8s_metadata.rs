@@ -326,6 +326,9 @@ mod tests {
         assert_eq!(v["nodes"][0]["internalIP"], "10.0.0.1");
         assert_eq!(v["nodes"][0]["status"], "True");
         let empty = serde_json::to_value(Message::default()).unwrap();
-        assert_eq!(empty, serde_json::json!({"pods": [], "services": [], "nodes": []}));
+        assert_eq!(
+            empty,
+            serde_json::json!({"pods": [], "services": [], "nodes": []})
+        );
     }
 }

@@ -42,10 +42,10 @@ pub use bgp::{
 };
 pub use errors::status_for;
 pub use firewall::{FwAction, PortRange, SimFwRule};
-pub use profile::{Profile, SimCosts};
 pub use k8smeta::{
     K8S_METADATA_LIMIT, SimK8sMeta, SimNodeMeta, SimPodMeta, SimServiceMeta, SimServicePortMeta,
 };
+pub use profile::{Profile, SimCosts};
 pub use routes::{ApiRoute, api_routes, unpublished_api_routes};
 pub use state::{SimEndpoint, SimRule};
 pub use traffic::Traffic;

@@ -24,8 +24,7 @@ use kube::api::Api;
 use kube::runtime::reflector::{self, Store, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
 use loxi_domain::k8s_metadata::{
-    NodeMeta, PodMeta, Send, ServiceMeta, ServicePortMeta, ServiceSource, Snapshot, next,
-    snapshot,
+    NodeMeta, PodMeta, Send, ServiceMeta, ServicePortMeta, ServiceSource, Snapshot, next, snapshot,
 };
 use tokio::sync::watch;
 use tracing::{debug, warn};
@@ -104,7 +103,12 @@ pub fn service_source(svc: &Service) -> ServiceSource {
         .and_then(|lb| lb.ingress.as_ref())
         .and_then(|i| i.first());
     let external_ip = first
-        .and_then(|i| i.hostname.clone().filter(|h| !h.is_empty()).or(i.ip.clone()))
+        .and_then(|i| {
+            i.hostname
+                .clone()
+                .filter(|h| !h.is_empty())
+                .or(i.ip.clone())
+        })
         .unwrap_or_default();
     ServiceSource {
         meta: ServiceMeta {
@@ -121,9 +125,9 @@ pub fn service_source(svc: &Service) -> ServiceSource {
                     protocol: p.protocol.unwrap_or_else(|| "TCP".into()),
                     node_port: p.node_port.unwrap_or_default(),
                     target_port: match p.target_port {
-                        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(
-                            n,
-                        )) => n,
+                        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(n)) => {
+                            n
+                        }
                         _ => 0,
                     },
                 })
@@ -304,9 +308,13 @@ impl K8sMetadata {
         };
         match inst.send_k8s_metadata(&body, &self.metrics).await {
             Ok(()) => {
-                debug!(instance = inst.url(), body = kind, objects = body.len(), "Kubernetes metadata sent");
-                self.metrics
-                    .k8s_metadata_sent(inst.url(), kind, body.len());
+                debug!(
+                    instance = inst.url(),
+                    body = kind,
+                    objects = body.len(),
+                    "Kubernetes metadata sent"
+                );
+                self.metrics.k8s_metadata_sent(inst.url(), kind, body.len());
                 let mut sent = self.sent();
                 let entry = sent.0.entry(inst.url().to_string()).or_default();
                 // Forgotten meanwhile (it restarted): the full set goes at the next pass.

@@ -19,7 +19,12 @@ impl Instance {
     ) -> Result<(), ClientError> {
         let started = Instant::now();
         let sent = self.client.post_k8s_metadata(body).await;
-        metrics.loxilb_call(self.url(), "k8smeta", started.elapsed(), sent.as_ref().err());
+        metrics.loxilb_call(
+            self.url(),
+            "k8smeta",
+            started.elapsed(),
+            sent.as_ref().err(),
+        );
         sent
     }
 }
