@@ -12,6 +12,7 @@ pub mod fleet;
 pub mod gateway;
 pub mod ipam;
 pub mod k8s;
+pub mod k8s_metadata;
 pub mod leader;
 pub mod loxilb;
 pub mod metrics;

@@ -1,6 +1,7 @@
 //! Prometheus metrics. Labels are low-cardinality by construction: results and error
 //! categories are fixed strings, instances are the configured loxilb URLs.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64};
 use std::time::Duration;
 
@@ -81,6 +82,13 @@ pub struct GroupStateLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MetadataLabels {
+    pub instance: String,
+    /// `full` (everything: a loxilb new to us or restarted, or after a removal) or `changes`.
+    pub body: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolLabels {
     pub pool: String,
     pub state: String,
@@ -109,6 +117,7 @@ pub struct Metrics {
     write_window: Family<InstanceLabels, Gauge>,
     writes_superseded: Family<InstanceLabels, Counter>,
     writes_unanswered: Family<InstanceLabels, Counter>,
+    k8s_metadata_objects: Family<MetadataLabels, Counter>,
     bgp_sessions: Family<BgpSessionLabels, Gauge>,
     ha_roles: Family<HaRoleLabels, Gauge>,
     ha_failovers: Family<HaInstanceLabels, Counter>,
@@ -120,6 +129,8 @@ pub struct Metrics {
     group_placed_rules: Family<GroupLabels, Gauge>,
     endpoints_dropped: Gauge,
     services_not_programmed: Family<ReasonLabels, Gauge>,
+    egresses_programmed: Gauge,
+    egresses_not_programmed: Family<ReasonLabels, Gauge>,
     events_dropped: Counter,
     leader: Gauge,
 }
@@ -216,6 +227,12 @@ impl Metrics {
             "Waiting rule writes dropped unsent because a newer write of the same rule came",
             writes_superseded.clone(),
         );
+        let k8s_metadata_objects = Family::<MetadataLabels, Counter>::default();
+        registry.register(
+            "k8s_metadata_objects_sent",
+            "Services, pods and Nodes sent to a loxilb as Kubernetes metadata (--enableK8sMetadata), by body: full or changes",
+            k8s_metadata_objects.clone(),
+        );
         let writes_unanswered = Family::<InstanceLabels, Counter>::default();
         registry.register(
             "loxilb_writes_unanswered",
@@ -276,6 +293,20 @@ impl Metrics {
              the condition's reason (CapacityExceeded, LoxilbUnavailable, PoolExhausted, ...)",
             services_not_programmed.clone(),
         );
+        let egresses_programmed = Gauge::default();
+        registry.register(
+            "egresses_programmed",
+            "kube-loxilb Egresses (--egress) whose Programmed condition is True: every source \
+             NATed on every reachable loxilb",
+            egresses_programmed.clone(),
+        );
+        let egresses_not_programmed = Family::<ReasonLabels, Gauge>::default();
+        registry.register(
+            "egresses_not_programmed",
+            "kube-loxilb Egresses (--egress) whose Programmed condition is not True, by the \
+             condition's reason",
+            egresses_not_programmed.clone(),
+        );
         let events_dropped = Counter::default();
         registry.register(
             "events_dropped",
@@ -326,6 +357,7 @@ impl Metrics {
             write_window,
             writes_superseded,
             writes_unanswered,
+            k8s_metadata_objects,
             bgp_sessions,
             ha_roles,
             ha_failovers,
@@ -337,6 +369,8 @@ impl Metrics {
             group_placed_rules,
             endpoints_dropped,
             services_not_programmed,
+            egresses_programmed,
+            egresses_not_programmed,
             events_dropped,
         }
     }
@@ -469,6 +503,15 @@ impl Metrics {
             .inc();
     }
 
+    pub fn k8s_metadata_sent(&self, instance: &str, body: &str, objects: usize) {
+        self.k8s_metadata_objects
+            .get_or_create(&MetadataLabels {
+                instance: instance.to_string(),
+                body: body.to_string(),
+            })
+            .inc_by(objects as u64);
+    }
+
     pub fn replayed(&self, instance: &str, reason: &str) {
         self.loxilb_replays
             .get_or_create(&InstanceReasonLabels {
@@ -582,6 +625,32 @@ impl Metrics {
 
     pub fn set_endpoints_dropped(&self, n: usize) {
         self.endpoints_dropped.set(n as i64);
+    }
+
+    /// After an Egress pass: how many Egresses are programmed, and how many are not, by
+    /// reason (a reason seen before and not now is kept at 0).
+    pub fn set_egresses(&self, programmed: usize, not_programmed: &BTreeMap<String, usize>) {
+        self.egresses_programmed.set(programmed as i64);
+        // The reasons of loxi_domain::egress::status, so each series exists from the start.
+        let known = [
+            "NotAccepted",
+            "SourceConflict",
+            "NoLoxilb",
+            "LoxilbNotProgrammed",
+        ];
+        let reasons = known
+            .iter()
+            .map(|r| r.to_string())
+            .chain(not_programmed.keys().cloned())
+            .collect::<std::collections::BTreeSet<String>>();
+        for reason in &reasons {
+            let n = not_programmed.get(reason).copied().unwrap_or(0);
+            self.egresses_not_programmed
+                .get_or_create(&ReasonLabels {
+                    reason: reason.clone(),
+                })
+                .set(n as i64);
+        }
     }
 
     /// `n` Services are not programmed for `reason` (0 keeps the series, at 0).

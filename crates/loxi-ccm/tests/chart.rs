@@ -120,6 +120,7 @@ fn deploy_is_the_chart_rendered() {
         "optional/bgp-crds.yaml",
         "optional/loxiurl-crd.yaml",
         "optional/egress.yaml",
+        "optional/k8s-metadata-rbac.yaml",
     ] {
         assert!(
             names.contains(&&PathBuf::from(expected)),

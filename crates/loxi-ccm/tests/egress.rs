@@ -343,6 +343,53 @@ async fn a_restarted_loxilb_gets_the_egress_rules_back() {
     w.finish().await;
 }
 
+/// A loxilb holding only Egress rules (no Service at all) that restarts gets them back at
+/// once, not at the next drift check: the probe looks for its restart marker because it
+/// holds SNAT rules of ours.
+#[tokio::test]
+async fn an_egress_only_loxilb_restart_is_replayed_at_once() {
+    // The periodic pass far away: only the replay after the restart can bring them back.
+    let admin_port = testenv::free_port().unwrap();
+    let opts = Options {
+        drift: "600s",
+        admin_port: Some(admin_port),
+        ..options()
+    };
+    let w = World::with("egress-only-restart", opts).await;
+    with_crd(&w).await;
+    egresses(&w)
+        .create(
+            &PostParams::default(),
+            &egress("eg", &["10.42.3.0/24"], "172.18.0.251", &[]),
+        )
+        .await
+        .unwrap();
+    wait_sources(&w, "172.18.0.251", &["10.42.3.0/24"]).await;
+    wait_for("Egress programmed", WAIT, || async {
+        let e = egresses(&w).get("eg").await.ok()?;
+        (e.status?.sources.len() == 1).then_some(())
+    })
+    .await;
+    // The Egress metrics say so too.
+    wait_for("loxi_ccm_egresses_programmed 1", WAIT, || async {
+        (World::metric(admin_port, "loxi_ccm_egresses_programmed").await? == 1.0).then_some(())
+    })
+    .await;
+    let not = World::metric_sum(admin_port, "loxi_ccm_egresses_not_programmed", &[]).await;
+    assert_eq!(not, Some(0.0), "no Egress counted as not programmed");
+    // loxilb's own rule behind an SNAT rule (`snat:<vip>:0`) is the only one.
+    assert!(
+        w.sim.rules().iter().all(|r| r.name.starts_with("snat:")),
+        "no Service's rule on this loxilb: {:?}",
+        w.sim.rules()
+    );
+    w.sim.restart();
+    assert!(snat_rules(&w).is_empty(), "a restart wipes the firewall");
+    // Well before the 600 s drift interval.
+    wait_sources(&w, "172.18.0.251", &["10.42.3.0/24"]).await;
+    w.finish().await;
+}
+
 /// One source named by two Egresses: loxilb holds one rule per source, the older Egress
 /// keeps it, the younger reports the conflict (condition, Warning Event) and gets it once
 /// the older one goes. A bad spec is reported by name and programs nothing.

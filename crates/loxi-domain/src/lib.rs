@@ -17,6 +17,7 @@ pub mod ingress;
 pub mod intent;
 pub mod inventory;
 pub mod ipam;
+pub mod k8s_metadata;
 pub mod model;
 pub mod mtls;
 pub mod naming;

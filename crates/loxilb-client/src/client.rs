@@ -1,6 +1,7 @@
 //! The HTTP client.
 
 mod firewall;
+mod metadata;
 
 use std::net::IpAddr;
 use std::pin::Pin;

@@ -1048,3 +1048,37 @@ async fn egress_snat_rules_round_trip() {
     }
     assert!(sim.rules().is_empty(), "their LB rules go with them");
 }
+
+/// `--enableK8sMetadata`'s call: the body reaches the simulator as kube-loxilb's model, and
+/// a restart forgets it.
+#[tokio::test]
+async fn k8s_metadata_is_posted_in_kube_loxilbs_model() {
+    use loxi_domain::k8s_metadata::{Message, NodeMeta, PodMeta};
+    let sim = start_sim(SimConfig::default()).await;
+    let client = client_for(&sim);
+    let body = Message {
+        pods: vec![PodMeta {
+            name: "web-1".into(),
+            namespace: "a".into(),
+            ip: "10.244.0.1".into(),
+            node_name: "n1".into(),
+            labels: [("app".to_string(), "web".to_string())].into(),
+        }],
+        services: Vec::new(),
+        nodes: vec![NodeMeta {
+            name: "n1".into(),
+            internal_ip: "10.0.0.1".into(),
+            labels: Default::default(),
+            status: "True".into(),
+        }],
+    };
+    client.post_k8s_metadata(&body).await.unwrap();
+    let posts = sim.k8s_metadata_posts();
+    assert_eq!(posts.len(), 1);
+    assert_eq!(posts[0].pods[0].node_name, "n1");
+    assert_eq!(posts[0].pods[0].labels["app"], "web");
+    assert_eq!(posts[0].nodes[0].internal_ip, "10.0.0.1");
+    assert!(posts[0].services.is_empty());
+    sim.restart();
+    assert!(sim.k8s_metadata_posts().is_empty());
+}

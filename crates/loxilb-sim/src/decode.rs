@@ -133,6 +133,26 @@ impl<'a> GoObj<'a> {
         }
     }
 
+    /// A map of strings (`map[string]string`); a `null` value decodes as `""`.
+    pub(crate) fn string_map(
+        &self,
+        key: &str,
+    ) -> Result<Option<std::collections::BTreeMap<String, String>>, ApiError> {
+        let m = match self.raw(key) {
+            None => return Ok(None),
+            Some(Value::Object(m)) => m,
+            Some(v) => return Err(self.type_error(key, v, "map[string]string")),
+        };
+        m.iter()
+            .map(|(k, v)| match v {
+                Value::Null => Ok((k.clone(), String::new())),
+                Value::String(s) => Ok((k.clone(), s.clone())),
+                v => Err(self.type_error(key, v, "string")),
+            })
+            .collect::<Result<_, _>>()
+            .map(Some)
+    }
+
     /// Array of strings (`[]string`); a `null` item decodes as `""`, like Go's decoder does.
     pub(crate) fn string_array(&self, key: &str) -> Result<Option<Vec<String>>, ApiError> {
         let items = match self.raw(key) {

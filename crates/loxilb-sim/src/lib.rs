@@ -21,6 +21,7 @@ mod decode;
 mod endpoints;
 mod errors;
 mod firewall;
+mod k8smeta;
 mod profile;
 mod routes;
 mod server;
@@ -41,8 +42,11 @@ pub use bgp::{
 };
 pub use errors::status_for;
 pub use firewall::{FwAction, PortRange, SimFwRule};
+pub use k8smeta::{
+    K8S_METADATA_LIMIT, SimK8sMeta, SimNodeMeta, SimPodMeta, SimServiceMeta, SimServicePortMeta,
+};
 pub use profile::{Profile, SimCosts};
-pub use routes::{ApiRoute, api_routes};
+pub use routes::{ApiRoute, api_routes, unpublished_api_routes};
 pub use state::{SimEndpoint, SimRule};
 pub use traffic::Traffic;
 
@@ -747,6 +751,12 @@ impl Simulator {
     /// order, with their status (the last [`WRITE_LOG_LIMIT`]).
     pub fn write_log(&self) -> Vec<SimWrite> {
         self.inner.shared.write_log()
+    }
+
+    /// The Kubernetes metadata bodies (`POST /config/k8smeta`) received since start or the
+    /// last restart, oldest first (the last [`K8S_METADATA_LIMIT`]).
+    pub fn k8s_metadata_posts(&self) -> Vec<SimK8sMeta> {
+        self.inner.shared.state().k8s_metadata.all()
     }
 
     /// API calls received since start or the last restart (admin excluded).

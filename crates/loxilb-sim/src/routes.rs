@@ -45,6 +45,8 @@ enum Op {
     FwCreate,
     FwList,
     FwDelete,
+    /// `POST /config/k8smeta` (kube-loxilb's, not in the published spec).
+    K8sMeta,
     /// `/config/bgp/...` (403 while BGP is off, loxilb's default).
     Bgp(BgpOp),
 }
@@ -152,6 +154,10 @@ const ROUTES: &[RouteDef] = &[
     r("POST", "/config/bgp/global", Op::Bgp(BgpOp::Global)),
 ];
 
+/// Routes loxilb serves that its published swagger.yml does not list (their bodies follow
+/// kube-loxilb's models, docs/loxilb-api.md#kubernetes-metadata).
+const UNPUBLISHED_ROUTES: &[RouteDef] = &[r("POST", "/config/k8smeta", Op::K8sMeta)];
+
 /// One served API route: HTTP method and path template relative to
 /// [`API_BASE`] (swagger spelling, e.g. `/config/loadbalancer/name/{lb_name}`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,6 +169,17 @@ pub struct ApiRoute {
 /// The API routes the simulator serves.
 pub fn api_routes() -> Vec<ApiRoute> {
     ROUTES
+        .iter()
+        .map(|d| ApiRoute {
+            method: d.method,
+            path: d.pattern,
+        })
+        .collect()
+}
+
+/// The API routes the simulator serves that loxilb's published spec lacks.
+pub fn unpublished_api_routes() -> Vec<ApiRoute> {
+    UNPUBLISHED_ROUTES
         .iter()
         .map(|d| ApiRoute {
             method: d.method,
@@ -245,7 +262,7 @@ fn route(method: &Method, rel: &str, full_path: &str) -> Result<(Op, Params), Ap
     };
     let mut best: Option<(usize, Op, Params)> = None;
     let mut allow: Vec<&'static str> = Vec::new();
-    for def in ROUTES {
+    for def in ROUTES.iter().chain(UNPUBLISHED_ROUTES) {
         let Some((score, params)) = match_template(def.pattern, &segs) else {
             continue;
         };
@@ -538,6 +555,11 @@ async fn handle(shared: &Shared, parts: &Parts, body: Body) -> Result<Response, 
             Ok(success())
         }
         Op::FwDelete => fw_delete(shared, &query),
+        Op::K8sMeta => {
+            let body = crate::k8smeta::decode_post(&bytes)?;
+            shared.state().k8s_metadata.record(body);
+            Ok(success())
+        }
         Op::CiList => Ok(ok_json(shared.state().list_ci())),
         Op::CiSet => ci_set(shared, &bytes),
         Op::Bgp(op) => crate::bgp::handle(shared, op, &params, &query, &bytes),

@@ -351,6 +351,8 @@ pub(crate) struct SimState {
     pub(crate) bgp: BgpState,
     /// The firewall table (docs/loxilb-api.md#firewall).
     pub(crate) firewall: FwState,
+    /// The Kubernetes metadata bodies received (`POST /config/k8smeta`).
+    pub(crate) k8s_metadata: crate::k8smeta::K8sMetaLog,
 }
 
 impl SimState {
@@ -372,6 +374,7 @@ impl SimState {
             posted_eps: BTreeMap::new(),
             bgp: BgpState::default(),
             firewall: FwState::default(),
+            k8s_metadata: crate::k8smeta::K8sMetaLog::default(),
         }
     }
 

@@ -41,6 +41,10 @@ const OPTIONAL: &[(&str, &str)] = &[
         "loxiurlCrd.enabled=true",
     ),
     ("templates/optional/egress.yaml", "egress.enabled=true"),
+    (
+        "templates/optional/k8s-metadata-rbac.yaml",
+        "k8sMetadata.enabled=true",
+    ),
 ];
 
 /// `(path under deploy/, text)` for every plain manifest, in path order.

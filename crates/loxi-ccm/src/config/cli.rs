@@ -525,6 +525,18 @@ pub struct ServiceArgs {
     #[arg(long = "egress", env = "LOXI_CCM_EGRESS")]
     pub egress: bool,
 
+    /// Tell every loxilb about this controller's Services, the pods they select and the
+    /// Nodes (POST /config/k8smeta, which loxilb's published API lacks): the full set once
+    /// per loxilb and after it restarts, then only what changed. Off by default: on, it
+    /// watches every Pod. docs/configuration.md#kubernetes-metadata (kube-loxilb:
+    /// --enableK8sMetadata)
+    #[arg(
+        long = "k8s-metadata",
+        alias = "enableK8sMetadata",
+        env = "LOXI_CCM_K8S_METADATA"
+    )]
+    pub k8s_metadata: bool,
+
     /// Cluster identity written into every rule name so clusters can share a loxilb.
     /// Default: derived from the kube-system namespace UID.
     #[arg(long = "cluster-id", env = "LOXI_CCM_CLUSTER_ID")]
@@ -750,6 +762,7 @@ const GO_BOOLS: &[&str] = &[
     "append_endpoints",
     "multus",
     "egress",
+    "k8s_metadata",
     "loxilb_insecure_skip_tls_verify",
 ];
 

@@ -36,6 +36,7 @@ pub(super) const LEGACY_KEYS: &[(&str, &[&str])] = &[
     ("use_pod_network", &["usePodNetwork"]),
     ("private_cidr", &["privateCIDR"]),
     ("append_endpoints", &["appendEPs"]),
+    ("k8s_metadata", &["enableK8sMetadata"]),
     ("load_balancer_class", &["loxilbLoadBalancerClass"]),
 ];
 

@@ -150,6 +150,8 @@ pub struct Config {
     pub multus: bool,
     /// Serve kube-loxilb's Egress resource (`crate::egress`).
     pub egress: bool,
+    /// `--enableK8sMetadata`: Kubernetes metadata sent to every loxilb (`crate::k8s_metadata`).
+    pub k8s_metadata: bool,
     /// `None`: BGP off (`--bgp-local-as` unset or 0).
     pub bgp: Option<BgpSettings>,
     /// `Some` without `--loxilb-url`: the loxilbs are followed in the cluster.
@@ -312,6 +314,7 @@ impl Config {
             node_init: args.node_init.clone(),
             multus: args.services.multus,
             egress: args.services.egress,
+            k8s_metadata: args.services.k8s_metadata,
             bgp,
             discovery,
             peer_discovery,
@@ -570,6 +573,25 @@ mod tests {
         assert!(!on(&["--appendEPs=false"], &[]));
         assert!(on(&["--append-endpoints"], &[]));
         let file = temp_file("appendeps", "appendEPs: true\n");
+        assert!(on(&[], &[("LOXI_CCM_CONFIG", file.to_str().unwrap())]));
+    }
+
+    /// kube-loxilb's `enableK8sMetadata`: a Go-style boolean flag and a key; off by default.
+    #[test]
+    fn k8s_metadata_from_kube_loxilbs_flag_or_key() {
+        let on = |flags: &[&str], env: &[(&str, &str)]| {
+            run(&[BASE, POOL, flags].concat(), &env_of(env))
+                .unwrap()
+                .config()
+                .unwrap()
+                .k8s_metadata
+        };
+        assert!(!on(&[], &[]));
+        assert!(on(&["--enableK8sMetadata"], &[]));
+        assert!(on(&["--enableK8sMetadata=true"], &[]));
+        assert!(!on(&["--enableK8sMetadata=false"], &[]));
+        assert!(on(&["--k8s-metadata"], &[]));
+        let file = temp_file("k8smeta", "enableK8sMetadata: true\n");
         assert!(on(&[], &[("LOXI_CCM_CONFIG", file.to_str().unwrap())]));
     }
 

@@ -401,6 +401,8 @@ impl Egresses {
             })
             .collect();
         let refused_somewhere = passes.values().any(|p| matches!(p, Some(Err(_))));
+        let mut programmed_count = 0;
+        let mut not_programmed: BTreeMap<String, usize> = BTreeMap::new();
         for e in egresses {
             let ns = e.namespace().unwrap_or_default();
             let name = e.name_any();
@@ -426,6 +428,13 @@ impl Egresses {
                 continue;
             };
             let (programmed, conditions) = decide_status(verdict, &outcomes);
+            match conditions.iter().find(|c| c.0 == "Programmed") {
+                Some((_, "True", _, _)) => programmed_count += 1,
+                Some((_, _, reason, _)) => {
+                    *not_programmed.entry((*reason).into()).or_default() += 1
+                }
+                None => {}
+            }
             let previous = e.status.clone().unwrap_or_default();
             let mut conditions: Vec<EgressCondition> =
                 conditions.into_iter().map(condition).collect();
@@ -461,6 +470,7 @@ impl Egresses {
                 }
             }
         }
+        self.metrics.set_egresses(programmed_count, &not_programmed);
     }
 
     /// Warning Events when a condition turns False or its message changes while False.

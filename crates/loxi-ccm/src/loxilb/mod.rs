@@ -57,6 +57,7 @@ mod bgp_plan;
 mod firewall;
 mod limits;
 mod members;
+mod metadata;
 pub mod probe;
 pub mod queues;
 mod roles;
@@ -296,6 +297,9 @@ pub struct Instance {
     firewall: Mutex<firewall::FwBook>,
     /// `--appendEPs`: rules shared with other controllers, and what we attached (`shared.rs`).
     shared: shared::SharedRules,
+    /// It holds SNAT rules of ours (`snat.rs`): the probe looks for a restart even when it
+    /// holds no LB rule, so an Egress-only loxilb is replayed at once (`probe.rs`).
+    holds_snat: AtomicBool,
 }
 
 /// The outcome of applying rules to one instance. Only transport failures (the instance is
@@ -360,6 +364,7 @@ impl Instance {
             )),
             firewall: Mutex::default(),
             shared: shared::SharedRules::default(),
+            holds_snat: AtomicBool::new(false),
         }
     }
 

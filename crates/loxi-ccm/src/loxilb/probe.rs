@@ -180,7 +180,9 @@ impl Instance {
             }
             return Probe::Up;
         }
-        if h.rules.is_empty() {
+        // Nothing of ours to lose, nothing to look for (SNAT rules count: an Egress-only
+        // loxilb's restart is replayed at once, not at the next drift check).
+        if h.rules.is_empty() && !self.holds_snat.load(Ordering::Relaxed) {
             return Probe::Up;
         }
         let missing = if h.marker == Marker::Placed {

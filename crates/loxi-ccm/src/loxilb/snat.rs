@@ -59,6 +59,9 @@ impl Instance {
         metrics: &Metrics,
     ) -> Result<SnatReport, ClientError> {
         let held = self.snat_rules(preference, metrics).await?;
+        // Before the writes: a restart while they go is noticed by the probe.
+        self.holds_snat
+            .store(!desired.is_empty(), std::sync::atomic::Ordering::Relaxed);
         let (create, delete) = diff(desired, &held);
         let mut report = SnatReport::default();
         if !create.is_empty() || !delete.is_empty() {

@@ -30,6 +30,7 @@ use crate::ipam::address_pools::Pools;
 use crate::ipam::{self, Ipam};
 use crate::k8s::events::EventRecorder;
 use crate::k8s::view::Selection;
+use crate::k8s_metadata::{self, K8sMetadata};
 use crate::leader::{Gate, LeaderElector, WriteLease};
 use crate::loxilb::Fleet as Instances;
 use crate::metrics::Metrics;
@@ -278,9 +279,24 @@ pub async fn run(
     } else {
         None
     };
+    // kube-loxilb's --enableK8sMetadata: off, not even its Pod watch exists.
+    let metadata = cfg.k8s_metadata.then(|| {
+        K8sMetadata::watch(
+            &ctx.kube,
+            cfg.namespace.as_deref(),
+            ctx.inputs.services.clone(),
+            ctx.inputs.nodes.clone(),
+            ctx.selection.clone(),
+            ctx.report.metrics.clone(),
+        )
+    });
     let replay = service::drift::replay(ctx.clone());
     let replay: fleet::workers::Replay = match &egresses {
         Some((egresses, _)) => egress::with_replay(egresses.clone(), replay),
+        None => replay,
+    };
+    let replay: fleet::workers::Replay = match &metadata {
+        Some((metadata, _)) => k8s_metadata::with_replay(metadata.clone(), replay),
         None => replay,
     };
     let _fleet = fleet.start(replay);
@@ -332,6 +348,15 @@ pub async fn run(
             move || instances.instances().to_vec(),
             cfg.drift_interval,
         ));
+    }
+    if let Some((metadata, pod_watch)) = metadata {
+        tasks.spawn(pod_watch);
+        let ready = {
+            let ctx = ctx.clone();
+            async move { ctx.gate.wait_ready().await }
+        };
+        let instances = ctx.fleet.clone();
+        tasks.spawn(metadata.run(ready, move || instances.instances().to_vec()));
     }
     // AddressPool status is the default controller's to write: every controller reads the
     // pools, but the status also describes them against the writer's flag pools (overlaps),
