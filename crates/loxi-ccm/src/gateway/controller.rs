@@ -13,7 +13,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tracing::{debug, info};
 
 use super::pass::Pass;
-use super::types::{Gateway, GatewayClass, ReferenceGrant, TCPRoute, UDPRoute};
+use super::types::{Gateway, GatewayClass, HTTPRoute, ReferenceGrant, TCPRoute, UDPRoute};
 use super::{Handles, Settings};
 
 /// The stores a pass reads.
@@ -23,6 +23,7 @@ pub(super) struct Stores {
     pub gateways: Store<Gateway>,
     pub tcp_routes: Store<TCPRoute>,
     pub udp_routes: Store<UDPRoute>,
+    pub http_routes: Store<HTTPRoute>,
     pub grants: Store<ReferenceGrant>,
     pub slices: Store<EndpointSlice>,
 }
@@ -79,6 +80,7 @@ pub async fn run(settings: Settings, handles: Handles) {
         gateways: follow(Api::all(client.clone()), "Gateway", &mut changes),
         tcp_routes: follow(Api::all(client.clone()), "TCPRoute", &mut changes),
         udp_routes: follow(Api::all(client.clone()), "UDPRoute", &mut changes),
+        http_routes: follow(Api::all(client.clone()), "HTTPRoute", &mut changes),
         grants: follow(Api::all(client.clone()), "ReferenceGrant", &mut changes),
         slices: {
             // EndpointSlices of Services only (the backends), trimmed as the Services' are.
