@@ -66,7 +66,10 @@ impl Route {
             resource_version: r.resource_version(),
             spec: spec.clone(),
             hostnames: hostnames.to_vec(),
-            parents: r.route_status().map(|s| s.parents.clone()).unwrap_or_default(),
+            parents: r
+                .route_status()
+                .map(|s| s.parents.clone())
+                .unwrap_or_default(),
         }
     }
 
@@ -208,14 +211,12 @@ impl Pass {
             .state()
             .into_iter()
             .map(|r| Route::of(&*r, RouteKind::Udp, &r.spec.l4, &[]));
-        let http = self.stores.http_routes.state().into_iter().map(|r| {
-            Route::of(
-                &*r,
-                RouteKind::Http,
-                &r.spec.common,
-                &r.spec.hostnames,
-            )
-        });
+        let http = self
+            .stores
+            .http_routes
+            .state()
+            .into_iter()
+            .map(|r| Route::of(&*r, RouteKind::Http, &r.spec.common, &r.spec.hostnames));
         let mut all: Vec<Route> = tcp.chain(udp).chain(http).collect();
         all.sort_by(|a, b| (a.kind, &a.namespace, &a.name).cmp(&(b.kind, &b.namespace, &b.name)));
         all

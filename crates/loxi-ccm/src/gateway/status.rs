@@ -184,7 +184,10 @@ mod tests {
             ..ListenerVerdict::default()
         };
         let c = listener_conditions(&http, true);
-        assert_eq!((c[0].status.as_str(), c[3].status.as_str()), ("True", "False"));
+        assert_eq!(
+            (c[0].status.as_str(), c[3].status.as_str()),
+            ("True", "False")
+        );
         let c = listener_conditions(&bad, true);
         assert_eq!(
             (c[1].status.as_str(), c[1].reason.as_str()),
