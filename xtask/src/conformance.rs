@@ -56,7 +56,10 @@ pub const NEEDS_TRAFFIC: &[&str] = &[
 fn script_output(script: &str) -> Result<PathBuf> {
     let out = Command::new("bash")
         .arg(workspace_root().join(script))
-        .env("GATEWAY_API_VERSION", testenv::gateway_api::GATEWAY_API_VERSION)
+        .env(
+            "GATEWAY_API_VERSION",
+            testenv::gateway_api::GATEWAY_API_VERSION,
+        )
         .stderr(Stdio::inherit())
         .output()
         .with_context(|| format!("starting {script}"))?;
@@ -146,7 +149,10 @@ async fn run_suite(crds: PathBuf, suite: PathBuf, args: &[String]) -> Result<()>
             .context("starting loxilb-sim")?,
     );
     let ccm_log = out_dir.join("loxi-ccm.log");
-    eprintln!("xtask: starting loxi-ccm --gatewayAPI (log: {})", ccm_log.display());
+    eprintln!(
+        "xtask: starting loxi-ccm --gatewayAPI (log: {})",
+        ccm_log.display()
+    );
     let _ccm = Guard(
         Command::new(bin.join("loxi-ccm"))
             .args([
@@ -197,7 +203,10 @@ async fn run_suite(crds: PathBuf, suite: PathBuf, args: &[String]) -> Result<()>
     pods.abort();
     summarize(&log)?;
     if !status.success() {
-        bail!("the conformance suite failed ({status}); see {}", log.display());
+        bail!(
+            "the conformance suite failed ({status}); see {}",
+            log.display()
+        );
     }
     Ok(())
 }
