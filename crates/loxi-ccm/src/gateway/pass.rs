@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 use loxi_domain::pools::{LabelSelector, RawRequirement, RawSelector};
@@ -140,7 +141,7 @@ impl Pass {
         let class_names: HashSet<String> = classes.iter().map(|c| c.name_any()).collect();
         let routes = self.routes();
         let grants = self.grants();
-        let services = self.backend_services(&routes).await;
+        let services = self.backend_services(&routes);
         let mut entries: HashMap<(RouteKind, String, String), Vec<Value>> = HashMap::new();
         let mut live: HashSet<(String, String)> = HashSet::new();
         for gw in self.stores.gateways.state() {
@@ -245,8 +246,9 @@ impl Pass {
             .collect()
     }
 
-    /// Every Service a route's backendRef names (whether or not it may reach it).
-    async fn backend_services(&self, routes: &[Route]) -> Services {
+    /// Every Service a route's backendRef names (whether or not it may reach it), from the
+    /// controller's Service store (listed before any pass: a Service missing from it is gone).
+    fn backend_services(&self, routes: &[Route]) -> Services {
         let mut out = Services::new();
         for route in routes {
             for b in route.spec.rules.iter().flat_map(|r| &r.backend_refs) {
@@ -258,17 +260,12 @@ impl Pass {
                 if out.contains_key(&key) {
                     continue;
                 }
-                let api: Api<Service> = Api::namespaced(self.h.kube.clone(), &key.0);
-                match api.get_opt(&key.1).await {
-                    Ok(svc) => {
-                        out.insert(key, svc);
-                    }
-                    // Unknown this pass: neither found nor missing (no status is written
-                    // from a guess; the next pass asks again).
-                    Err(e) => {
-                        warn!(service = %format!("{}/{}", key.0, key.1), error = %e, "could not read a backend Service")
-                    }
-                }
+                let found = self
+                    .stores
+                    .services
+                    .get(&ObjectRef::new(&key.1).within(&key.0))
+                    .map(|s| (*s).clone());
+                out.insert(key, found);
             }
         }
         out
