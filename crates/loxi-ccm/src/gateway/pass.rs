@@ -11,8 +11,8 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::reflector::ObjectRef;
 use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use loxi_domain::pools::{LabelSelector, RawRequirement, RawSelector};
 use loxi_domain::{ClusterId, Rule};
