@@ -180,6 +180,8 @@ async fn run_suite(crds: PathBuf, suite: PathBuf, args: &[String]) -> Result<()>
     let mut cmd = Command::new(&suite);
     cmd.env("KUBECONFIG", &kubeconfig)
         .arg("-test.v")
+        // Only the suite: the package's option tests read files beside its source.
+        .arg("-test.run=^TestConformance$")
         .arg("-test.timeout=60m")
         .arg(format!("-gateway-class={CLASS}"))
         .arg(format!("-conformance-profiles={PROFILES}"))
