@@ -24,6 +24,7 @@
 //!   (`charts/loxi-ccm`, values `charts/deploy-values.yaml`); the chart tests fail while
 //!   `deploy/` differs from that rendering.
 
+mod conformance;
 mod image;
 mod packages;
 mod realnode;
@@ -77,9 +78,10 @@ fn main() -> Result<()> {
         Some("manifests") => manifests(),
         Some("image") => image::image(&args[1..]),
         Some("realnode") => realnode::realnode(),
+        Some("conformance") => conformance::conformance(&args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask <demo [--exit] | test | deny | bench [--quick | --fleet | --profile <instant|loxilb-0.9.8> [--profile-tick-ms MS]] [loxi-bench flags] | manifests | image [--context-only] [--reproducible] [--arch amd64|arm64] [--name REF] | realnode>"
+                "usage: cargo xtask <demo [--exit] | test | deny | bench [--quick | --fleet | --profile <instant|loxilb-0.9.8> [--profile-tick-ms MS]] [loxi-bench flags] | manifests | conformance [suite flags] | image [--context-only] [--reproducible] [--arch amd64|arm64] [--name REF] | realnode>"
             );
             std::process::exit(2);
         }

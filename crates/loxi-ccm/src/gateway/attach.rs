@@ -19,6 +19,9 @@ use super::types::GROUP;
 pub enum RouteKind {
     Tcp,
     Udp,
+    /// HTTPRoute: attached and reported; its traffic is not programmed on loxilb yet
+    /// (docs/gateway-api.md#http).
+    Http,
 }
 
 impl RouteKind {
@@ -26,6 +29,7 @@ impl RouteKind {
         match self {
             RouteKind::Tcp => "TCPRoute",
             RouteKind::Udp => "UDPRoute",
+            RouteKind::Http => "HTTPRoute",
         }
     }
 
@@ -34,13 +38,31 @@ impl RouteKind {
         match self {
             RouteKind::Tcp => "TCP",
             RouteKind::Udp => "UDP",
+            RouteKind::Http => "HTTP",
         }
     }
 
+    /// The transport of the listener's loxilb rule.
     pub fn protocol(self) -> Protocol {
         match self {
-            RouteKind::Tcp => Protocol::Tcp,
+            RouteKind::Tcp | RouteKind::Http => Protocol::Tcp,
             RouteKind::Udp => Protocol::Udp,
+        }
+    }
+
+    /// Whether loxi-ccm puts the listener's traffic on loxilb (TCP and UDP straight to
+    /// the backends; HTTP not yet).
+    pub fn programmed_on_loxilb(self) -> bool {
+        matches!(self, RouteKind::Tcp | RouteKind::Udp)
+    }
+
+    /// The kind a listener of `protocol` takes by default (none: not served).
+    pub fn of_listener(protocol: &str) -> Option<RouteKind> {
+        match protocol {
+            "TCP" => Some(RouteKind::Tcp),
+            "UDP" => Some(RouteKind::Udp),
+            "HTTP" => Some(RouteKind::Http),
+            _ => None,
         }
     }
 
@@ -51,6 +73,7 @@ impl RouteKind {
         match kind {
             "TCPRoute" => Some(RouteKind::Tcp),
             "UDPRoute" => Some(RouteKind::Udp),
+            "HTTPRoute" => Some(RouteKind::Http),
             _ => None,
         }
     }
@@ -83,8 +106,10 @@ pub struct ListenerIn {
 /// What loxi-ccm makes of one listener.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ListenerVerdict {
-    /// `UnsupportedProtocol` when loxi-ccm does not serve its protocol (HTTP, HTTPS, TLS
-    /// for now: docs/gateway-api.md#http).
+    /// The kind its protocol carries (none: the protocol is not served).
+    pub protocol_kind: Option<RouteKind>,
+    /// `UnsupportedProtocol` when loxi-ccm does not serve its protocol (HTTPS and TLS for
+    /// now: docs/gateway-api.md#http).
     pub unsupported: Option<String>,
     /// `ProtocolConflict` or `HostnameConflict`, with another listener on its port.
     pub conflict: Option<&'static str>,
@@ -110,14 +135,10 @@ fn transport(protocol: &str) -> &'static str {
 pub fn listeners(all: &[ListenerIn]) -> Vec<ListenerVerdict> {
     all.iter()
         .map(|l| {
-            let default_kind = match l.protocol.as_str() {
-                "TCP" => Some(RouteKind::Tcp),
-                "UDP" => Some(RouteKind::Udp),
-                _ => None,
-            };
+            let default_kind = RouteKind::of_listener(&l.protocol);
             let unsupported = default_kind.is_none().then(|| {
                 format!(
-                    "protocol {} is not served by loxi-ccm yet (TCP and UDP are)",
+                    "protocol {} is not served by loxi-ccm yet (TCP, UDP and HTTP are)",
                     l.protocol
                 )
             });
@@ -142,6 +163,14 @@ pub fn listeners(all: &[ListenerIn]) -> Vec<ListenerVerdict> {
                 if transport(&other.protocol) != transport(&l.protocol) {
                     continue;
                 }
+                // HTTP listeners share a port when their hostnames differ (the spec's
+                // hostname-based virtual hosting).
+                if other.protocol == l.protocol
+                    && l.protocol == "HTTP"
+                    && other.hostname != l.hostname
+                {
+                    continue;
+                }
                 conflict = Some(if other.protocol == l.protocol {
                     "HostnameConflict"
                 } else {
@@ -152,6 +181,7 @@ pub fn listeners(all: &[ListenerIn]) -> Vec<ListenerVerdict> {
                 }
             }
             ListenerVerdict {
+                protocol_kind: default_kind,
                 unsupported,
                 conflict,
                 kinds,
@@ -594,7 +624,7 @@ mod tests {
             listener("c", 80, "UDP"),
             listener("d", 443, "HTTPS"),
             listener("e", 443, "TCP"),
-            listener("f", 8080, "HTTP"),
+            listener("f", 8080, "TLS"),
         ];
         let v = listeners(&ls);
         assert_eq!(v[0].conflict, Some("HostnameConflict"));
@@ -670,6 +700,78 @@ mod tests {
             reason(&attach("gw", &ls, &v, &r, &ParentIn::default())),
             "NoMatchingListenerHostname"
         );
+    }
+
+    #[test]
+    fn http_listeners_take_http_routes_by_hostname() {
+        let host = |name: &str, port: i32, h: Option<&str>| ListenerIn {
+            hostname: h.map(String::from),
+            ..listener(name, port, "HTTP")
+        };
+        let ls = vec![
+            host("a", 80, Some("a.example.com")),
+            host("wild", 80, Some("*.example.org")),
+            host("dup1", 81, Some("x.example.com")),
+            host("dup2", 81, Some("x.example.com")),
+            listener("tcp", 82, "TCP"),
+            host("http82", 82, None),
+            listener("https", 443, "HTTPS"),
+        ];
+        let v = listeners(&ls);
+        // Different hostnames on one port: no conflict; the same hostname: a conflict.
+        assert_eq!((v[0].conflict, v[1].conflict), (None, None));
+        assert_eq!(v[2].conflict, Some("HostnameConflict"));
+        assert_eq!(v[3].conflict, Some("HostnameConflict"));
+        // HTTP and TCP on one port: both carried by TCP, different protocols.
+        assert_eq!(v[4].conflict, Some("ProtocolConflict"));
+        assert_eq!(v[5].conflict, Some("ProtocolConflict"));
+        assert_eq!(v[0].kinds, vec![RouteKind::Http]);
+        assert!(v[6].unsupported.is_some());
+        assert!(RouteKind::Http.protocol() == Protocol::Tcp);
+        assert!(!RouteKind::Http.programmed_on_loxilb());
+
+        let labels = BTreeMap::new();
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let at = |hosts: &[String], section: Option<&str>| {
+            let r = RouteIn {
+                hostnames: hosts,
+                ..route(RouteKind::Http, "gw", &labels)
+            };
+            let parent = ParentIn {
+                section_name: section.map(String::from),
+                port: None,
+            };
+            attach("gw", &ls, &v, &r, &parent)
+        };
+        assert_eq!(
+            at(&names(&["a.example.com"]), None),
+            Attachment::Accepted(vec![0])
+        );
+        assert_eq!(
+            at(&names(&["b.example.org", "a.example.com"]), None),
+            Attachment::Accepted(vec![0, 1])
+        );
+        // No hostname on the route: every HTTP listener it names that allows it.
+        assert_eq!(at(&[], Some("wild")), Attachment::Accepted(vec![1]));
+        assert_eq!(
+            reason(&at(&names(&["b.example.com"]), Some("a"))),
+            "NoMatchingListenerHostname"
+        );
+        // A TCPRoute naming an HTTP listener is not allowed by it, nor an HTTPRoute a TCP one.
+        let tcp = route(RouteKind::Tcp, "gw", &labels);
+        let to_a = ParentIn {
+            section_name: Some("a".into()),
+            port: None,
+        };
+        assert_eq!(
+            reason(&attach("gw", &ls, &v, &tcp, &to_a)),
+            "NotAllowedByListeners"
+        );
+        let mut only_tcp = listener("t", 90, "TCP");
+        only_tcp.kinds = vec![(Some(GROUP.into()), "HTTPRoute".into())];
+        let v2 = listeners(std::slice::from_ref(&only_tcp));
+        assert!(v2[0].kinds.is_empty());
+        assert_eq!(v2[0].invalid_kinds, vec!["HTTPRoute"]);
     }
 
     fn backend(ns: &str, name: &str) -> BackendIn {

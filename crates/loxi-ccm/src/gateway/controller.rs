@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use futures::stream::{BoxStream, SelectAll};
 use futures::{FutureExt, Stream, StreamExt};
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::Api;
 use kube::runtime::reflector::{self, Store, reflector};
@@ -13,7 +14,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tracing::{debug, info};
 
 use super::pass::Pass;
-use super::types::{Gateway, GatewayClass, ReferenceGrant, TCPRoute, UDPRoute};
+use super::types::{Gateway, GatewayClass, HTTPRoute, ReferenceGrant, TCPRoute, UDPRoute};
 use super::{Handles, Settings};
 
 /// The stores a pass reads.
@@ -23,7 +24,11 @@ pub(super) struct Stores {
     pub gateways: Store<Gateway>,
     pub tcp_routes: Store<TCPRoute>,
     pub udp_routes: Store<UDPRoute>,
+    pub http_routes: Store<HTTPRoute>,
     pub grants: Store<ReferenceGrant>,
+    /// Every Service (backends are usually ClusterIP, which the Service controller's
+    /// LoadBalancer-only watch does not see): a pass reads backends here, not by GETs.
+    pub services: Store<Service>,
     pub slices: Store<EndpointSlice>,
 }
 
@@ -79,7 +84,9 @@ pub async fn run(settings: Settings, handles: Handles) {
         gateways: follow(Api::all(client.clone()), "Gateway", &mut changes),
         tcp_routes: follow(Api::all(client.clone()), "TCPRoute", &mut changes),
         udp_routes: follow(Api::all(client.clone()), "UDPRoute", &mut changes),
+        http_routes: follow(Api::all(client.clone()), "HTTPRoute", &mut changes),
         grants: follow(Api::all(client.clone()), "ReferenceGrant", &mut changes),
+        services: follow(Api::all(client.clone()), "Service", &mut changes),
         slices: {
             // EndpointSlices of Services only (the backends), trimmed as the Services' are.
             let (store, writer) = reflector::store::<EndpointSlice>();
@@ -121,6 +128,7 @@ pub async fn run(settings: Settings, handles: Handles) {
         if !*handles.gate.leader().borrow()
             || !listed(stores.classes.wait_until_ready().now_or_never())
             || !listed(stores.gateways.wait_until_ready().now_or_never())
+            || !listed(stores.services.wait_until_ready().now_or_never())
         {
             continue;
         }

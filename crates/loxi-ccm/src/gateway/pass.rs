@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use loxi_domain::pools::{LabelSelector, RawRequirement, RawSelector};
 use loxi_domain::{ClusterId, Rule};
@@ -27,7 +28,9 @@ use super::rules::{ListenerEndpoints, gateway_rules};
 use super::status::{
     condition, listener_conditions, merged_parents, parent_entry, same_parents, supported_kinds,
 };
-use super::types::{GROUP, Gateway, GatewayClass, L4RouteSpec, Listener, ParentRef};
+use super::types::{
+    GROUP, Gateway, GatewayClass, HasRouteStatus, L4RouteSpec, Listener, ParentRef,
+};
 use super::{FINALIZER, Handles, Settings, rule_owner};
 use crate::ipam::{EnsureError, claims::ClaimedBy};
 use crate::k8s::conditions::stamp_all;
@@ -44,11 +47,33 @@ struct Route {
     /// entry is never overwritten (409, tried again at the next pass).
     resource_version: Option<String>,
     spec: L4RouteSpec,
+    /// `spec.hostnames` (HTTPRoute only).
+    hostnames: Vec<String>,
     /// `status.parents` as read (every controller's).
     parents: Vec<Value>,
 }
 
 impl Route {
+    fn of<K>(r: &K, kind: RouteKind, spec: &L4RouteSpec, hostnames: &[String]) -> Route
+    where
+        K: Resource + HasRouteStatus,
+    {
+        Route {
+            kind,
+            namespace: r.namespace().unwrap_or_default(),
+            name: r.name_any(),
+            generation: r.meta().generation,
+            uid: r.uid(),
+            resource_version: r.resource_version(),
+            spec: spec.clone(),
+            hostnames: hostnames.to_vec(),
+            parents: r
+                .route_status()
+                .map(|s| s.parents.clone())
+                .unwrap_or_default(),
+        }
+    }
+
     fn object_ref(&self) -> ObjectReference {
         ObjectReference {
             api_version: Some(format!("{GROUP}/v1")),
@@ -116,7 +141,7 @@ impl Pass {
         let class_names: HashSet<String> = classes.iter().map(|c| c.name_any()).collect();
         let routes = self.routes();
         let grants = self.grants();
-        let services = self.backend_services(&routes).await;
+        let services = self.backend_services(&routes);
         let mut entries: HashMap<(RouteKind, String, String), Vec<Value>> = HashMap::new();
         let mut live: HashSet<(String, String)> = HashSet::new();
         for gw in self.stores.gateways.state() {
@@ -175,27 +200,25 @@ impl Pass {
     }
 
     fn routes(&self) -> Vec<Route> {
-        let tcp = self.stores.tcp_routes.state().into_iter().map(|r| Route {
-            kind: RouteKind::Tcp,
-            namespace: r.namespace().unwrap_or_default(),
-            name: r.name_any(),
-            generation: r.meta().generation,
-            uid: r.uid(),
-            resource_version: r.resource_version(),
-            spec: r.spec.l4.clone(),
-            parents: r.status.clone().unwrap_or_default().parents,
-        });
-        let udp = self.stores.udp_routes.state().into_iter().map(|r| Route {
-            kind: RouteKind::Udp,
-            namespace: r.namespace().unwrap_or_default(),
-            name: r.name_any(),
-            generation: r.meta().generation,
-            uid: r.uid(),
-            resource_version: r.resource_version(),
-            spec: r.spec.l4.clone(),
-            parents: r.status.clone().unwrap_or_default().parents,
-        });
-        let mut all: Vec<Route> = tcp.chain(udp).collect();
+        let tcp = self
+            .stores
+            .tcp_routes
+            .state()
+            .into_iter()
+            .map(|r| Route::of(&*r, RouteKind::Tcp, &r.spec.l4, &[]));
+        let udp = self
+            .stores
+            .udp_routes
+            .state()
+            .into_iter()
+            .map(|r| Route::of(&*r, RouteKind::Udp, &r.spec.l4, &[]));
+        let http = self
+            .stores
+            .http_routes
+            .state()
+            .into_iter()
+            .map(|r| Route::of(&*r, RouteKind::Http, &r.spec.common, &r.spec.hostnames));
+        let mut all: Vec<Route> = tcp.chain(udp).chain(http).collect();
         all.sort_by(|a, b| (a.kind, &a.namespace, &a.name).cmp(&(b.kind, &b.namespace, &b.name)));
         all
     }
@@ -223,8 +246,9 @@ impl Pass {
             .collect()
     }
 
-    /// Every Service a route's backendRef names (whether or not it may reach it).
-    async fn backend_services(&self, routes: &[Route]) -> Services {
+    /// Every Service a route's backendRef names (whether or not it may reach it), from the
+    /// controller's Service store (listed before any pass: a Service missing from it is gone).
+    fn backend_services(&self, routes: &[Route]) -> Services {
         let mut out = Services::new();
         for route in routes {
             for b in route.spec.rules.iter().flat_map(|r| &r.backend_refs) {
@@ -236,17 +260,12 @@ impl Pass {
                 if out.contains_key(&key) {
                     continue;
                 }
-                let api: Api<Service> = Api::namespaced(self.h.kube.clone(), &key.0);
-                match api.get_opt(&key.1).await {
-                    Ok(svc) => {
-                        out.insert(key, svc);
-                    }
-                    // Unknown this pass: neither found nor missing (no status is written
-                    // from a guess; the next pass asks again).
-                    Err(e) => {
-                        warn!(service = %format!("{}/{}", key.0, key.1), error = %e, "could not read a backend Service")
-                    }
-                }
+                let found = self
+                    .stores
+                    .services
+                    .get(&ObjectRef::new(&key.1).within(&key.0))
+                    .map(|s| (*s).clone());
+                out.insert(key, found);
             }
         }
         out
@@ -283,7 +302,7 @@ impl Pass {
                     kind: route.kind,
                     namespace: &route.namespace,
                     namespace_labels: &labels,
-                    hostnames: &[],
+                    hostnames: &route.hostnames,
                 };
                 let parent_in = ParentIn {
                     section_name: parent.section_name.clone(),
@@ -439,9 +458,9 @@ impl Pass {
             .iter()
             .zip(verdicts)
             .zip(backends)
-            .filter(|((l, v), _)| v.usable() && u16::try_from(l.port).is_ok())
-            .map(|((l, v), bs)| {
-                let kind = v.kinds.first().copied().unwrap_or(RouteKind::Tcp);
+            .filter_map(|((l, v), bs)| {
+                let kind = v.protocol_kind.filter(|k| k.programmed_on_loxilb())?;
+                let port = u16::try_from(l.port).ok().filter(|_| v.usable())?;
                 let mut endpoints = Vec::new();
                 for b in bs.iter().filter(|b| b.weight > 0) {
                     let Some(Some(svc)) = services.get(&(b.namespace.clone(), b.name.clone()))
@@ -464,11 +483,11 @@ impl Pass {
                         }
                     }
                 }
-                ListenerEndpoints {
-                    port: u16::try_from(l.port).unwrap_or_default(),
+                Some(ListenerEndpoints {
+                    port,
                     protocol: kind.protocol(),
                     endpoints,
-                }
+                })
             })
             .collect()
     }

@@ -56,6 +56,13 @@ pub fn listener_conditions(v: &ListenerVerdict, programmed: bool) -> Vec<Conditi
     };
     let programmed = if !v.usable() {
         condition("Programmed", false, "Invalid", "the listener is not valid")
+    } else if v.protocol_kind.is_some_and(|k| !k.programmed_on_loxilb()) {
+        condition(
+            "Programmed",
+            false,
+            "Pending",
+            "loxi-ccm does not put HTTP traffic on loxilb yet (docs/gateway-api.md#http)",
+        )
     } else if programmed {
         condition("Programmed", true, "Programmed", "rules are on loxilb")
     } else {
@@ -171,6 +178,16 @@ mod tests {
             invalid_kinds: vec!["HTTPRoute".into()],
             ..ListenerVerdict::default()
         };
+        let http = ListenerVerdict {
+            protocol_kind: Some(RouteKind::Http),
+            kinds: vec![RouteKind::Http],
+            ..ListenerVerdict::default()
+        };
+        let c = listener_conditions(&http, true);
+        assert_eq!(
+            (c[0].status.as_str(), c[3].status.as_str()),
+            ("True", "False")
+        );
         let c = listener_conditions(&bad, true);
         assert_eq!(
             (c[1].status.as_str(), c[1].reason.as_str()),

@@ -114,7 +114,7 @@ pub struct ListenerStatus {
     pub conditions: Vec<Condition>,
 }
 
-/// The spec TCPRoute and UDPRoute share: parents and backends (no hostnames at L4).
+/// What every route kind has: parents and backends (HTTPRoute adds hostnames).
 #[derive(Deserialize, Serialize, Clone, Debug, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct L4RouteSpec {
@@ -172,6 +172,25 @@ pub struct RouteStatus {
     pub parents: Vec<serde_json::Value>,
 }
 
+/// HTTPRoute: the common parents and backends plus `hostnames` (matches and filters are
+/// not read: loxi-ccm does not program HTTP traffic yet).
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default)]
+#[kube(
+    group = "gateway.networking.k8s.io",
+    version = "v1",
+    kind = "HTTPRoute",
+    namespaced,
+    status = "RouteStatus",
+    schema = "disabled"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct HTTPRouteSpec {
+    #[serde(flatten)]
+    pub common: L4RouteSpec,
+    #[serde(default)]
+    pub hostnames: Vec<String>,
+}
+
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default)]
 #[kube(
     group = "gateway.networking.k8s.io",
@@ -202,10 +221,12 @@ pub struct UDPRouteSpec {
     pub l4: L4RouteSpec,
 }
 
+/// Read as v1beta1, the version every v1.x release's standard channel serves (v1.6 serves
+/// v1 beside it, stored as v1beta1): older CRDs keep working.
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default)]
 #[kube(
     group = "gateway.networking.k8s.io",
-    version = "v1",
+    version = "v1beta1",
     kind = "ReferenceGrant",
     namespaced,
     schema = "disabled"
@@ -236,3 +257,19 @@ pub struct GrantTo {
     #[serde(default)]
     pub name: Option<String>,
 }
+
+/// The status every route kind has, read the same way.
+pub trait HasRouteStatus {
+    fn route_status(&self) -> Option<&RouteStatus>;
+}
+
+macro_rules! route_status {
+    ($($kind:ty),*) => {$(
+        impl HasRouteStatus for $kind {
+            fn route_status(&self) -> Option<&RouteStatus> {
+                self.status.as_ref()
+            }
+        }
+    )*};
+}
+route_status!(TCPRoute, UDPRoute, HTTPRoute);

@@ -6,6 +6,7 @@
 
 pub mod addresses;
 pub mod cluster;
+pub mod gateway;
 pub mod hold;
 pub mod load;
 pub mod nodes;
