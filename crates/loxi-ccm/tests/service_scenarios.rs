@@ -43,12 +43,15 @@ use loxi_ccm::k8s::view::{CLASS_FINALIZER, Selection};
 use loxi_ccm::leader::{Gate, WriteLease};
 use loxi_ccm::loxilb::Fleet;
 use loxi_ccm::metrics::Metrics;
+use loxi_ccm::service::backoff::Backoff;
 use loxi_ccm::service::departures::{Departures, Injected, Relisted};
+use loxi_ccm::service::error::ReconcileError;
 use loxi_ccm::service::inputs::Inputs;
 use loxi_ccm::service::plan::rules_for;
-use loxi_ccm::service::reconcile::{Backoff, ReconcileError, reconcile};
-use loxi_ccm::service::report::Report;
-use loxi_ccm::service::teardown::RulesFirst;
+use loxi_ccm::service::reconcile::reconcile;
+use loxi_ccm::service::reporter::Report;
+use loxi_ccm::service::rules_first::RulesFirst;
+use loxi_ccm::service::teardown;
 use loxi_ccm::service::{self, Context};
 use loxi_domain::{ClusterId, Pool};
 use loxilb_client::{ClientConfig, LoxilbClient};
@@ -1000,13 +1003,10 @@ async fn deleted_service_loses_its_rule_at_once_and_the_cleanup_waits_for_that()
     s.sim.set_write_latency(Duration::from_millis(300));
     let writes_before = s.sim.writes();
 
-    let early = s
-        .ctx
-        .teardown
-        .deleting(&s.ctx, &deleting)
-        .expect("a deleting Service of ours is removed early");
+    let early =
+        teardown::deleting(&s.ctx, &deleting).expect("a deleting Service of ours is removed early");
     assert!(
-        s.ctx.teardown.deleting(&s.ctx, &deleting).is_none(),
+        teardown::deleting(&s.ctx, &deleting).is_none(),
         "one early removal per Service"
     );
     // The reconcile of the deletion comes while the DELETE is still on its way.
@@ -1051,7 +1051,7 @@ async fn deleted_service_loses_its_rule_at_once_and_the_cleanup_waits_for_that()
     );
     // A late watch event of the same deletion starts nothing; the deletion's own event
     // drops what was kept about it.
-    assert!(s.ctx.teardown.deleting(&s.ctx, &deleting).is_none());
+    assert!(teardown::deleting(&s.ctx, &deleting).is_none());
     s.ctx
         .teardown
         .gone(deleting.metadata.uid.as_deref().unwrap());
