@@ -2,6 +2,9 @@
 //! `crate::<subsystem>` path in a subsystem's code must be an arrow the table allows, and the
 //! arrows between subsystems form no cycle. The document and this test read the same table.
 //!
+//! Inside a subsystem, its files use each other in no circle either (a type lives where its
+//! methods live, or the code that holds it gets a plain handle).
+//!
 //! Two rules of shape go with it: no source file of the workspace holds more than 1,000
 //! lines of code (one concern per file), and `runtime/` only wires subsystems, holding no
 //! state of its own (no `Mutex`, `RwLock` or `Notify` outside its tests).
@@ -349,17 +352,48 @@ fn subsystem_files() -> BTreeMap<String, (BTreeMap<String, Vec<String>>, String)
     all
 }
 
-/// Subsystems whose files still use each other in a circle, each with the reason.
-const CIRCLES_ALLOWED: &[(&str, &str)] = &[];
+/// Arrows between files that still close a circle, each with the reason it is left: `(the
+/// subsystem, from, to, why)`. Only the arrow is ignored, so a new circle in the same
+/// subsystem is still seen.
+const CIRCLE_ARROWS_LEFT: &[(&str, &str, &str, &str)] = &[
+    (
+        "fleet",
+        "roles",
+        "workers",
+        "the roles are started with the probe workers' handle while the workers hold the \
+         roles'; fleet/ is being reworked on another branch (the fleet issue), cut there",
+    ),
+    (
+        "gateway",
+        "pass",
+        "controller",
+        "pass.rs reads the controller's `Stores`; gateway/ is being extended on another \
+         branch (Gateway API), cut there by moving `Stores` beside `Handles`",
+    ),
+    (
+        "loxilb",
+        "rules",
+        "limits",
+        "an instance's rule book holds the capacity waiters while the limits read the \
+         book's holdings; loxilb/ is being split on another branch (the fleet issue)",
+    ),
+];
 
 #[test]
 fn the_files_of_a_subsystem_use_each_other_in_no_circle() {
     let mut circles = Vec::new();
+    let mut stale = Vec::new();
     for (subsystem, (files, mod_rs)) in subsystem_files() {
-        if CIRCLES_ALLOWED.iter().any(|(s, _)| *s == subsystem) {
-            continue;
+        let mut arrows = file_arrows(&subsystem, &files, &mod_rs);
+        for (s, from, to, _) in CIRCLE_ARROWS_LEFT {
+            if *s == subsystem {
+                let removed = arrows.get_mut(*from).is_some_and(|uses| uses.remove(*to));
+                if !removed {
+                    stale.push(format!("{s}/: {from} -> {to}"));
+                }
+            }
         }
-        if let Some(c) = cycle(&file_arrows(&subsystem, &files, &mod_rs)) {
+        if let Some(c) = cycle(&arrows) {
             circles.push(format!("{subsystem}/: {}", c.join(" -> ")));
         }
     }
@@ -367,6 +401,10 @@ fn the_files_of_a_subsystem_use_each_other_in_no_circle() {
         circles.is_empty(),
         "files of one subsystem using each other in a circle (move the type next to its \
          methods, or hand the code a plain handle): {circles:?}"
+    );
+    assert!(
+        stale.is_empty(),
+        "arrows left in CIRCLE_ARROWS_LEFT that the code no longer has (drop them): {stale:?}"
     );
 }
 
@@ -653,6 +691,74 @@ fn no_source_file_is_over_a_thousand_lines_of_code() {
     assert!(
         over.is_empty(),
         "source files over {MAX_CODE_LINES} lines of code (split them by concern): {over:?}"
+    );
+}
+
+/// More lines of code than this in one test file is more than one concern: split it by
+/// concern, with the shared set-up in the crate's `tests/common`.
+const MAX_TEST_CODE_LINES: usize = 800;
+
+/// Test files allowed over [`MAX_TEST_CODE_LINES`] until they are split, each with why.
+const TEST_FILES_OVER_THE_LIMIT: &[(&str, &str)] = &[];
+
+/// The test files of `members`, as paths from `root`, with their lines of code.
+fn test_file_sizes(root: &Path, members: &[PathBuf]) -> Vec<(String, usize)> {
+    let mut files = Vec::new();
+    for member in members {
+        rust_files(&member.join("tests"), &mut files);
+    }
+    files
+        .into_iter()
+        .map(|file| {
+            let file = file.canonicalize().expect("test path");
+            let name = file
+                .strip_prefix(root)
+                .expect("inside the workspace")
+                .to_string_lossy()
+                .replace('\\', "/");
+            let lines = code_lines(&std::fs::read_to_string(&file).expect("readable test"));
+            (name, lines)
+        })
+        .collect()
+}
+
+#[test]
+fn no_test_file_is_over_eight_hundred_lines_of_code() {
+    let root = crate_dir()
+        .join("../..")
+        .canonicalize()
+        .expect("workspace root");
+    let sizes = test_file_sizes(&root, &workspace_members());
+    assert!(
+        sizes.len() > 30,
+        "too few test files found: {}",
+        sizes.len()
+    );
+    let over: Vec<String> = sizes
+        .iter()
+        .filter(|(name, lines)| {
+            *lines > MAX_TEST_CODE_LINES
+                && !TEST_FILES_OVER_THE_LIMIT.iter().any(|(f, _)| f == name)
+        })
+        .map(|(name, lines)| format!("{name}: {lines}"))
+        .collect();
+    assert!(
+        over.is_empty(),
+        "test files over {MAX_TEST_CODE_LINES} lines of code (split them by concern, shared \
+         set-up in tests/common): {over:?}"
+    );
+    let stale: Vec<&str> = TEST_FILES_OVER_THE_LIMIT
+        .iter()
+        .filter(|(f, _)| {
+            sizes
+                .iter()
+                .all(|(name, lines)| name != f || *lines <= MAX_TEST_CODE_LINES)
+        })
+        .map(|(f, _)| *f)
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "TEST_FILES_OVER_THE_LIMIT names files within the limit (drop them): {stale:?}"
     );
 }
 

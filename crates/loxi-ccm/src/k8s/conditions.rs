@@ -34,9 +34,7 @@ pub fn stamp_all<C: Condition>(want: &mut [C], have: &[C], generation: Option<i6
     }
 }
 
-/// A condition of a custom resource's status, as `metav1.Condition` with its time written as
-/// RFC 3339 text (the field names and types of `metav1.Condition`, so `kubectl` and tools that
-/// read conditions read these too).
+/// A condition, as `metav1.Condition` (its fields, the time as RFC 3339 text).
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct StatusCondition {
