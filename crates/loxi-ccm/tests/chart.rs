@@ -19,7 +19,6 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
@@ -29,7 +28,7 @@ use serde_json::Value;
 use testenv::chart::{NAMESPACE, RELEASE, chart_dir};
 use testenv::tools::helm_command;
 
-use chart_helpers::{deploy_dir, documents, helm, kubectl, outcome, render, scenarios};
+use chart_helpers::{documents, helm, kubectl, render, scenarios};
 
 #[test]
 fn deploy_is_the_chart_rendered() {

@@ -7,18 +7,13 @@ mod chart_helpers;
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
-use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams};
 use serde_json::Value;
 use testenv::chart::{NAMESPACE, RELEASE, chart_dir};
 use testenv::tools::helm_command;
 
-use chart_helpers::{deploy_dir, documents, helm, kubectl, outcome, render, scenarios};
+use chart_helpers::{deploy_dir, helm, kubectl, outcome};
 
 /// kube-loxilb's LoxiURL examples (manifest/crds/loxilb-url.yaml, loxilb-cidr-pool.yaml and
 /// loxilb-hostcidr.yaml, written out from their fields), unchanged.

@@ -6,9 +6,8 @@ mod common;
 #[path = "common/e2e_setup.rs"]
 mod e2e_setup;
 
-use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use e2e_setup::*;
 use k8s_openapi::api::core::v1::{Namespace, Node, Service};

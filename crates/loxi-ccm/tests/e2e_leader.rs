@@ -7,14 +7,12 @@ mod common;
 #[path = "common/e2e_setup.rs"]
 mod e2e_setup;
 
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use e2e_setup::*;
-use k8s_openapi::api::core::v1::{Namespace, Node, Service};
+use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, DeleteParams, PostParams};
-use loxilb_sim::{SimConfig, Simulator};
 use serde_json::json;
 
 /// Two replicas of the binary with leader election, as the Deployment runs them: the leader

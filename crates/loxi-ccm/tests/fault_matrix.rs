@@ -13,18 +13,12 @@ mod fault_setup;
 
 use std::time::{Duration, Instant};
 
-use common::hold::{self, Hold};
 use common::load::{Load, Rng};
-use common::proxy::CutProxy;
 use common::{Options, World, control_plane, wait_for};
 use fault_setup::*;
 use k8s_openapi::api::core::v1::Service;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use loxi_ccm::ipam::address_pools::AddressPool;
-use loxi_ccm::ipam::claims::AddressClaim;
-use loxilb_client::{ClientConfig, LoxilbClient};
+use kube::api::{Api, ListParams, PostParams};
 use loxilb_sim::{Fault, SimConfig};
-use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn loxilb_down_under_load() {

@@ -9,19 +9,19 @@ mod common;
 #[path = "common/fault_setup.rs"]
 mod fault_setup;
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use common::hold::{self, Hold};
-use common::load::{Load, Rng};
+use common::load::Load;
 use common::proxy::CutProxy;
 use common::{Options, World, control_plane, wait_for};
 use fault_setup::*;
 use k8s_openapi::api::core::v1::Service;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use loxi_ccm::ipam::address_pools::AddressPool;
 use loxi_ccm::ipam::claims::AddressClaim;
 use loxilb_client::{ClientConfig, LoxilbClient};
-use loxilb_sim::{Fault, SimConfig};
+use loxilb_sim::SimConfig;
 use serde_json::json;
 
 /// The soak's last bug (docs/RELIABILITY.md#soak): a shared claim deleted while the

@@ -13,8 +13,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use fleet_setup::*;
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::Api;
 use loxilb_sim::{SimConfig, Simulator};
 
 /// Three loxilbs, two HA instances: one master each, on different loxilbs, recorded. The

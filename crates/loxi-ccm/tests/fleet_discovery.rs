@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use fleet_setup::*;
-use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use loxilb_sim::{SimConfig, Simulator};
 

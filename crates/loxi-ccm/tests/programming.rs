@@ -8,13 +8,9 @@ mod programming_setup;
 use std::time::Duration;
 
 use common::{CLASS, COND_ADDRESS, COND_PROGRAMMED, Options, WAIT, World, annotated, wait_for};
-use k8s_openapi::api::core::v1::{LoadBalancerIngress, Service};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
-use loxi_domain::RuleName;
-use loxilb_client::{ClientConfig, LoadbalanceEntry, LoxilbClient};
-use loxilb_sim::{Fault, SimConfig, Simulator};
+use kube::api::{Api, DeleteParams, ListParams};
+use loxilb_sim::{Fault, SimConfig};
 use programming_setup::*;
-use serde_json::json;
 
 #[tokio::test]
 async fn every_instance_is_programmed_and_an_outage_is_partial_then_replayed() {

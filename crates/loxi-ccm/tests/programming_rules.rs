@@ -7,14 +7,8 @@ mod common;
 #[path = "common/programming_setup.rs"]
 mod programming_setup;
 
-use std::time::Duration;
-
-use common::{CLASS, COND_ADDRESS, COND_PROGRAMMED, Options, WAIT, World, annotated, wait_for};
-use k8s_openapi::api::core::v1::{LoadBalancerIngress, Service};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
-use loxi_domain::RuleName;
-use loxilb_client::{ClientConfig, LoadbalanceEntry, LoxilbClient};
-use loxilb_sim::{Fault, SimConfig, Simulator};
+use common::{CLASS, Options, WAIT, World, annotated, wait_for};
+use kube::api::{DeleteParams, Patch, PatchParams};
 use programming_setup::*;
 use serde_json::json;
 

@@ -8,16 +8,10 @@
 #[path = "common/simulator.rs"]
 mod simulator;
 
-use std::net::SocketAddr;
-use std::time::Duration;
-
-use loxi_domain::{Endpoint, EndpointSelection, NatMode, Protocol, Rule, RuleKey};
+use loxi_domain::{EndpointSelection, NatMode, Protocol, Rule};
 use loxilb_client::convert::{from_entry, to_entry};
-use loxilb_client::{
-    ClientConfig, ClientError, DeleteOutcome, EndpointEntry, LoadbalanceEntry, LoxilbClient,
-    RetryPolicy, SecondaryIp, ServiceArguments, WriteOutcome,
-};
-use loxilb_sim::{Fault, SimConfig, SimEndpoint, SimRule, Simulator};
+use loxilb_client::{DeleteOutcome, WriteOutcome};
+use loxilb_sim::{SimConfig, SimRule};
 
 // ---------------------------------------------------------------------------------------------
 // Helpers

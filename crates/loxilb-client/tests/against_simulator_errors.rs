@@ -6,16 +6,14 @@
 #[path = "common/simulator.rs"]
 mod simulator;
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use loxi_domain::{Endpoint, EndpointSelection, NatMode, Protocol, Rule, RuleKey};
+use loxi_domain::{EndpointSelection, NatMode};
 use loxilb_client::convert::{from_entry, to_entry};
 use loxilb_client::{
-    ClientConfig, ClientError, DeleteOutcome, EndpointEntry, LoadbalanceEntry, LoxilbClient,
-    RetryPolicy, SecondaryIp, ServiceArguments, WriteOutcome,
+    ClientConfig, ClientError, DeleteOutcome, LoxilbClient, RetryPolicy, WriteOutcome,
 };
-use loxilb_sim::{Fault, SimConfig, SimEndpoint, SimRule, Simulator};
+use loxilb_sim::{Fault, SimConfig, Simulator};
 
 // ---------------------------------------------------------------------------------------------
 // Helpers

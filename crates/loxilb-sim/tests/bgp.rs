@@ -8,11 +8,9 @@
 mod bgp_setup;
 mod common;
 
-use std::path::PathBuf;
-
 use bgp_setup::*;
 use common::*;
-use loxilb_sim::{API_BASE, SimConfig, api_routes};
+use loxilb_sim::{SimConfig, api_routes};
 use serde_json::{Value, json};
 
 // ---------------------------------------------------------------------------------------------

@@ -8,8 +8,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Service};
-use kube::api::{Api, DeleteParams, PostParams};
+use k8s_openapi::api::core::v1::Service;
+use kube::api::Api;
 use loxilb_sim::{SimConfig, Simulator};
 use serde_json::json;
 

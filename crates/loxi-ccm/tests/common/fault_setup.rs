@@ -4,19 +4,13 @@
 
 #![allow(dead_code)]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::common::hold::{self, Hold};
-use crate::common::load::{Load, Rng};
-use crate::common::proxy::CutProxy;
-use crate::common::{Options, World, control_plane, wait_for};
+use crate::common::load::Load;
+use crate::common::{Options, World};
 use k8s_openapi::api::core::v1::Service;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use loxi_ccm::ipam::address_pools::AddressPool;
-use loxi_ccm::ipam::claims::AddressClaim;
-use loxilb_client::{ClientConfig, LoxilbClient};
-use loxilb_sim::{Fault, SimConfig};
-use serde_json::json;
+use kube::api::ListParams;
+use loxilb_sim::SimConfig;
 
 /// How long loxilb stays down at least: 10 s, a third of the 30 s the issue names (the
 /// 30 s outage is `programming.rs`'s test); enough for the controller's retries to back off

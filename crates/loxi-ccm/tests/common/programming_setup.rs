@@ -4,16 +4,12 @@
 
 #![allow(dead_code)]
 
-use std::time::Duration;
-
-use crate::common::{
-    CLASS, COND_ADDRESS, COND_PROGRAMMED, Options, WAIT, World, annotated, wait_for,
-};
+use crate::common::{COND_ADDRESS, COND_PROGRAMMED, Options, WAIT, World, wait_for};
 use k8s_openapi::api::core::v1::{LoadBalancerIngress, Service};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{ListParams, Patch, PatchParams};
 use loxi_domain::RuleName;
 use loxilb_client::{ClientConfig, LoadbalanceEntry, LoxilbClient};
-use loxilb_sim::{Fault, SimConfig, Simulator};
+use loxilb_sim::{SimConfig, Simulator};
 use serde_json::json;
 
 pub async fn start_sim() -> Simulator {

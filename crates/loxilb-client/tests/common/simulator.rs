@@ -8,12 +8,11 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use loxi_domain::{Endpoint, EndpointSelection, NatMode, Protocol, Rule, RuleKey};
-use loxilb_client::convert::{from_entry, to_entry};
 use loxilb_client::{
-    ClientConfig, ClientError, DeleteOutcome, EndpointEntry, LoadbalanceEntry, LoxilbClient,
-    RetryPolicy, SecondaryIp, ServiceArguments, WriteOutcome,
+    ClientConfig, EndpointEntry, LoadbalanceEntry, LoxilbClient, RetryPolicy, SecondaryIp,
+    ServiceArguments,
 };
-use loxilb_sim::{Fault, SimConfig, SimEndpoint, SimRule, Simulator};
+use loxilb_sim::{SimConfig, SimEndpoint, SimRule, Simulator};
 
 // ---------------------------------------------------------------------------------------------
 // Helpers

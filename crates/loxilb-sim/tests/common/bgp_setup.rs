@@ -4,10 +4,8 @@
 
 #![allow(dead_code)]
 
-use std::path::PathBuf;
-
 use crate::common::*;
-use loxilb_sim::{API_BASE, SimConfig, api_routes};
+use loxilb_sim::SimConfig;
 use serde_json::{Value, json};
 
 pub async fn start_bgp() -> Env {
