@@ -377,6 +377,20 @@ const CIRCLE_ARROWS_LEFT: &[(&str, &str, &str, &str)] = &[
         "an instance's rule book holds the capacity waiters while the limits read the \
          book's holdings; loxilb/ is being split on another branch (the fleet issue)",
     ),
+    (
+        "loxilb",
+        "rules",
+        "probe",
+        "the rule book keeps the probe's marker while the probe reads the book; loxilb/ is \
+         being split on another branch (the fleet issue)",
+    ),
+    (
+        "loxilb",
+        "bgp_plan",
+        "bgp",
+        "the pure plan names the item types of bgp.rs, which runs it; loxilb/ is being split \
+         on another branch (the fleet issue): the types belong in bgp_plan.rs",
+    ),
 ];
 
 #[test]
