@@ -14,8 +14,11 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResultLabels {
+pub struct ReconcileLabels {
     pub result: String,
+    /// What failed, for `result="error"` (`crate::service::error::ReconcileError::category`:
+    /// loxilb's errors by the client's classification); `none` otherwise.
+    pub category: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -103,7 +106,7 @@ fn latency_histogram() -> Histogram {
 #[derive(Clone)]
 pub struct Metrics {
     registry: std::sync::Arc<Registry>,
-    reconciles: Family<ResultLabels, Counter>,
+    reconciles: Family<ReconcileLabels, Counter>,
     reconcile_seconds: Histogram,
     loxilb_calls: Family<CallLabels, Counter>,
     loxilb_call_seconds: Family<InstanceLabels, Histogram, fn() -> Histogram>,
@@ -144,10 +147,10 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix("loxi_ccm");
-        let reconciles = Family::<ResultLabels, Counter>::default();
+        let reconciles = Family::<ReconcileLabels, Counter>::default();
         registry.register(
             "reconciles",
-            "Service reconciles by result (success, error, invalid)",
+            "Service reconciles by result (success, error, invalid) and, for errors, category",
             reconciles.clone(),
         );
         let reconcile_seconds = latency_histogram();
@@ -375,10 +378,17 @@ impl Metrics {
         }
     }
 
-    pub fn reconciled(&self, result: &str, took: Duration) {
+    /// One Service reconcile ended with `result`; `category` names what failed (empty: none).
+    pub fn reconciled(&self, result: &str, category: &str, took: Duration) {
         self.reconciles
-            .get_or_create(&ResultLabels {
+            .get_or_create(&ReconcileLabels {
                 result: result.to_string(),
+                category: if category.is_empty() {
+                    "none"
+                } else {
+                    category
+                }
+                .to_string(),
             })
             .inc();
         self.reconcile_seconds.observe(took.as_secs_f64());

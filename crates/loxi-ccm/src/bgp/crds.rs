@@ -17,6 +17,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::schema;
+use crate::k8s::conditions::StatusCondition;
 
 // kube's printcolumn(...) syntax repeats `type_ = "string"`, which clippy's
 // duplicated_attributes lint misreads (as on AddressPool).
@@ -148,7 +149,7 @@ pub struct BgpStatus {
     /// `Accepted`: the spec is valid (otherwise the reason and the field). `Programmed`: every
     /// reachable loxilb holds it (otherwise each loxilb's error).
     #[serde(default)]
-    pub conditions: Vec<BgpCondition>,
+    pub conditions: Vec<StatusCondition>,
     /// Peers: the session state, the same on every loxilb (`ESTABLISHED`, `ACTIVE`, ...), or
     /// each loxilb's `state` separated by commas when they differ.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -168,28 +169,6 @@ pub struct PeerSession {
     pub state: String,
     /// RFC 3339 time since which the controller sees this state.
     pub since: String,
-}
-
-/// A condition, as `metav1.Condition`.
-#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct BgpCondition {
-    /// `Accepted` or `Programmed`.
-    #[serde(rename = "type")]
-    pub type_: String,
-    /// `True`, `False` or `Unknown`.
-    pub status: String,
-    /// Why, in one CamelCase word.
-    pub reason: String,
-    /// Why, for people: the invalid field, or each loxilb's error.
-    #[serde(default)]
-    pub message: String,
-    /// The `metadata.generation` the condition was written for.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub observed_generation: Option<i64>,
-    /// RFC 3339 time of the last change of `status`.
-    #[serde(default)]
-    pub last_transition_time: String,
 }
 
 /// `(file name, YAML)`: the four CRDs in one file, `charts/loxi-ccm/files/bgp-crds.yaml`, which
@@ -215,25 +194,4 @@ pub fn rendered() -> Vec<(&'static str, String)> {
         "bgp-crds.yaml",
         format!("{header}---\n{}", docs.join("---\n")),
     )]
-}
-
-impl crate::k8s::conditions::Condition for BgpCondition {
-    type Time = String;
-
-    fn type_name(&self) -> &str {
-        &self.type_
-    }
-
-    fn status(&self) -> &str {
-        &self.status
-    }
-
-    fn transition_time(&self) -> &String {
-        &self.last_transition_time
-    }
-
-    fn stamp(&mut self, observed_generation: Option<i64>, last_transition_time: String) {
-        self.observed_generation = observed_generation;
-        self.last_transition_time = last_transition_time;
-    }
 }

@@ -28,7 +28,7 @@ use loxilb_client::bgp::{
     DefinedSetKind, PolicyDirection, RouteAction,
 };
 
-use super::crds::BgpCondition;
+use crate::k8s::conditions::StatusCondition;
 use crate::loxilb::bgp::{BgpConfig, BgpReport, GlobalSettings, ItemId};
 
 pub const COND_ACCEPTED: &str = "Accepted";
@@ -450,17 +450,6 @@ pub fn removed_everywhere(item: Option<&ItemId>, passes: &[Pass<'_>]) -> bool {
     })
 }
 
-fn condition(type_: &str, status: &str, reason: &str, message: String) -> BgpCondition {
-    BgpCondition {
-        type_: type_.to_string(),
-        status: status.to_string(),
-        reason: reason.to_string(),
-        message,
-        observed_generation: None,
-        last_transition_time: String::new(),
-    }
-}
-
 /// The conditions of a live resource: `Accepted` from its verdict, `Programmed` from the
 /// loxilb passes. `previous` keeps the transition times of unchanged statuses; `now` is
 /// RFC 3339.
@@ -468,12 +457,12 @@ pub fn conditions(
     verdict: &Verdict,
     outcomes: &[(String, Outcome)],
     generation: Option<i64>,
-    previous: &[BgpCondition],
+    previous: &[StatusCondition],
     now: &str,
-) -> Vec<BgpCondition> {
+) -> Vec<StatusCondition> {
     let accepted = match &verdict.problem {
-        None => condition(COND_ACCEPTED, "True", "Valid", String::new()),
-        Some(e) => condition(COND_ACCEPTED, "False", e.reason(), e.to_string()),
+        None => StatusCondition::new(COND_ACCEPTED, "True", "Valid", String::new()),
+        Some(e) => StatusCondition::new(COND_ACCEPTED, "False", e.reason(), e.to_string()),
     };
     let problems: Vec<String> = outcomes
         .iter()
@@ -493,35 +482,35 @@ pub fn conditions(
         ""
     };
     let programmed = if verdict.item.is_none() {
-        condition(
+        StatusCondition::new(
             COND_PROGRAMMED,
             "False",
             "NotAccepted",
             "nothing configured: the spec is not valid".into(),
         )
     } else if !problems.is_empty() {
-        condition(
+        StatusCondition::new(
             COND_PROGRAMMED,
             "False",
             "LoxilbRefused",
             problems.join("; "),
         )
     } else if unreachable.len() == outcomes.len() {
-        condition(
+        StatusCondition::new(
             COND_PROGRAMMED,
             "Unknown",
             "LoxilbUnreachable",
             "no loxilb reached yet".into(),
         )
     } else if !unreachable.is_empty() {
-        condition(
+        StatusCondition::new(
             COND_PROGRAMMED,
             "False",
             "LoxilbUnreachable",
             format!("not reached: {}{kept}", unreachable.join(", ")),
         )
     } else {
-        condition(
+        StatusCondition::new(
             COND_PROGRAMMED,
             "True",
             "Programmed",

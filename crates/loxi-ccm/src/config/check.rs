@@ -34,26 +34,12 @@ use loxi_domain::ClusterId;
 use loxi_domain::text::shown;
 use loxilb_client::{ClientConfig, LoxilbClient};
 
+pub use super::check_line::CheckLine;
 use crate::config::{Config, ConfigError, Loaded};
 use crate::node_init::InventorySource;
 
 /// Upper bound for one Kubernetes call of the check.
 const KUBE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// One check and its outcome.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CheckLine {
-    pub ok: bool,
-    pub name: String,
-    pub detail: String,
-}
-
-impl fmt::Display for CheckLine {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let status = if self.ok { "OK  " } else { "FAIL" };
-        write!(f, "{status} {}: {}", self.name, self.detail)
-    }
-}
 
 /// The outcome of every check, in order.
 #[derive(Debug, Clone, Default)]

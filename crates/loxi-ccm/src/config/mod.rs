@@ -24,6 +24,7 @@
 //! [`Config::from_args_with`] calls in turn.
 mod bgp;
 pub mod check;
+mod check_line;
 pub mod cli;
 mod file;
 mod leader;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use super::check::CheckLine;
+use super::check_line::CheckLine;
 use crate::loxilb::queues::Queues;
 
 /// Upper bound for the whole call: the admin server answers from memory.

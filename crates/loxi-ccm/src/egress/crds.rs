@@ -13,6 +13,8 @@ use kube::{CustomResource, CustomResourceExt};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::k8s::conditions::StatusCondition;
+
 /// `egress.loxilb.io/v1` `Egress`: traffic of the listed sources and of the selected pods
 /// leaves through loxilb with the `vip` as its source address.
 #[allow(clippy::duplicated_attributes)]
@@ -60,7 +62,7 @@ pub struct EgressStatus {
     /// every loxilb holds its rules (otherwise each loxilb's error, or the sources another
     /// Egress holds).
     #[serde(default)]
-    pub conditions: Vec<EgressCondition>,
+    pub conditions: Vec<StatusCondition>,
     /// How many loxilbs hold its rules, of how many: `n/m`.
     #[serde(default)]
     pub programmed: String,
@@ -70,49 +72,6 @@ pub struct EgressStatus {
     /// Sources it names that an older Egress holds (loxilb keeps one rule per source).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conflicts: Vec<String>,
-}
-
-/// A condition, as `metav1.Condition`.
-#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct EgressCondition {
-    /// `Accepted` or `Programmed`.
-    #[serde(rename = "type")]
-    pub type_: String,
-    /// `True`, `False` or `Unknown`.
-    pub status: String,
-    /// Why, in one CamelCase word.
-    pub reason: String,
-    /// Why, for people: the invalid field, each loxilb's error, the conflicting sources.
-    #[serde(default)]
-    pub message: String,
-    /// The `metadata.generation` the condition was written for.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub observed_generation: Option<i64>,
-    /// RFC 3339 time of the last change of `status`.
-    #[serde(default)]
-    pub last_transition_time: String,
-}
-
-impl crate::k8s::conditions::Condition for EgressCondition {
-    type Time = String;
-
-    fn type_name(&self) -> &str {
-        &self.type_
-    }
-
-    fn status(&self) -> &str {
-        &self.status
-    }
-
-    fn transition_time(&self) -> &String {
-        &self.last_transition_time
-    }
-
-    fn stamp(&mut self, observed_generation: Option<i64>, last_transition_time: String) {
-        self.observed_generation = observed_generation;
-        self.last_transition_time = last_transition_time;
-    }
 }
 
 impl EgressSpec {

@@ -40,10 +40,11 @@ use serde_json::json;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+use crate::k8s::conditions::StatusCondition;
 use crate::k8s::events::EventRecorder;
 use crate::loxilb::Instance;
 use crate::metrics::Metrics;
-use crds::{Egress, EgressCondition, EgressStatus};
+use crds::{Egress, EgressStatus};
 
 /// Our finalizer on Egresses: removed once no reachable loxilb holds their rules.
 pub const FINALIZER: &str = "loxilb.io/egress-cleanup";
@@ -436,7 +437,7 @@ impl Egresses {
                 None => {}
             }
             let previous = e.status.clone().unwrap_or_default();
-            let mut conditions: Vec<EgressCondition> =
+            let mut conditions: Vec<StatusCondition> =
                 conditions.into_iter().map(condition).collect();
             crate::k8s::conditions::stamp_all(
                 &mut conditions,
@@ -573,15 +574,8 @@ pub fn with_replay(
     })
 }
 
-fn condition((type_, status, reason, message): ConditionText) -> EgressCondition {
-    EgressCondition {
-        type_: type_.into(),
-        status: status.into(),
-        reason: reason.into(),
-        message,
-        observed_generation: None,
-        last_transition_time: String::new(),
-    }
+fn condition((type_, status, reason, message): ConditionText) -> StatusCondition {
+    StatusCondition::new(type_, status, reason, message)
 }
 
 #[cfg(test)]

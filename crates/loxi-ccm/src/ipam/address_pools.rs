@@ -38,7 +38,7 @@ use tracing::warn;
 
 use super::{Ipam, schema};
 use crate::k8s::api::FIELD_MANAGER;
-use crate::k8s::conditions::stamp_all;
+use crate::k8s::conditions::{StatusCondition, stamp_all};
 use crate::k8s::events::EventRecorder;
 
 pub const COND_READY: &str = "Ready";
@@ -191,49 +191,6 @@ pub struct FamilyUsage {
     pub free: i64,
 }
 
-/// A condition of the pool, as `metav1.Condition`.
-#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct PoolCondition {
-    /// `Ready`, `Overlapping` or `Exhausted`.
-    #[serde(rename = "type")]
-    pub type_: String,
-    /// `True`, `False` or `Unknown`.
-    pub status: String,
-    /// Why, in one CamelCase word (`Valid`, `InvalidSpec`, `Disabled`, `Overlap`...).
-    pub reason: String,
-    /// Why, for people: the problems of an invalid pool, the pools it overlaps.
-    #[serde(default)]
-    pub message: String,
-    /// The `metadata.generation` of the pool the condition was written for.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub observed_generation: Option<i64>,
-    /// RFC 3339 time of the last change of `status`.
-    #[serde(default)]
-    pub last_transition_time: String,
-}
-
-impl crate::k8s::conditions::Condition for PoolCondition {
-    type Time = String;
-
-    fn type_name(&self) -> &str {
-        &self.type_
-    }
-
-    fn status(&self) -> &str {
-        &self.status
-    }
-
-    fn transition_time(&self) -> &String {
-        &self.last_transition_time
-    }
-
-    fn stamp(&mut self, observed_generation: Option<i64>, last_transition_time: String) {
-        self.observed_generation = observed_generation;
-        self.last_transition_time = last_transition_time;
-    }
-}
-
 /// What the controller (its leader) last saw of the pool: address counts and conditions.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[schemars(transform = schema::prose)]
@@ -248,7 +205,7 @@ pub struct AddressPoolStatus {
     /// addresses with another pool, named in the message), `Exhausted` (a family it serves
     /// has no free address).
     #[serde(default)]
-    pub conditions: Vec<PoolCondition>,
+    pub conditions: Vec<StatusCondition>,
 }
 
 /// What the pools are computed from: the `AddressPool` resources and namespace labels.
@@ -422,20 +379,13 @@ fn usage(ipam: &Allocator, pool: &str, family: Family) -> FamilyUsage {
     }
 }
 
-fn cond(type_: &str, ok: Option<bool>, reason: &str, message: String) -> PoolCondition {
-    PoolCondition {
-        type_: type_.to_string(),
-        status: match ok {
-            Some(true) => "True",
-            Some(false) => "False",
-            None => "Unknown",
-        }
-        .to_string(),
-        reason: reason.to_string(),
-        message,
-        observed_generation: None,
-        last_transition_time: String::new(),
-    }
+fn cond(type_: &str, ok: Option<bool>, reason: &str, message: String) -> StatusCondition {
+    let status = match ok {
+        Some(true) => "True",
+        Some(false) => "False",
+        None => "Unknown",
+    };
+    StatusCondition::new(type_, status, reason, message)
 }
 
 /// What the pool's status should say (transition times left empty).
@@ -493,7 +443,10 @@ pub fn desired_status(pool: &AddressPool, set: &PoolSet, ipam: &Allocator) -> Ad
     }
 }
 
-fn condition<'a>(status: Option<&'a AddressPoolStatus>, type_: &str) -> Option<&'a PoolCondition> {
+fn condition<'a>(
+    status: Option<&'a AddressPoolStatus>,
+    type_: &str,
+) -> Option<&'a StatusCondition> {
     status?.conditions.iter().find(|c| c.type_ == type_)
 }
 

@@ -35,11 +35,12 @@ use crate::leader::{Gate, LeaderElector, WriteLease};
 use crate::loxilb::Fleet as Instances;
 use crate::metrics::Metrics;
 use crate::node_init::NodeInitArgs;
+use crate::service::backoff::Backoff;
 use crate::service::departures::{self, Departures};
 use crate::service::inputs::Inputs;
-use crate::service::reconcile::{Backoff, error_policy, reconcile};
-use crate::service::report::Report;
-use crate::service::teardown::RulesFirst;
+use crate::service::reconcile::{error_policy, reconcile};
+use crate::service::reporter::Report;
+use crate::service::rules_first::RulesFirst;
 use crate::service::{self, Context};
 
 /// What the runtime's own loops and the admin server read, beside the Service reconcile's

@@ -15,7 +15,7 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use super::context::{Context, rule_owner};
-use super::reconcile::ReconcileError;
+use super::error::ReconcileError;
 use super::status;
 use crate::fleet::placement::Placed;
 
@@ -120,14 +120,12 @@ async fn remove_rules(svc: &Service, ctx: &Context) -> Result<(), ReconcileError
             Ok(r) => removed += r.changes,
             Err(e) => {
                 let message = format!("{}: {e}", inst.url());
-                ctx.report.event(
-                    svc,
-                    EventType::Warning,
-                    e.category(),
-                    "Cleanup",
-                    message.clone(),
-                );
-                return Err(ReconcileError::Loxilb(message));
+                ctx.report
+                    .event(svc, EventType::Warning, e.category(), "Cleanup", message);
+                return Err(ReconcileError::Loxilb {
+                    at: inst.url().to_string(),
+                    error: e,
+                });
             }
         }
     }
@@ -157,7 +155,7 @@ async fn remove_rules(svc: &Service, ctx: &Context) -> Result<(), ReconcileError
                 message.clone(),
             );
         }
-        return Err(ReconcileError::Loxilb(message));
+        return Err(ReconcileError::LoxilbUnavailable(message));
     }
     Ok(())
 }

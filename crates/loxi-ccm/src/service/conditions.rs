@@ -22,8 +22,9 @@ pub enum InstanceResult {
 #[derive(Debug)]
 pub struct Programmed {
     pub condition: Cond,
-    /// A failure that may pass by itself (a timeout, a 5xx): retried with backoff.
-    pub retry: Option<String>,
+    /// A failure that may pass by itself (a timeout, a 5xx), with where it happened (the
+    /// loxilb, and the rule): retried with backoff.
+    pub retry: Option<(String, ClientError)>,
     /// Rules created, changed or deleted, and of those, updated in place.
     pub changes: usize,
     pub updated: usize,
@@ -124,7 +125,7 @@ pub fn programmed(results: &[(String, InstanceResult)], rules: usize) -> Program
     let retry = failures
         .iter()
         .find(|(_, e)| worth_retrying(e))
-        .map(|(url, e)| format!("{url}: {e}"));
+        .map(|(url, e)| (url.clone(), (*e).clone()));
     blocked.sort_by_key(|(_, b)| b.reason() != REASON_CAPACITY);
     let condition = if let Some((_, first)) = blocked.first() {
         let text: Vec<String> = blocked

@@ -10,11 +10,11 @@ use kube::runtime::reflector::ObjectRef;
 use loxi_domain::{ClusterId, Defaults};
 use tokio::sync::mpsc;
 
+use super::backoff::Backoff;
 use super::departures::Departures;
 use super::inputs::Inputs;
-use super::reconcile::Backoff;
-use super::report::Report;
-use super::teardown::RulesFirst;
+use super::reporter::Report;
+use super::rules_first::RulesFirst;
 use crate::fleet::placement::Placement;
 use crate::ipam::Ipam;
 use crate::k8s::view::Selection;
@@ -99,7 +99,7 @@ pub struct Context {
     pub room_requeue: Requeue,
     /// Services that left type LoadBalancer while carrying our finalizer.
     pub departures: Departures,
-    /// Deleted Services' rules removed ahead of their cleanup (`teardown`).
+    /// Deleted Services' rules removed ahead of their cleanup (`teardown`, `rules_first`).
     pub teardown: RulesFirst,
     /// Which group of loxilbs each Service goes to: the fleet's placement book
     /// (`crate::fleet::placement`, asked through `placing`).

@@ -2,37 +2,23 @@
 //! inputs from the stores, addresses from `ipam`, the plan from the domain, the rules through
 //! `loxilb`, and the report. This file only orchestrates; each step lives with its owner.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Instant;
 
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::ObjectRef;
-use thiserror::Error;
 use tracing::{Instrument, warn};
 
 use super::apply::apply_everywhere;
 use super::cleanup::{cleanup, ensure_finalizer};
 use super::context::{Context, rule_owner};
 use super::departures;
+use super::error::ReconcileError;
 use super::plan::{Problem, rules_for};
 use super::report;
 use crate::ipam::EnsureError;
 use crate::k8s::view::owner_key;
-
-#[derive(Debug, Error)]
-pub enum ReconcileError {
-    #[error("Kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-    /// loxilb failed in a way that may pass (unreachable, timeout, 5xx): retried with backoff.
-    #[error("loxilb: {0}")]
-    Loxilb(String),
-    /// This replica no longer holds the leader Lease: nothing more is written or retried.
-    #[error("no longer the leader")]
-    NotLeader,
-}
 
 /// How a pass ended, for the metric.
 pub enum PassEnd {
@@ -69,12 +55,14 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, R
     );
     let started = Instant::now();
     let result = reconcile_service(&svc, &ctx).instrument(span).await;
-    let label = match &result {
-        Ok(PassEnd::Done) => "success",
-        Ok(PassEnd::Problem) => "invalid",
-        Err(_) => "error",
+    let (label, category) = match &result {
+        Ok(PassEnd::Done) => ("success", ""),
+        Ok(PassEnd::Problem) => ("invalid", ""),
+        Err(e) => ("error", e.category()),
     };
-    ctx.report.metrics.reconciled(label, started.elapsed());
+    ctx.report
+        .metrics
+        .reconciled(label, category, started.elapsed());
     if result.is_ok() {
         ctx.backoff.succeeded(&svc);
     }
@@ -155,7 +143,7 @@ async fn reconcile_service(svc: &Service, ctx: &Context) -> Result<PassEnd, Reco
         report::release_unwanted(svc, ctx, &held).await?;
     }
     match programmed.retry {
-        Some(e) => Err(ReconcileError::Loxilb(e)),
+        Some((at, error)) => Err(ReconcileError::Loxilb { at, error }),
         None => Ok(PassEnd::Done),
     }
 }
@@ -184,27 +172,6 @@ async fn departed(placeholder: &Service, ctx: &Context) -> Result<PassEnd, Recon
     Ok(PassEnd::Done)
 }
 
-/// Per-Service exponential backoff (0.5 s doubling to 5 min), reset on success.
-#[derive(Default)]
-pub struct Backoff {
-    failures: Mutex<HashMap<ObjectRef<Service>, u32>>,
-}
-
-impl Backoff {
-    /// The delay before retrying `svc` after one more failure.
-    pub fn failed(&self, svc: &Service) -> Duration {
-        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
-        let n = failures.entry(ObjectRef::from_obj(svc)).or_insert(0);
-        *n = n.saturating_add(1);
-        loxi_domain::duration::retry_delay(*n)
-    }
-
-    pub fn succeeded(&self, svc: &Service) {
-        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
-        failures.remove(&ObjectRef::from_obj(svc));
-    }
-}
-
 /// kube-runtime's error policy: backoff per Service; nothing more once leadership is lost.
 pub fn error_policy(svc: Arc<Service>, err: &ReconcileError, ctx: Arc<Context>) -> Action {
     if matches!(err, ReconcileError::NotLeader) {
@@ -213,30 +180,4 @@ pub fn error_policy(svc: Arc<Service>, err: &ReconcileError, ctx: Arc<Context>) 
     let delay = ctx.backoff.failed(&svc);
     warn!(service = %owner_key(&svc), error = %err, retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_to_five_minutes_and_resets_on_success() {
-        let b = Backoff::default();
-        let svc = Service {
-            metadata: kube::api::ObjectMeta {
-                name: Some("a".into()),
-                namespace: Some("ns".into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        assert_eq!(b.failed(&svc), Duration::from_millis(500));
-        assert_eq!(b.failed(&svc), Duration::from_secs(1));
-        for _ in 0..20 {
-            b.failed(&svc);
-        }
-        assert_eq!(b.failed(&svc), Duration::from_secs(300));
-        b.succeeded(&svc);
-        assert_eq!(b.failed(&svc), Duration::from_millis(500));
-    }
 }

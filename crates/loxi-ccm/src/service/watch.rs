@@ -129,7 +129,7 @@ pub async fn deletions(ctx: Arc<Context>, mut rx: mpsc::UnboundedReceiver<Deleti
                     inst.drop_queued(&namespace, &svc_ref.name);
                 }
                 if let Some(svc) = ctx.inputs.services.get(&svc_ref) {
-                    ctx.teardown.deleting(&ctx, &svc);
+                    super::teardown::deleting(&ctx, &svc);
                 }
             }
             Deletion::Gone(uid) => ctx.teardown.gone(&uid),
