@@ -195,9 +195,11 @@ impl Fleet {
         let mut tasks = JoinSet::new();
         tasks.spawn(health::run(self.clone(), workers.clone()));
         if let Some(roles) = &settings.roles {
+            let reach = workers.clone();
             tasks.spawn(roles.clone().run(
                 self.instances(),
-                workers.clone(),
+                workers.changes(),
+                move || reach.bgp_reach(),
                 self.inner.gate.clone(),
                 settings.metrics.clone(),
                 settings.interval,

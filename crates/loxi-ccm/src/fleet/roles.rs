@@ -12,7 +12,7 @@
 //! and its writes are rare (a role moves only when a master fails). It is kept through
 //! `super::record::Record`, so the roles are decided without an API server too.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,7 +21,6 @@ use tokio::sync::Mutex;
 use tracing::{info, warn};
 
 use super::record::{Record, RecordError};
-use super::workers::Workers;
 use crate::leader::Gate;
 use crate::loxilb::{Fleet, Instance};
 use crate::metrics::Metrics;
@@ -141,17 +140,18 @@ impl Roles {
     }
 
     /// Decides the roles at every `interval` and at once when a loxilb's worker finds it
-    /// down or back (`Workers::changes`), from the latest probes.
+    /// down or back (`changes`: the workers' `Workers::changes`), from the latest probes;
+    /// `bgp_reach` is the workers' `Workers::bgp_reach`.
     pub async fn run(
         self: Arc<Self>,
         fleet: Fleet,
-        workers: Arc<Workers>,
+        mut changes: tokio::sync::watch::Receiver<u64>,
+        bgp_reach: impl Fn() -> HashMap<String, bool> + Send + 'static,
         gate: Arc<Gate>,
         metrics: Metrics,
         interval: Duration,
     ) {
         gate.wait_ready().await;
-        let mut changes = workers.changes();
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -159,7 +159,7 @@ impl Roles {
                 _ = tick.tick() => {}
                 changed = changes.changed() => if changed.is_err() { return },
             }
-            self.tick(&fleet.instances(), &workers.bgp_reach(), &gate, &metrics)
+            self.tick(&fleet.instances(), &bgp_reach(), &gate, &metrics)
                 .await;
         }
     }

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use futures::stream::{BoxStream, SelectAll};
 use futures::{FutureExt, Stream, StreamExt};
-use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::Api;
 use kube::runtime::reflector::{self, Store, reflector};
@@ -14,23 +13,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tracing::{debug, info};
 
 use super::pass::Pass;
-use super::types::{Gateway, GatewayClass, HTTPRoute, ReferenceGrant, TCPRoute, UDPRoute};
-use super::{Handles, Settings};
-
-/// The stores a pass reads.
-#[derive(Clone)]
-pub(super) struct Stores {
-    pub classes: Store<GatewayClass>,
-    pub gateways: Store<Gateway>,
-    pub tcp_routes: Store<TCPRoute>,
-    pub udp_routes: Store<UDPRoute>,
-    pub http_routes: Store<HTTPRoute>,
-    pub grants: Store<ReferenceGrant>,
-    /// Every Service (backends are usually ClusterIP, which the Service controller's
-    /// LoadBalancer-only watch does not see): a pass reads backends here, not by GETs.
-    pub services: Store<Service>,
-    pub slices: Store<EndpointSlice>,
-}
+use super::{Handles, Settings, Stores};
 
 /// A change of some watched object (the pass reads the stores, not the event).
 type Changes = SelectAll<BoxStream<'static, ()>>;

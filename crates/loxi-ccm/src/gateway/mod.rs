@@ -29,6 +29,10 @@ use std::time::Duration;
 
 use loxi_domain::{ClusterId, ControllerName};
 
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::reflector::Store;
+
 use crate::ipam::Ipam;
 use crate::k8s::events::EventRecorder;
 use crate::leader::Gate;
@@ -52,6 +56,21 @@ pub struct Settings {
     pub group: String,
     /// How rules are written (`--setLBMode`, BGP advertisement).
     pub style: rules::RuleStyle,
+}
+
+/// The stores a pass reads.
+#[derive(Clone)]
+pub(crate) struct Stores {
+    pub classes: Store<types::GatewayClass>,
+    pub gateways: Store<types::Gateway>,
+    pub tcp_routes: Store<types::TCPRoute>,
+    pub udp_routes: Store<types::UDPRoute>,
+    pub http_routes: Store<types::HTTPRoute>,
+    pub grants: Store<types::ReferenceGrant>,
+    /// Every Service (backends are usually ClusterIP, which the Service controller's
+    /// LoadBalancer-only watch does not see): a pass reads backends here, not by GETs.
+    pub services: Store<Service>,
+    pub slices: Store<EndpointSlice>,
 }
 
 /// The handles of the subsystems the Gateway controller uses.

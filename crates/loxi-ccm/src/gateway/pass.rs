@@ -23,7 +23,6 @@ use super::attach::{
     self, Attachment, Backend, BackendIn, FromNamespaces, GrantIn, ListenerIn, ListenerVerdict,
     ParentIn, RouteIn, RouteKind,
 };
-use super::controller::Stores;
 use super::rules::{ListenerEndpoints, gateway_rules};
 use super::status::{
     condition, listener_conditions, merged_parents, parent_entry, same_parents, supported_kinds,
@@ -31,7 +30,7 @@ use super::status::{
 use super::types::{
     GROUP, Gateway, GatewayClass, HasRouteStatus, L4RouteSpec, Listener, ParentRef,
 };
-use super::{FINALIZER, Handles, Settings, rule_owner};
+use super::{FINALIZER, Handles, Settings, Stores, rule_owner};
 use crate::ipam::{EnsureError, claims::ClaimedBy};
 use crate::k8s::conditions::stamp_all;
 use crate::k8s::view::endpoint_views;

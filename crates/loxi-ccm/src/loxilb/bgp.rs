@@ -33,39 +33,16 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 
 use backon::BackoffBuilder;
-use loxilb_client::bgp::{
-    BgpDefinedSet, BgpGlobal, BgpNeighbor, BgpNeighborStatus, BgpPolicy, BgpPolicyApply,
-    DefinedSetKind,
-};
+use loxilb_client::bgp::{BgpGlobal, BgpNeighborStatus};
 use loxilb_client::{ClientError, GobgpAnswer};
 use tracing::info;
 
-pub use super::bgp_plan::ItemId;
+pub use super::bgp_plan::{BgpConfig, GlobalSettings, ItemId};
 use super::bgp_plan::{Held, Step, steps};
 use super::{Instance, is_transport};
 
 /// The policy loxilb creates with the global configuration.
 const LOXILB_OWN_POLICY: &str = "set-llb-export-gpolicy";
-
-/// goBGP's global settings; the router id per loxilb.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GlobalSettings {
-    /// `None`: each loxilb's own IPv4 address from its URL.
-    pub router_id: Option<Ipv4Addr>,
-    pub local_as: u32,
-    /// 0: 179.
-    pub listen_port: u16,
-}
-
-/// Everything this controller wants on every loxilb's goBGP.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BgpConfig {
-    pub global: GlobalSettings,
-    pub peers: Vec<BgpNeighbor>,
-    pub sets: Vec<(ItemId, DefinedSetKind, BgpDefinedSet)>,
-    pub policies: Vec<(ItemId, BgpPolicy)>,
-    pub applies: Vec<(ItemId, BgpPolicyApply)>,
-}
 
 /// The outcome of one pass on one loxilb.
 #[derive(Debug, Clone, Default)]

@@ -4,13 +4,31 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use loxilb_client::bgp::{
     BgpDefinedSet, BgpNeighbor, BgpNeighborStatus, BgpPolicy, BgpPolicyApply, DefinedSetKind,
 };
 
-use super::bgp::BgpConfig;
+/// goBGP's global settings; the router id per loxilb.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GlobalSettings {
+    /// `None`: each loxilb's own IPv4 address from its URL.
+    pub router_id: Option<Ipv4Addr>,
+    pub local_as: u32,
+    /// 0: 179.
+    pub listen_port: u16,
+}
+
+/// Everything this controller wants on every loxilb's goBGP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BgpConfig {
+    pub global: GlobalSettings,
+    pub peers: Vec<BgpNeighbor>,
+    pub sets: Vec<(ItemId, DefinedSetKind, BgpDefinedSet)>,
+    pub policies: Vec<(ItemId, BgpPolicy)>,
+    pub applies: Vec<(ItemId, BgpPolicyApply)>,
+}
 
 /// An item of the BGP configuration: what refusals and reports are keyed by, and what a BGP
 /// resource's verdict names. Shown as `peer 192.0.2.1`, `set prefix/ps1`, `policy p1`,

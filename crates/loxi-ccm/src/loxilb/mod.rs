@@ -64,6 +64,7 @@ mod roles;
 mod rules;
 mod shared;
 pub mod snat;
+mod waiters;
 mod window;
 
 pub use members::{Fleet, Group, Member, MembersChanged};
@@ -481,8 +482,8 @@ fn millis(d: std::time::Duration) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::limits::{TURN_HOLD, Waiters};
-    use super::probe::Marker;
+    use super::rules::Marker;
+    use super::waiters::{TURN_HOLD, Waiters};
     use super::*;
     use crate::metrics::Metrics;
     use loxi_domain::RuleName;

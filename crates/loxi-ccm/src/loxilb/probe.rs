@@ -8,20 +8,9 @@ use loxi_domain::{ClusterId, RuleName};
 use loxilb_client::ClientError;
 use tracing::{debug, info, warn};
 
-use super::rules::{Holdings, RuleTable};
+use super::rules::{Holdings, Marker, RuleTable};
 use super::{Instance, Probe, is_transport};
 use crate::metrics::Metrics;
-
-/// The restart marker's state on one instance.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Marker {
-    /// To be placed before the next listing (probes list every rule meanwhile).
-    #[default]
-    NotPlaced,
-    Placed,
-    /// loxilb refused it (a 4xx): probes list every rule instead, for good.
-    Refused,
-}
 
 /// How long a loxilb stays unreachable before it counts as gone for good, unless
 /// `--loxilb-gone-after` says otherwise (`Instance::gone_after`): until then a

@@ -8,10 +8,20 @@ use loxi_domain::{Rule, RuleKey, RuleName};
 use loxilb_client::ClientError;
 use loxilb_client::convert::from_entry;
 
-use super::limits::Waiters;
-use super::probe::Marker;
+use super::waiters::Waiters;
 use super::{Blocked, Instance};
 use crate::metrics::Metrics;
+
+/// The restart marker's state on one instance.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Marker {
+    /// To be placed before the next listing (probes list every rule meanwhile).
+    #[default]
+    NotPlaced,
+    Placed,
+    /// loxilb refused it (a 4xx): probes list every rule instead, for good.
+    Refused,
+}
 
 /// The rules an instance holds, by key, with an index by owning Service so that applying
 /// one Service's rules looks at that Service's rules only (not every rule held).
