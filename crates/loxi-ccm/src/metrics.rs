@@ -136,6 +136,10 @@ pub struct Metrics {
     egresses_not_programmed: Family<ReasonLabels, Gauge>,
     events_dropped: Counter,
     leader: Gauge,
+    /// loxilbs that left the fleet (`forget_loxilb`): their gauges are not set again by a
+    /// worker or a role post still finishing after they left (a series left behind would
+    /// keep saying it is up), until they join again (`loxilb_joined`).
+    departed: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
 
 impl Default for Metrics {
@@ -375,7 +379,24 @@ impl Metrics {
             egresses_programmed,
             egresses_not_programmed,
             events_dropped,
+            departed: std::sync::Arc::default(),
         }
+    }
+
+    /// Whether `instance` left the fleet (its gauges are not set).
+    fn departed(&self, instance: &str) -> bool {
+        self.departed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(instance)
+    }
+
+    /// A loxilb joined the fleet (again): its gauges are set from now on.
+    pub fn loxilb_joined(&self, instance: &str) {
+        self.departed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(instance);
     }
 
     /// One Service reconcile ended with `result`; `category` names what failed (empty: none).
@@ -410,6 +431,9 @@ impl Metrics {
     }
 
     pub fn set_up(&self, instance: &str, up: bool) {
+        if self.departed(instance) {
+            return;
+        }
         self.loxilb_up
             .get_or_create(&InstanceLabels {
                 instance: instance.to_string(),
@@ -418,6 +442,9 @@ impl Metrics {
     }
 
     pub fn set_rules(&self, instance: &str, n: usize) {
+        if self.departed(instance) {
+            return;
+        }
         self.loxilb_rules
             .get_or_create(&InstanceLabels {
                 instance: instance.to_string(),
@@ -426,6 +453,9 @@ impl Metrics {
     }
 
     pub fn set_capacity(&self, instance: &str, n: usize) {
+        if self.departed(instance) {
+            return;
+        }
         self.loxilb_capacity
             .get_or_create(&InstanceLabels {
                 instance: instance.to_string(),
@@ -483,6 +513,9 @@ impl Metrics {
         oldest: Option<Duration>,
         limit: usize,
     ) {
+        if self.departed(instance) {
+            return;
+        }
         let labels = InstanceLabels {
             instance: instance.to_string(),
         };
@@ -564,6 +597,10 @@ impl Metrics {
     /// up, or holds rules). Its counters stay: they are history, and Prometheus expects
     /// counters not to vanish while the process runs.
     pub fn forget_loxilb(&self, instance: &str, ha_instances: &[String]) {
+        self.departed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(instance.to_string());
         let labels = InstanceLabels {
             instance: instance.to_string(),
         };
@@ -585,6 +622,9 @@ impl Metrics {
     }
 
     pub fn set_ha_role(&self, ha_instance: &str, loxilb: &str, role: &str) {
+        if self.departed(loxilb) {
+            return;
+        }
         for r in ["MASTER", "BACKUP"] {
             let labels = HaRoleLabels {
                 ha_instance: ha_instance.to_string(),

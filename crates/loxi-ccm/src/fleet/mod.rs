@@ -143,6 +143,7 @@ impl Fleet {
         if source == Source::PeerOnly {
             for url in &changed.joined {
                 info!(instance = %url, "BGP-peer-only loxilb joining (BGP settings only)");
+                metrics.loxilb_joined(url);
             }
             for old in &changed.left {
                 info!(
@@ -156,6 +157,7 @@ impl Fleet {
         }
         for url in &changed.joined {
             info!(instance = %url, ?source, "loxilb joining (programmed before it serves)");
+            metrics.loxilb_joined(url);
         }
         let left = !changed.left.is_empty();
         for inst in changed.left {
