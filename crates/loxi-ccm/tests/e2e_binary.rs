@@ -6,7 +6,7 @@ mod common;
 #[path = "common/e2e_setup.rs"]
 mod e2e_setup;
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Instant;
 
 use e2e_setup::*;
@@ -171,26 +171,17 @@ async fn shipped_manifests_and_rbac_run_the_binary_end_to_end() {
 async fn two_processes_without_leader_election_never_duplicate() {
     let (cp, sa_kc, admin, sim) = two_process_setup("race-a", "10.8.1.1").await;
     let start = |name: &str| {
-        KillOnDrop(
-            Command::new(env!("CARGO_BIN_EXE_loxi-ccm"))
-                .env("POD_NAME", name)
-                .args(["run", "--kubeconfig"])
-                .arg(&sa_kc)
-                .args([
-                    "--loxilb-url",
-                    &sim.url(),
-                    // 62 usable addresses for 60 Services.
-                    "--external-cidr",
-                    "198.51.100.0/26",
-                    "--admin-addr",
-                    &format!("127.0.0.1:{}", testenv::free_port().unwrap()),
-                    "--leader-elect=false",
-                ])
-                .stdout(std::fs::File::create(cp.dir().join(format!("{name}.log"))).unwrap())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap(),
-        )
+        let flags = [
+            "--loxilb-url",
+            &sim.url(),
+            // 62 usable addresses for 60 Services.
+            "--external-cidr",
+            "198.51.100.0/26",
+            "--admin-addr",
+            &format!("127.0.0.1:{}", testenv::free_port().unwrap()),
+            "--leader-elect=false",
+        ];
+        spawn_named(&cp, &sa_kc, name, &flags)
     };
     let replicas = [start("racer-a"), start("racer-b")];
     let services: Api<Service> = Api::namespaced(admin.clone(), "default");

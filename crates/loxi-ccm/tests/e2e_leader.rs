@@ -7,13 +7,11 @@ mod common;
 #[path = "common/e2e_setup.rs"]
 mod e2e_setup;
 
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use e2e_setup::*;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, DeleteParams, PostParams};
-use serde_json::json;
 
 /// Two replicas of the binary with leader election, as the Deployment runs them: the leader
 /// is stopped in the middle of a burst, the standby takes over; no duplicate address, no lost
@@ -24,33 +22,22 @@ async fn leader_failover_between_two_processes() {
 
     let start = |name: &str| {
         let port = testenv::free_port().unwrap();
-        let child = KillOnDrop(
-            Command::new(env!("CARGO_BIN_EXE_loxi-ccm"))
-                .env("POD_NAME", name)
-                .args(["run", "--kubeconfig"])
-                .arg(&sa_kc)
-                .args([
-                    "--loxilb-url",
-                    &sim.url(),
-                    "--external-cidr",
-                    "198.51.100.0/24",
-                    "--admin-addr",
-                    &format!("127.0.0.1:{port}"),
-                    "--leader-elect-lease-duration",
-                    "6s",
-                ])
-                .stdout(std::fs::File::create(cp.dir().join(format!("{name}.log"))).unwrap())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap(),
-        );
-        (child, port)
+        let flags = [
+            "--loxilb-url",
+            &sim.url(),
+            "--external-cidr",
+            "198.51.100.0/24",
+            "--admin-addr",
+            &format!("127.0.0.1:{port}"),
+            "--leader-elect-lease-duration",
+            "6s",
+        ];
+        (spawn_named(&cp, &sa_kc, name, &flags), port)
     };
     let mut replicas = vec![start("replica-a"), start("replica-b")];
     let leader = wait_for("a leader", || async {
         for (i, (_, port)) in replicas.iter().enumerate() {
-            let body = reqwest_get(&format!("http://127.0.0.1:{port}/readyz")).await;
-            if body.contains("(leader") {
+            if role(*port).await.contains("(leader") {
                 return Some(i);
             }
         }
@@ -59,29 +46,8 @@ async fn leader_failover_between_two_processes() {
     .await;
 
     let services: Api<Service> = Api::namespaced(admin.clone(), "default");
-    let svc = |i: usize| -> Service {
-        serde_json::from_value(json!({
-            "metadata": {"name": format!("fo{i}")},
-            "spec": {"type": "LoadBalancer", "loadBalancerClass": "loxilb.io/loxilb",
-                     "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}
-        }))
-        .unwrap()
-    };
-    let published = || async {
-        services
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .filter_map(|s| {
-                Some((
-                    s.metadata.name?,
-                    s.status?.load_balancer?.ingress?.first()?.ip.clone()?,
-                ))
-            })
-            .collect::<std::collections::BTreeMap<String, String>>()
-    };
+    let svc = |i: usize| one_port_service(&format!("fo{i}"));
+    let published = || shown(&services);
     for i in 0..10 {
         services
             .create(&PostParams::default(), &svc(i))

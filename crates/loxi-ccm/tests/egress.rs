@@ -11,8 +11,9 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use common::pods::running_pod;
 use common::*;
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use loxi_ccm::egress::crds::{Egress, EgressSpec};
 use loxilb_sim::{FwAction, SimFwRule};
@@ -25,21 +26,11 @@ fn options() -> Options {
     }
 }
 
-/// The Egress CRD, and the namespace's default ServiceAccount that pods need (no
-/// controller-manager runs here to make it).
+/// The Egress CRD, and the namespace's default ServiceAccount that pods need.
 async fn with_crd(w: &World) {
-    use k8s_openapi::api::core::v1::ServiceAccount;
     use kube::CustomResourceExt;
     install_crd(&w.client, &Egress::crd()).await;
-    let sas: Api<ServiceAccount> = Api::namespaced(w.client.clone(), &w.ns);
-    let sa = ServiceAccount {
-        metadata: ObjectMeta {
-            name: Some("default".into()),
-            ..ObjectMeta::default()
-        },
-        ..ServiceAccount::default()
-    };
-    let _ = sas.create(&PostParams::default(), &sa).await;
+    common::pods::default_service_account(w).await;
 }
 
 fn egresses(w: &World) -> Api<Egress> {
@@ -82,37 +73,6 @@ async fn wait_sources(w: &World, vip: &str, want: &[&str]) {
         async move { done.then_some(()) }
     })
     .await;
-}
-
-/// A pod with `labels` whose status shows `ip`, as a kubelet would write it.
-async fn pod(w: &World, name: &str, labels: &[(&str, &str)], ip: &str) {
-    let p = Pod {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            labels: Some(
-                labels
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-            ),
-            ..ObjectMeta::default()
-        },
-        spec: Some(PodSpec {
-            containers: vec![Container {
-                name: "c".into(),
-                image: Some("example.invalid/none".into()),
-                ..Container::default()
-            }],
-            ..PodSpec::default()
-        }),
-        ..Pod::default()
-    };
-    pods(w).create(&PostParams::default(), &p).await.unwrap();
-    let status = json!({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}});
-    pods(w)
-        .patch_status(name, &PatchParams::default(), &Patch::Merge(status))
-        .await
-        .unwrap();
 }
 
 async fn label(w: &World, name: &str, labels: serde_json::Value) {
@@ -218,8 +178,8 @@ async fn rules_follow_pods_in_and_out_of_the_selector_and_none_leak_after_delete
         loxilb_client::LoxilbClient::new(loxilb_client::ClientConfig::new(&w.sim.url())).unwrap();
     client.add_firewall_rule(&foreign).await.unwrap();
 
-    pod(&w, "p1", &[("what", "egress-test")], "10.244.1.5").await;
-    pod(&w, "p2", &[("what", "other")], "10.244.1.6").await;
+    running_pod(&w, "p1", &[("what", "egress-test")], "10.244.1.5").await;
+    running_pod(&w, "p2", &[("what", "other")], "10.244.1.6").await;
     egresses(&w)
         .create(
             &PostParams::default(),
@@ -317,7 +277,7 @@ async fn a_restarted_loxilb_gets_the_egress_rules_back() {
     // (docs/loxilb-api.md#detecting-a-restart): one Service, as any user of egress has.
     w.add_node("egress-node", "10.0.0.21").await;
     w.serve_one_port("web", 80).await;
-    pod(&w, "p1", &[("app", "out")], "10.244.2.5").await;
+    running_pod(&w, "p1", &[("app", "out")], "10.244.2.5").await;
     egresses(&w)
         .create(
             &PostParams::default(),

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use fleet_setup::*;
-use loxilb_sim::{SimConfig, Simulator};
+use loxilb_sim::Simulator;
 
 /// Three loxilbs, two HA instances: one master each, on different loxilbs, recorded. The
 /// master of `llb-inst0` goes down: another takes over within 2 s of the controller seeing
@@ -154,19 +154,11 @@ async fn a_restart_and_a_leader_change_keep_the_masters() {
 /// its rules (docs/loxilb-api.md#replay-order).
 #[tokio::test]
 async fn a_restarted_loxilb_gets_its_role_before_bgp_and_rules() {
-    let bgp = SimConfig {
-        bgp: true,
-        ..SimConfig::default()
-    };
     let opts = Options {
-        extra_args: vec![
-            "--set-roles=0.0.0.0".into(),
-            "--bgp-local-as=65100".into(),
-            "--bgp-peers=192.0.2.250:65001".into(),
-        ],
+        extra_args: roles_and_bgp_args(),
         ..Options::default()
     };
-    let w = World::with_sim("harestartorder", opts, bgp).await;
+    let w = World::with_sim("harestartorder", opts, bgp_sim()).await;
     w.add_node("node-a", "10.7.0.1").await;
     let ip = w.serve_one_port("web", 80).await;
     // At the controller's start the role waits for the first role decision (after the HA
@@ -306,29 +298,24 @@ async fn rules_carry_the_services_ha_instance_which_never_changes() {
 /// the health tick, the MASTER was not even seen gone until the replay ended.)
 #[tokio::test]
 async fn failover_during_a_replay() {
-    let bgp = || SimConfig {
-        bgp: true,
-        ..SimConfig::default()
-    };
     let start = || async {
-        Simulator::start("127.0.0.1:0".parse().unwrap(), bgp())
+        Simulator::start("127.0.0.1:0".parse().unwrap(), bgp_sim())
             .await
             .unwrap()
     };
     let (b, c) = (start().await, start().await);
     let admin_port = testenv::free_port().unwrap();
+    let mut extra_args = vec![
+        format!("--loxilb-url={}", b.url()),
+        format!("--loxilb-url={}", c.url()),
+    ];
+    extra_args.extend(roles_and_bgp_args());
     let opts = Options {
         admin_port: Some(admin_port),
-        extra_args: vec![
-            format!("--loxilb-url={}", b.url()),
-            format!("--loxilb-url={}", c.url()),
-            "--set-roles=0.0.0.0".into(),
-            "--bgp-local-as=65100".into(),
-            "--bgp-peers=192.0.2.250:65001".into(),
-        ],
+        extra_args,
         ..Options::default()
     };
-    let w = World::with_sim("hareplay", opts, bgp()).await;
+    let w = World::with_sim("hareplay", opts, bgp_sim()).await;
     let sims = vec![w.sim.clone(), b, c];
     w.add_node("hareplay-a", "10.9.0.1").await;
     // 200 rules: two Services of 100 ports each.
@@ -503,11 +490,7 @@ async fn a_takeover_places_the_marker_and_lists_once() {
 /// nothing. A loxilb that stops answering has its sessions reported down at once.
 #[tokio::test]
 async fn roles_follow_bgp_reachability() {
-    let bgp = || SimConfig {
-        bgp: true,
-        ..SimConfig::default()
-    };
-    let other = Simulator::start("127.0.0.1:0".parse().unwrap(), bgp())
+    let other = Simulator::start("127.0.0.1:0".parse().unwrap(), bgp_sim())
         .await
         .unwrap();
     let admin_port = testenv::free_port().unwrap();
@@ -523,7 +506,7 @@ async fn roles_follow_bgp_reachability() {
         ],
         ..Options::default()
     };
-    let w = World::with_sim("hareach", opts, bgp()).await;
+    let w = World::with_sim("hareach", opts, bgp_sim()).await;
     let sims = vec![w.sim.clone(), other];
     let master = wait_sole_master(&sims, "llb-inst0").await;
     let backup = 1 - master;

@@ -123,23 +123,10 @@ async fn discovery_follows_the_loxilb_services_endpointslices() {
 /// naming it.
 #[tokio::test]
 async fn loxiurl_resources_add_and_remove_loxilbs() {
-    use kube::CustomResourceExt;
     use kube::api::{DeleteParams, PostParams};
     use loxi_ccm::config::sources::{LoxiURL, LoxiURLSpec};
     let extra = sim().await;
-    let mut w = World::with("loxiurl", Options::default()).await;
-    // The CRD (kube-loxilb's group and kind), then a controller that sees it.
-    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
-        Api::all(w.client.clone());
-    let _ = crds.create(&PostParams::default(), &LoxiURL::crd()).await;
-    let resources: Api<LoxiURL> = Api::all(w.client.clone());
-    wait_for("the LoxiURL CRD served", WAIT, || async {
-        resources.list(&Default::default()).await.ok().map(|_| ())
-    })
-    .await;
-    w.stop_controller().await;
-    w.start_controller(&Options::default()).await;
-    w.add_node("node-a", "10.7.0.1").await;
+    let (w, resources) = world_with_loxiurl_crd("loxiurl").await;
     let ip = w.serve_one_port("web", 80).await;
     let name = format!("{}-extra", w.ns);
     let res = LoxiURL::new(
@@ -174,33 +161,15 @@ async fn loxiurl_resources_add_and_remove_loxilbs() {
     on("1/1").await;
 
     let pool = format!("{}-pool", w.ns);
-    let res = LoxiURL::new(
-        &pool,
-        LoxiURLSpec {
-            loxi_url: "12.12.12.0/33".into(),
-            kind: Some("cidrpool".into()),
-            zone: None,
-        },
-    );
     resources
-        .create(&PostParams::default(), &res)
+        .create(&PostParams::default(), &cidrpool(&pool, "12.12.12.0/33"))
         .await
         .unwrap();
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(w.client.clone());
-    wait_for(
+    invalid_loxiurl_event(
+        &w,
         "a Warning Event on the bad cidrpool LoxiURL",
-        WAIT,
-        || async {
-            let list = events.list(&Default::default()).await.ok()?;
-            list.items
-                .iter()
-                .any(|e| {
-                    e.reason.as_deref() == Some("InvalidLoxiURL")
-                        && e.regarding.as_ref().and_then(|r| r.name.as_deref())
-                            == Some(pool.as_str())
-                })
-                .then_some(())
-        },
+        &pool,
+        None,
     )
     .await;
     let _ = resources.delete(&pool, &DeleteParams::default()).await;
@@ -384,36 +353,13 @@ async fn discovered_loxilbs_peer_with_each_other_and_peer_only_ones_get_bgp_only
 /// `AddressPool` has is refused with a Warning Event.
 #[tokio::test]
 async fn a_cidrpool_loxiurl_is_an_address_pool() {
-    use kube::CustomResourceExt;
     use kube::api::{DeleteParams, PostParams};
-    use loxi_ccm::config::sources::{LoxiURL, LoxiURLSpec};
     use loxi_ccm::ipam::address_pools::{AddressPool, AddressPoolSpec};
-    let mut w = World::with("cidrpool", Options::default()).await;
-    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
-        Api::all(w.client.clone());
-    let _ = crds.create(&PostParams::default(), &LoxiURL::crd()).await;
-    let resources: Api<LoxiURL> = Api::all(w.client.clone());
-    wait_for("the LoxiURL CRD served", WAIT, || async {
-        resources.list(&Default::default()).await.ok().map(|_| ())
-    })
-    .await;
-    w.stop_controller().await;
-    w.start_controller(&Options::default()).await;
-    w.add_node("node-a", "10.7.0.1").await;
+    let (w, resources) = world_with_loxiurl_crd("cidrpool").await;
 
     let pool = format!("{}-pool", w.ns);
     resources
-        .create(
-            &PostParams::default(),
-            &LoxiURL::new(
-                &pool,
-                LoxiURLSpec {
-                    loxi_url: "198.51.100.0/29".into(),
-                    kind: Some("cidrpool".into()),
-                    zone: None,
-                },
-            ),
-        )
+        .create(&PostParams::default(), &cidrpool(&pool, "198.51.100.0/29"))
         .await
         .unwrap();
     let named = |name: &str, port: i32| {
@@ -504,33 +450,15 @@ async fn a_cidrpool_loxiurl_is_an_address_pool() {
     resources
         .create(
             &PostParams::default(),
-            &LoxiURL::new(
-                &taken,
-                LoxiURLSpec {
-                    loxi_url: "198.51.100.64/29".into(),
-                    kind: Some("cidrpool".into()),
-                    zone: None,
-                },
-            ),
+            &cidrpool(&taken, "198.51.100.64/29"),
         )
         .await
         .unwrap();
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(w.client.clone());
-    wait_for(
+    invalid_loxiurl_event(
+        &w,
         "a Warning Event on the LoxiURL whose name is taken",
-        WAIT,
-        || async {
-            let list = events.list(&Default::default()).await.ok()?;
-            list.items
-                .iter()
-                .any(|e| {
-                    e.reason.as_deref() == Some("InvalidLoxiURL")
-                        && e.regarding.as_ref().and_then(|r| r.name.as_deref())
-                            == Some(taken.as_str())
-                        && e.note.as_deref().is_some_and(|n| n.contains("taken"))
-                })
-                .then_some(())
-        },
+        &taken,
+        Some("taken"),
     )
     .await;
     let taken_svc = annotated(
@@ -710,4 +638,56 @@ async fn a_node_deletion_reaches_every_loxilb_at_once() {
         s.set_rule_write_latency(Duration::ZERO);
     }
     w.finish().await;
+}
+
+/// A world whose controller started after kube-loxilb's `LoxiURL` CRD was served, with a
+/// Ready Node, and the API of the `LoxiURL` resources.
+async fn world_with_loxiurl_crd(name: &str) -> (World, Api<loxi_ccm::config::sources::LoxiURL>) {
+    use kube::CustomResourceExt;
+    use kube::api::PostParams;
+    use loxi_ccm::config::sources::LoxiURL;
+    let mut w = World::with(name, Options::default()).await;
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        Api::all(w.client.clone());
+    let _ = crds.create(&PostParams::default(), &LoxiURL::crd()).await;
+    let resources: Api<LoxiURL> = Api::all(w.client.clone());
+    wait_for("the LoxiURL CRD served", WAIT, || async {
+        resources.list(&Default::default()).await.ok().map(|_| ())
+    })
+    .await;
+    w.stop_controller().await;
+    w.start_controller(&Options::default()).await;
+    w.add_node("node-a", "10.7.0.1").await;
+    (w, resources)
+}
+
+/// A `cidrpool` LoxiURL: `cidr` as an address pool named `name`.
+fn cidrpool(name: &str, cidr: &str) -> loxi_ccm::config::sources::LoxiURL {
+    use loxi_ccm::config::sources::{LoxiURL, LoxiURLSpec};
+    LoxiURL::new(
+        name,
+        LoxiURLSpec {
+            loxi_url: cidr.into(),
+            kind: Some("cidrpool".into()),
+            zone: None,
+        },
+    )
+}
+
+/// Waits for an `InvalidLoxiURL` Event about the LoxiURL `name` (whose note has `note` in it,
+/// when given).
+async fn invalid_loxiurl_event(w: &World, what: &str, name: &str, note: Option<&str>) {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(w.client.clone());
+    wait_for(what, WAIT, || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("InvalidLoxiURL")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                    && note.is_none_or(|note| e.note.as_deref().is_some_and(|n| n.contains(note)))
+            })
+            .then_some(())
+    })
+    .await;
 }

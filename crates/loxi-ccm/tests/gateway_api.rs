@@ -7,11 +7,9 @@
 
 mod common;
 
-use std::process::Command;
-
 use common::gateway::{
-    CONTROLLER, api, backend_service, cond, create, gateway_options, gateway_world, get, pair,
-    programmed_address, resource, route_verdict, slice,
+    CONTROLLER, backend_service, cond, create, create_slice, delete_gateway, delete_gateway_class,
+    gateway_options, gateway_world, get, pair, programmed_address, resource, route_verdict,
 };
 use common::{Options, WAIT, wait_for};
 use k8s_openapi::api::core::v1::Namespace;
@@ -40,35 +38,29 @@ async fn gateway_with_tcp_and_udp_routes_from_two_namespaces() {
     // Backends in the Gateway's namespace: ClusterIP Services with their EndpointSlices.
     backend_service(&w, "tcp-backend", ("tcp", 9000, "TCP")).await;
     backend_service(&w, "udp-backend", ("dns", 53, "UDP")).await;
+    create_slice(
+        &w,
+        &ns,
+        "tcp-backend-1",
+        "tcp-backend",
+        ("tcp", 8080, "TCP"),
+        &[
+            ("10.244.0.1", true),
+            ("10.244.0.2", true),
+            ("10.244.0.3", false),
+        ],
+    )
+    .await;
+    create_slice(
+        &w,
+        &ns,
+        "udp-backend-1",
+        "udp-backend",
+        ("dns", 5353, "UDP"),
+        &[("10.244.1.1", true)],
+    )
+    .await;
     let slices: Api<EndpointSlice> = Api::namespaced(w.client.clone(), &ns);
-    slices
-        .create(
-            &PostParams::default(),
-            &slice(
-                "tcp-backend-1",
-                "tcp-backend",
-                ("tcp", 8080, "TCP"),
-                &[
-                    ("10.244.0.1", true),
-                    ("10.244.0.2", true),
-                    ("10.244.0.3", false),
-                ],
-            ),
-        )
-        .await
-        .unwrap();
-    slices
-        .create(
-            &PostParams::default(),
-            &slice(
-                "udp-backend-1",
-                "udp-backend",
-                ("dns", 5353, "UDP"),
-                &[("10.244.1.1", true)],
-            ),
-        )
-        .await
-        .unwrap();
 
     let class = format!("loxilb-{}", std::process::id());
     create(
@@ -315,17 +307,7 @@ async fn gateway_with_tcp_and_udp_routes_from_two_namespaces() {
     assert_eq!(programmed_address(&w, 3, 1).await, ip);
 
     // The Gateway deleted: its rules and its claim go, then the Gateway itself.
-    api(&w, Some(&ns), "Gateway")
-        .delete("gw", &DeleteParams::default())
-        .await
-        .unwrap();
-    wait_for("Gateway gone", WAIT, || async {
-        get(&w, Some(&ns), "Gateway", "gw")
-            .await
-            .is_none()
-            .then_some(())
-    })
-    .await;
+    delete_gateway(&w, &ns).await;
     assert!(
         w.rules_for(&ip).is_empty(),
         "rules left: {:?}",
@@ -344,9 +326,7 @@ async fn gateway_with_tcp_and_udp_routes_from_two_namespaces() {
         (!ours).then_some(())
     })
     .await;
-    let _ = api(&w, None, "GatewayClass")
-        .delete(&class, &DeleteParams::default())
-        .await;
+    delete_gateway_class(&w, &class).await;
     let _ = namespaces.delete(&other, &DeleteParams::default()).await;
 }
 
@@ -361,57 +341,29 @@ async fn the_shipped_rbac_serves_a_gateway_on_the_experimental_channel() {
     };
     let mut w = gateway_world("gwrbac", Channel::Experimental, opts.clone()).await;
     let cp = common::control_plane();
-    let kubectl = cp.k8s_bin_dir().join("kubectl");
     let deploy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy");
     for file in [
         deploy.clone(),
         deploy.join("optional/gateway-api-rbac.yaml"),
     ] {
-        let out = Command::new(&kubectl)
-            .arg("--kubeconfig")
-            .arg(cp.kubeconfig_path())
-            .args(["apply", "--validate=strict", "-f"])
-            .arg(&file)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        common::kubectl_apply_strict(cp, &file);
     }
-    let out = Command::new(&kubectl)
-        .arg("--kubeconfig")
-        .arg(cp.kubeconfig_path())
-        .args(["-n", "kube-system", "create", "token", "loxi-ccm"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let sa_kc = cp.dir().join("gateway-sa.kubeconfig");
-    cp.write_kubeconfig(&sa_kc, String::from_utf8(out.stdout).unwrap().trim())
-        .unwrap();
+    let sa_kc = common::shipped_service_account_kubeconfig(cp, "gateway-sa.kubeconfig");
     let sa_client = cp.client_for_kubeconfig(&sa_kc).await.unwrap();
     w.stop_controller().await;
     w.controller = Some(w.spawn_controller_with(sa_client, &opts));
 
     let ns = w.ns.clone();
     backend_service(&w, "echo", ("tcp", 7000, "TCP")).await;
-    Api::<EndpointSlice>::namespaced(w.client.clone(), &ns)
-        .create(
-            &PostParams::default(),
-            &slice(
-                "echo-1",
-                "echo",
-                ("tcp", 7007, "TCP"),
-                &[("10.244.2.1", true)],
-            ),
-        )
-        .await
-        .unwrap();
+    create_slice(
+        &w,
+        &ns,
+        "echo-1",
+        "echo",
+        ("tcp", 7007, "TCP"),
+        &[("10.244.2.1", true)],
+    )
+    .await;
     let class = format!("loxilb-rbac-{}", std::process::id());
     create(
         &w,
@@ -465,19 +417,7 @@ async fn the_shipped_rbac_serves_a_gateway_on_the_experimental_channel() {
             .then_some(())
     })
     .await;
-    api(&w, Some(&ns), "Gateway")
-        .delete("gw", &DeleteParams::default())
-        .await
-        .unwrap();
-    wait_for("Gateway gone", WAIT, || async {
-        get(&w, Some(&ns), "Gateway", "gw")
-            .await
-            .is_none()
-            .then_some(())
-    })
-    .await;
+    delete_gateway(&w, &ns).await;
     assert!(w.rules_for(&ip).is_empty());
-    let _ = api(&w, None, "GatewayClass")
-        .delete(&class, &DeleteParams::default())
-        .await;
+    delete_gateway_class(&w, &class).await;
 }

@@ -6,12 +6,11 @@
 mod common;
 
 use common::gateway::{
-    CONTROLLER, api, cond, create, gateway_options, gateway_world, get, pair, resource_of,
-    route_verdict, slice,
+    CONTROLLER, cond, create, create_slice, delete_gateway, delete_gateway_class, gateway_options,
+    gateway_world, get, pair, resource_of, route_verdict,
 };
 use common::{WAIT, World, wait_for};
 use k8s_openapi::api::core::v1::{Namespace, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
 use serde_json::{Value, json};
 use testenv::gateway_api::Channel;
@@ -44,13 +43,15 @@ async fn backend_in(w: &World, ns: &str, name: &str, port: i32, target: i32, pod
         .await
         .unwrap();
     let ready: Vec<(&str, bool)> = pods.iter().map(|p| (*p, true)).collect();
-    Api::<EndpointSlice>::namespaced(w.client.clone(), ns)
-        .create(
-            &PostParams::default(),
-            &slice(&format!("{name}-1"), name, ("main", target, "TCP"), &ready),
-        )
-        .await
-        .unwrap();
+    create_slice(
+        w,
+        ns,
+        &format!("{name}-1"),
+        name,
+        ("main", target, "TCP"),
+        &ready,
+    )
+    .await;
 }
 
 async fn class(w: &World, name: &str) {
@@ -209,19 +210,8 @@ async fn http_routes_attach_by_namespace_and_hostname() {
     })
     .await;
 
-    let _ = api(&w, Some(&ns), "Gateway")
-        .delete("gw", &DeleteParams::default())
-        .await;
-    wait_for("Gateway gone", WAIT, || async {
-        get(&w, Some(&ns), "Gateway", "gw")
-            .await
-            .is_none()
-            .then_some(())
-    })
-    .await;
-    let _ = api(&w, None, "GatewayClass")
-        .delete(&class_name, &DeleteParams::default())
-        .await;
+    delete_gateway(&w, &ns).await;
+    delete_gateway_class(&w, &class_name).await;
     delete_namespace(&w, &allowed).await;
     delete_namespace(&w, &denied).await;
 }
@@ -327,18 +317,7 @@ async fn a_backend_of_another_namespace_needs_a_reference_grant() {
     })
     .await;
 
-    let _ = api(&w, Some(&ns), "Gateway")
-        .delete("gw", &DeleteParams::default())
-        .await;
-    wait_for("Gateway gone", WAIT, || async {
-        get(&w, Some(&ns), "Gateway", "gw")
-            .await
-            .is_none()
-            .then_some(())
-    })
-    .await;
-    let _ = api(&w, None, "GatewayClass")
-        .delete(&class_name, &DeleteParams::default())
-        .await;
+    delete_gateway(&w, &ns).await;
+    delete_gateway_class(&w, &class_name).await;
     delete_namespace(&w, &db).await;
 }

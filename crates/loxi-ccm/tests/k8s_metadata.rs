@@ -11,8 +11,8 @@ mod common;
 use std::collections::BTreeSet;
 
 use common::*;
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ServiceAccount};
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, Patch, PatchParams};
 use loxilb_sim::SimK8sMeta;
 use serde_json::json;
 
@@ -29,37 +29,8 @@ fn pods(w: &World) -> Api<Pod> {
 
 /// A pod with `app: <app>` whose status shows `ip`, as a kubelet would write it.
 async fn pod(w: &World, name: &str, app: &str, ip: &str) {
-    let sas: Api<ServiceAccount> = Api::namespaced(w.client.clone(), &w.ns);
-    let sa = ServiceAccount {
-        metadata: ObjectMeta {
-            name: Some("default".into()),
-            ..ObjectMeta::default()
-        },
-        ..ServiceAccount::default()
-    };
-    let _ = sas.create(&PostParams::default(), &sa).await;
-    let p = Pod {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            labels: Some([("app".to_string(), app.to_string())].into()),
-            ..ObjectMeta::default()
-        },
-        spec: Some(PodSpec {
-            containers: vec![Container {
-                name: "c".into(),
-                image: Some("example.invalid/none".into()),
-                ..Container::default()
-            }],
-            ..PodSpec::default()
-        }),
-        ..Pod::default()
-    };
-    pods(w).create(&PostParams::default(), &p).await.unwrap();
-    let status = json!({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}});
-    pods(w)
-        .patch_status(name, &PatchParams::default(), &Patch::Merge(status))
-        .await
-        .unwrap();
+    common::pods::default_service_account(w).await;
+    common::pods::running_pod(w, name, &[("app", app)], ip).await;
 }
 
 /// A Service of our class on port 80 selecting `app: web`.

@@ -9,23 +9,14 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use loxilb_sim::SimConfig;
 
 #[tokio::test]
 async fn a_loxilb_back_empty_gets_its_role_and_bgp_before_any_rule() {
-    let sim = SimConfig {
-        bgp: true,
-        ..SimConfig::default()
-    };
     let opts = Options {
-        extra_args: vec![
-            "--set-roles=0.0.0.0".into(),
-            "--bgp-local-as=65100".into(),
-            "--bgp-peers=192.0.2.250:65001".into(),
-        ],
+        extra_args: roles_and_bgp_args(),
         ..Options::default()
     };
-    let w = World::with_sim("comebackorder", opts, sim).await;
+    let w = World::with_sim("comebackorder", opts, bgp_sim()).await;
     w.add_node("node-a", "10.7.0.1").await;
     let mut ips = Vec::new();
     for name in ["web-a", "web-b", "web-c"] {

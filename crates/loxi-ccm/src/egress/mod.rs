@@ -281,22 +281,9 @@ impl Egresses {
         interval: Duration,
     ) {
         ready.await;
-        let mut changes = self.changes.subscribe();
-        let mut tick = tokio::time::interval(interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                r = changes.changed() => {
-                    if r.is_err() {
-                        return;
-                    }
-                    tokio::time::sleep(SETTLE).await;
-                    changes.mark_unchanged();
-                }
-                _ = tick.tick() => {}
-            }
-            self.pass(&instances()).await;
-        }
+        let (me, instances) = (&self, &instances);
+        let pass = move || async move { me.pass(&instances()).await };
+        crate::k8s::passes::run_passes(self.changes.subscribe(), SETTLE, interval, pass).await;
     }
 
     /// The decision over the stores now; `None` while the Egresses or the pods are being

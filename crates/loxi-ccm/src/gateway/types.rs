@@ -172,54 +172,45 @@ pub struct RouteStatus {
     pub parents: Vec<serde_json::Value>,
 }
 
-/// HTTPRoute: the common parents and backends plus `hostnames` (matches and filters are
-/// not read: loxi-ccm does not program HTTP traffic yet).
-#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default)]
-#[kube(
-    group = "gateway.networking.k8s.io",
-    version = "v1",
-    kind = "HTTPRoute",
-    namespaced,
-    status = "RouteStatus",
-    schema = "disabled"
-)]
-#[serde(rename_all = "camelCase")]
-pub struct HTTPRouteSpec {
-    #[serde(flatten)]
-    pub common: L4RouteSpec,
-    #[serde(default)]
-    pub hostnames: Vec<String>,
+/// A route kind of the Gateway API's v1 group: the kind's resource type over the spec
+/// `$spec` with the fields given, and the shared status [`RouteStatus`].
+macro_rules! route_kind {
+    ($(#[$meta:meta])* $spec:ident, $kind:tt, { $($fields:tt)* }) => {
+        $(#[$meta])*
+        #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default)]
+        #[kube(
+            group = "gateway.networking.k8s.io",
+            version = "v1",
+            kind = $kind,
+            namespaced,
+            status = "RouteStatus",
+            schema = "disabled"
+        )]
+        #[serde(rename_all = "camelCase")]
+        pub struct $spec {
+            $($fields)*
+        }
+    };
 }
 
-#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default)]
-#[kube(
-    group = "gateway.networking.k8s.io",
-    version = "v1",
-    kind = "TCPRoute",
-    namespaced,
-    status = "RouteStatus",
-    schema = "disabled"
-)]
-#[serde(rename_all = "camelCase")]
-pub struct TCPRouteSpec {
+route_kind!(
+    /// HTTPRoute: the common parents and backends plus `hostnames` (matches and filters are
+    /// not read: loxi-ccm does not program HTTP traffic yet).
+    HTTPRouteSpec, "HTTPRoute", {
+        #[serde(flatten)]
+        pub common: L4RouteSpec,
+        #[serde(default)]
+        pub hostnames: Vec<String>,
+    }
+);
+route_kind!(TCPRouteSpec, "TCPRoute", {
     #[serde(flatten)]
     pub l4: L4RouteSpec,
-}
-
-#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default)]
-#[kube(
-    group = "gateway.networking.k8s.io",
-    version = "v1",
-    kind = "UDPRoute",
-    namespaced,
-    status = "RouteStatus",
-    schema = "disabled"
-)]
-#[serde(rename_all = "camelCase")]
-pub struct UDPRouteSpec {
+});
+route_kind!(UDPRouteSpec, "UDPRoute", {
     #[serde(flatten)]
     pub l4: L4RouteSpec,
-}
+});
 
 /// Read as v1beta1, the version every v1.x release's standard channel serves (v1.6 serves
 /// v1 beside it, stored as v1beta1): older CRDs keep working.

@@ -231,22 +231,9 @@ impl K8sMetadata {
         instances: impl Fn() -> Vec<Arc<Instance>>,
     ) {
         ready.await;
-        let mut changes = self.changes.subscribe();
-        let mut tick = tokio::time::interval(CHECK);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                r = changes.changed() => {
-                    if r.is_err() {
-                        return;
-                    }
-                    tokio::time::sleep(SETTLE).await;
-                    changes.mark_unchanged();
-                }
-                _ = tick.tick() => {}
-            }
-            self.pass(&instances()).await;
-        }
+        let (me, instances) = (&self, &instances);
+        let pass = move || async move { me.pass(&instances()).await };
+        crate::k8s::passes::run_passes(self.changes.subscribe(), SETTLE, CHECK, pass).await;
     }
 
     /// What every loxilb should know now; `None` while the pods are being listed (a pass

@@ -120,6 +120,44 @@ pub async fn install_shipped_crds(client: &kube::Client, file: &str) {
     }
 }
 
+/// `kubectl` of the control plane's Kubernetes release, as its admin, with `args`; fails the
+/// test with kubectl's error output when it fails. Its standard output.
+pub fn kubectl_as_admin(
+    cp: &ControlPlane,
+    args: impl IntoIterator<Item = impl AsRef<std::ffi::OsStr>>,
+) -> String {
+    let out = std::process::Command::new(cp.k8s_bin_dir().join("kubectl"))
+        .arg("--kubeconfig")
+        .arg(cp.kubeconfig_path())
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// `kubectl apply --validate=strict -f path` as the control plane's admin: manifests applied as
+/// an operator would, with strict validation.
+pub fn kubectl_apply_strict(cp: &ControlPlane, path: &std::path::Path) {
+    use std::ffi::OsStr;
+    let flags = ["apply", "--validate=strict", "-f"].map(OsStr::new);
+    kubectl_as_admin(cp, flags.into_iter().chain([path.as_os_str()]));
+}
+
+/// A kubeconfig at `cp.dir()/file` with a fresh token of the shipped `kube-system/loxi-ccm`
+/// ServiceAccount (`deploy/` applied before): the binary or a client then runs with exactly
+/// the shipped RBAC.
+pub fn shipped_service_account_kubeconfig(cp: &ControlPlane, file: &str) -> std::path::PathBuf {
+    let token = kubectl_as_admin(cp, ["-n", "kube-system", "create", "token", "loxi-ccm"]);
+    let kubeconfig = cp.dir().join(file);
+    cp.write_kubeconfig(&kubeconfig, token.trim()).unwrap();
+    kubeconfig
+}
+
 /// Deletes the CRDs `names` (with every resource of their kinds) and waits until they are
 /// gone.
 pub async fn delete_crds(client: &kube::Client, names: &[&str]) {

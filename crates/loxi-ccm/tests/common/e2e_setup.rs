@@ -114,52 +114,20 @@ pub async fn reqwest_get(url: &str) -> String {
 /// `kubectl apply -f deploy/` (CRDs established) and a kubeconfig with a token of the
 /// shipped ServiceAccount: the binary then runs with exactly the shipped RBAC.
 pub async fn apply_shipped_manifests(cp: &testenv::ControlPlane) -> std::path::PathBuf {
-    let kubectl = cp.k8s_bin_dir().join("kubectl");
-    let admin_kc = cp.kubeconfig_path();
     let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy");
-    for args in [
-        // As an operator would, with strict validation.
-        vec![
-            "apply".to_string(),
-            "--validate=strict".into(),
-            "-f".into(),
-            deploy.display().to_string(),
+    // As an operator would, with strict validation.
+    crate::common::kubectl_apply_strict(cp, &deploy);
+    crate::common::kubectl_as_admin(
+        cp,
+        [
+            "wait",
+            "--for=condition=established",
+            "--timeout=60s",
+            "crd/addressclaims.ipam.loxilb.io",
+            "crd/addresspools.ipam.loxilb.io",
         ],
-        vec![
-            "wait".into(),
-            "--for=condition=established".into(),
-            "--timeout=60s".into(),
-            "crd/addressclaims.ipam.loxilb.io".into(),
-            "crd/addresspools.ipam.loxilb.io".into(),
-        ],
-    ] {
-        let out = Command::new(&kubectl)
-            .arg("--kubeconfig")
-            .arg(&admin_kc)
-            .args(&args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let out = Command::new(&kubectl)
-        .arg("--kubeconfig")
-        .arg(&admin_kc)
-        .args(["-n", "kube-system", "create", "token", "loxi-ccm"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
     );
-    let token = String::from_utf8(out.stdout).unwrap().trim().to_string();
-    let sa_kc = cp.dir().join("sa.kubeconfig");
-    cp.write_kubeconfig(&sa_kc, &token).unwrap();
-    sa_kc
+    crate::common::shipped_service_account_kubeconfig(cp, "sa.kubeconfig")
 }
 
 /// A control plane with the shipped manifests, one Ready Node and a simulator: what the
@@ -187,6 +155,27 @@ pub async fn add_node(admin: &kube::Client, name: &str, ip: &str) {
     crate::common::nodes::add_node(&Api::all(admin.clone()), name, ip).await;
 }
 
+/// `loxi-ccm run` of this build as the Pod `name` (its Lease identity), with the kubeconfig
+/// `sa_kc` and `flags`; its output in `<name>.log` of the control plane's directory.
+pub fn spawn_named(
+    cp: &testenv::ControlPlane,
+    sa_kc: &Path,
+    name: &str,
+    flags: &[&str],
+) -> KillOnDrop {
+    KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_loxi-ccm"))
+            .env("POD_NAME", name)
+            .args(["run", "--kubeconfig"])
+            .arg(sa_kc)
+            .args(flags)
+            .stdout(std::fs::File::create(cp.dir().join(format!("{name}.log"))).unwrap())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+}
+
 /// One replica of the binary with leader election (6 s Lease) and the drift check out of the
 /// way, so that every loxilb write a test sees comes from a Service's own pass.
 pub fn start_replica(
@@ -196,29 +185,19 @@ pub fn start_replica(
     name: &str,
 ) -> (KillOnDrop, u16) {
     let port = testenv::free_port().unwrap();
-    let child = KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_loxi-ccm"))
-            .env("POD_NAME", name)
-            .args(["run", "--kubeconfig"])
-            .arg(sa_kc)
-            .args([
-                "--loxilb-url",
-                &sim.url(),
-                "--external-cidr",
-                "198.51.100.0/24",
-                "--admin-addr",
-                &format!("127.0.0.1:{port}"),
-                "--leader-elect-lease-duration",
-                "6s",
-                "--drift-interval",
-                "10m",
-            ])
-            .stdout(std::fs::File::create(cp.dir().join(format!("{name}.log"))).unwrap())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    (child, port)
+    let flags = [
+        "--loxilb-url",
+        &sim.url(),
+        "--external-cidr",
+        "198.51.100.0/24",
+        "--admin-addr",
+        &format!("127.0.0.1:{port}"),
+        "--leader-elect-lease-duration",
+        "6s",
+        "--drift-interval",
+        "10m",
+    ];
+    (spawn_named(cp, sa_kc, name, &flags), port)
 }
 
 pub async fn role(port: u16) -> String {

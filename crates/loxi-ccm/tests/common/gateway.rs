@@ -3,7 +3,7 @@
 //! the Gateway API.
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{Api, ApiResource, DynamicObject, PostParams};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, PostParams};
 use serde_json::{Value, json};
 use testenv::gateway_api::Channel;
 
@@ -108,6 +108,43 @@ pub fn slice(
         })).collect::<Vec<_>>()
     }))
     .unwrap()
+}
+
+/// Creates in `ns` the EndpointSlice [`slice`] describes.
+pub async fn create_slice(
+    w: &World,
+    ns: &str,
+    name: &str,
+    svc: &str,
+    port: (&str, i32, &str),
+    eps: &[(&str, bool)],
+) {
+    Api::<EndpointSlice>::namespaced(w.client.clone(), ns)
+        .create(&PostParams::default(), &slice(name, svc, port, eps))
+        .await
+        .unwrap();
+}
+
+/// Deletes the Gateway `gw` of `ns` and waits until it is gone (its finalizer released).
+pub async fn delete_gateway(w: &World, ns: &str) {
+    api(w, Some(ns), "Gateway")
+        .delete("gw", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("Gateway gone", WAIT, || async {
+        get(w, Some(ns), "Gateway", "gw")
+            .await
+            .is_none()
+            .then_some(())
+    })
+    .await;
+}
+
+/// Deletes the GatewayClass `name`, if it is there (a test's last clean-up).
+pub async fn delete_gateway_class(w: &World, name: &str) {
+    let _ = api(w, None, "GatewayClass")
+        .delete(name, &DeleteParams::default())
+        .await;
 }
 
 pub async fn backend_service(w: &World, name: &str, port: (&str, i32, &str)) {

@@ -10,6 +10,7 @@ pub mod gateway;
 pub mod hold;
 pub mod load;
 pub mod nodes;
+pub mod pods;
 pub mod proxy;
 pub mod services;
 pub mod wait;
@@ -18,7 +19,8 @@ pub mod wait;
 #[allow(unused_imports)]
 pub use cluster::{
     control_plane, delete_crds, host_address, host_address_v6, install_crd, install_crds,
-    install_gateway_api_crds, install_shipped_crds, serial, store_in_etcd, test_namespace,
+    install_gateway_api_crds, install_shipped_crds, kubectl_apply_strict, kubectl_as_admin, serial,
+    shipped_service_account_kubeconfig, store_in_etcd, test_namespace,
 };
 #[allow(unused_imports)]
 pub use services::{COND_ADDRESS, COND_PROGRAMMED, annotated, node_ports};
@@ -76,6 +78,26 @@ impl Default for Options {
             discovery: false,
         }
     }
+}
+
+/// A simulator that speaks BGP (goBGP's API beside loxilb's).
+pub fn bgp_sim() -> SimConfig {
+    SimConfig {
+        bgp: true,
+        ..SimConfig::default()
+    }
+}
+
+/// The controller's flags for HA roles on every Node and BGP (AS 65100) with one external
+/// peer, 192.0.2.250 (AS 65001): a restarted loxilb then gets a role, BGP and rules back.
+pub fn roles_and_bgp_args() -> Vec<String> {
+    [
+        "--set-roles=0.0.0.0",
+        "--bgp-local-as=65100",
+        "--bgp-peers=192.0.2.250:65001",
+    ]
+    .map(String::from)
+    .to_vec()
 }
 
 /// A controller running as its own process ([`World::spawn_process`]), killed (SIGKILL) when
