@@ -181,7 +181,7 @@ async fn two_processes_without_leader_election_never_duplicate() {
             &format!("127.0.0.1:{}", testenv::free_port().unwrap()),
             "--leader-elect=false",
         ];
-        spawn_named(&cp, &sa_kc, name, &flags)
+        spawn_named(&cp, &sa_kc, name, flags)
     };
     let replicas = [start("racer-a"), start("racer-b")];
     let services: Api<Service> = Api::namespaced(admin.clone(), "default");

@@ -22,17 +22,8 @@ async fn leader_failover_between_two_processes() {
 
     let start = |name: &str| {
         let port = testenv::free_port().unwrap();
-        let flags = [
-            "--loxilb-url",
-            &sim.url(),
-            "--external-cidr",
-            "198.51.100.0/24",
-            "--admin-addr",
-            &format!("127.0.0.1:{port}"),
-            "--leader-elect-lease-duration",
-            "6s",
-        ];
-        (spawn_named(&cp, &sa_kc, name, &flags), port)
+        let flags = replica_flags(&sim, port);
+        (spawn_named(&cp, &sa_kc, name, flags), port)
     };
     let mut replicas = vec![start("replica-a"), start("replica-b")];
     let leader = wait_for("a leader", || async {

@@ -8,8 +8,8 @@
 mod common;
 
 use common::gateway::{
-    CONTROLLER, backend_service, cond, create, create_slice, delete_gateway, delete_gateway_class,
-    gateway_options, gateway_world, get, pair, programmed_address, resource, route_verdict,
+    CONTROLLER, backend, cond, create, delete_gateway, delete_gateway_class, gateway_options,
+    gateway_world, get, pair, programmed_address, resource, route_verdict,
 };
 use common::{Options, WAIT, wait_for};
 use k8s_openapi::api::core::v1::Namespace;
@@ -36,30 +36,14 @@ async fn gateway_with_tcp_and_udp_routes_from_two_namespaces() {
         .await;
 
     // Backends in the Gateway's namespace: ClusterIP Services with their EndpointSlices.
-    backend_service(&w, "tcp-backend", ("tcp", 9000, "TCP")).await;
-    backend_service(&w, "udp-backend", ("dns", 53, "UDP")).await;
-    create_slice(
-        &w,
-        &ns,
-        "tcp-backend-1",
-        "tcp-backend",
-        ("tcp", 8080, "TCP"),
-        &[
-            ("10.244.0.1", true),
-            ("10.244.0.2", true),
-            ("10.244.0.3", false),
-        ],
-    )
-    .await;
-    create_slice(
-        &w,
-        &ns,
-        "udp-backend-1",
-        "udp-backend",
-        ("dns", 5353, "UDP"),
-        &[("10.244.1.1", true)],
-    )
-    .await;
+    let tcp_eps = [
+        ("10.244.0.1", true),
+        ("10.244.0.2", true),
+        ("10.244.0.3", false),
+    ];
+    backend(&w, "tcp-backend", ("tcp", 9000, "TCP"), 8080, &tcp_eps).await;
+    let udp_eps = [("10.244.1.1", true)];
+    backend(&w, "udp-backend", ("dns", 53, "UDP"), 5353, &udp_eps).await;
     let slices: Api<EndpointSlice> = Api::namespaced(w.client.clone(), &ns);
 
     let class = format!("loxilb-{}", std::process::id());
@@ -354,16 +338,8 @@ async fn the_shipped_rbac_serves_a_gateway_on_the_experimental_channel() {
     w.controller = Some(w.spawn_controller_with(sa_client, &opts));
 
     let ns = w.ns.clone();
-    backend_service(&w, "echo", ("tcp", 7000, "TCP")).await;
-    create_slice(
-        &w,
-        &ns,
-        "echo-1",
-        "echo",
-        ("tcp", 7007, "TCP"),
-        &[("10.244.2.1", true)],
-    )
-    .await;
+    let echo_eps = [("10.244.2.1", true)];
+    backend(&w, "echo", ("tcp", 7000, "TCP"), 7007, &echo_eps).await;
     let class = format!("loxilb-rbac-{}", std::process::id());
     create(
         &w,

@@ -21,6 +21,8 @@
 //! Ignored by `cargo test` (needs root, Debian packages and the node binaries, which
 //! `cargo xtask realnode` installs and builds before running it with `--ignored`).
 
+mod common;
+
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -71,18 +73,7 @@ fn http_get(addr: &str, path: &str) -> Option<String> {
 }
 
 fn kubectl(cp: &ControlPlane, args: &[&str]) -> String {
-    let out = Command::new(cp.k8s_bin_dir().join("kubectl"))
-        .arg("--kubeconfig")
-        .arg(cp.kubeconfig_path())
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "kubectl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).to_string()
+    common::kubectl_as_admin(cp, args)
 }
 
 /// Prints how long each phase took (the tier's timings in docs/testing.md come from here).

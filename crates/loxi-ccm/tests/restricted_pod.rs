@@ -9,8 +9,9 @@
 //! A copy of the Deployment without its security settings, in the same namespace, shows that
 //! the namespace really refuses such Pods (so the test can fail).
 
+mod common;
+
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
@@ -78,19 +79,7 @@ async fn shipped_deployment_is_admitted_in_a_restricted_namespace() {
         .await
         .unwrap();
 
-    let kubectl = cp.k8s_bin_dir().join("kubectl");
-    let out = Command::new(&kubectl)
-        .arg("--kubeconfig")
-        .arg(cp.kubeconfig_path())
-        .args(["apply", "--validate=strict", "-f"])
-        .arg(deploy_dir())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "kubectl apply -f deploy/: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::kubectl_apply_strict(&cp, &deploy_dir());
 
     // The control: the same Deployment stripped of its security settings is refused.
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);

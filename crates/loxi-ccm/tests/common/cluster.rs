@@ -126,18 +126,16 @@ pub fn kubectl_as_admin(
     cp: &ControlPlane,
     args: impl IntoIterator<Item = impl AsRef<std::ffi::OsStr>>,
 ) -> String {
+    let args: Vec<std::ffi::OsString> = args.into_iter().map(|a| a.as_ref().into()).collect();
     let out = std::process::Command::new(cp.k8s_bin_dir().join("kubectl"))
         .arg("--kubeconfig")
         .arg(cp.kubeconfig_path())
-        .args(args)
+        .args(&args)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "kubectl {args:?}: {stderr}");
+    String::from_utf8_lossy(&out.stdout).to_string()
 }
 
 /// `kubectl apply --validate=strict -f path` as the control plane's admin: manifests applied as

@@ -161,7 +161,7 @@ pub fn spawn_named(
     cp: &testenv::ControlPlane,
     sa_kc: &Path,
     name: &str,
-    flags: &[&str],
+    flags: impl IntoIterator<Item = impl AsRef<std::ffi::OsStr>>,
 ) -> KillOnDrop {
     KillOnDrop(
         Command::new(env!("CARGO_BIN_EXE_loxi-ccm"))
@@ -176,6 +176,17 @@ pub fn spawn_named(
     )
 }
 
+/// The flags of a replica with leader election (6 s Lease) on `sim`, the pool
+/// 198.51.100.0/24 and the admin server on `port`.
+pub fn replica_flags(sim: &Simulator, port: u16) -> Vec<String> {
+    vec![
+        format!("--loxilb-url={}", sim.url()),
+        "--external-cidr=198.51.100.0/24".into(),
+        format!("--admin-addr=127.0.0.1:{port}"),
+        "--leader-elect-lease-duration=6s".into(),
+    ]
+}
+
 /// One replica of the binary with leader election (6 s Lease) and the drift check out of the
 /// way, so that every loxilb write a test sees comes from a Service's own pass.
 pub fn start_replica(
@@ -185,19 +196,9 @@ pub fn start_replica(
     name: &str,
 ) -> (KillOnDrop, u16) {
     let port = testenv::free_port().unwrap();
-    let flags = [
-        "--loxilb-url",
-        &sim.url(),
-        "--external-cidr",
-        "198.51.100.0/24",
-        "--admin-addr",
-        &format!("127.0.0.1:{port}"),
-        "--leader-elect-lease-duration",
-        "6s",
-        "--drift-interval",
-        "10m",
-    ];
-    (spawn_named(cp, sa_kc, name, &flags), port)
+    let mut flags = replica_flags(sim, port);
+    flags.push("--drift-interval=10m".into());
+    (spawn_named(cp, sa_kc, name, flags), port)
 }
 
 pub async fn role(port: u16) -> String {

@@ -159,6 +159,20 @@ pub async fn backend_service(w: &World, name: &str, port: (&str, i32, &str)) {
         .unwrap();
 }
 
+/// A backend in the world's namespace: the Service `name` on `port` and its EndpointSlice
+/// `<name>-1` of `eps` on the port `target`.
+pub async fn backend(
+    w: &World,
+    name: &str,
+    port: (&str, i32, &str),
+    target: i32,
+    eps: &[(&str, bool)],
+) {
+    backend_service(w, name, port).await;
+    let slice_name = format!("{name}-1");
+    create_slice(w, &w.ns, &slice_name, name, (port.0, target, port.2), eps).await;
+}
+
 /// The Gateway's address once it shows one and is Programmed with both listeners counted.
 pub async fn programmed_address(w: &World, tcp_routes: i64, udp_routes: i64) -> String {
     wait_for("the Gateway programmed", WAIT, || async {

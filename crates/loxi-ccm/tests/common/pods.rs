@@ -1,7 +1,7 @@
 //! Pods as the tests make them: no kubelet runs, so a pod's status (Running, its IP) is
 //! written as a kubelet would write it.
 
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ServiceAccount};
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
 
@@ -25,27 +25,12 @@ pub async fn default_service_account(w: &World) {
 /// write it.
 pub async fn running_pod(w: &World, name: &str, labels: &[(&str, &str)], ip: &str) {
     let pods: Api<Pod> = Api::namespaced(w.client.clone(), &w.ns);
-    let p = Pod {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            labels: Some(
-                labels
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-            ),
-            ..ObjectMeta::default()
-        },
-        spec: Some(PodSpec {
-            containers: vec![Container {
-                name: "c".into(),
-                image: Some("example.invalid/none".into()),
-                ..Container::default()
-            }],
-            ..PodSpec::default()
-        }),
-        ..Pod::default()
-    };
+    let labels: std::collections::BTreeMap<&str, &str> = labels.iter().copied().collect();
+    let p: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"containers": [{"name": "c", "image": "example.invalid/none"}]}
+    }))
+    .unwrap();
     pods.create(&PostParams::default(), &p).await.unwrap();
     let status = json!({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}});
     pods.patch_status(name, &PatchParams::default(), &Patch::Merge(status))
