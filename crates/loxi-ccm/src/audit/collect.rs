@@ -155,16 +155,7 @@ pub async fn snapshot(client: &kube::Client, cfg: &Config) -> anyhow::Result<Sna
     Ok(Snapshot {
         cluster,
         selection: Selection::new(&cfg.class, cfg.ccm_mode, cfg.controller.clone()),
-        settings: Settings {
-            defaults: cfg.defaults,
-            enforce_source_ranges: cfg.enforce_source_ranges,
-            source_ranges_firewall: cfg.source_ranges_firewall,
-            namespace: cfg.namespace.clone(),
-            advertise: cfg.bgp.is_some(),
-            zone: cfg.zone.clone(),
-            zone_instances: cfg.zone_instances,
-            private_ip: cfg.private_ip,
-        },
+        settings: Settings::of(cfg),
         services,
         nodes: nodes.iter().map(node_view).collect(),
         endpoint_slices,

@@ -45,6 +45,23 @@ pub struct Settings {
     pub private_ip: Option<std::net::IpAddr>,
 }
 
+impl Settings {
+    /// The settings a configuration gives (the controller's, and the auditor's reading the
+    /// same flags).
+    pub fn of(cfg: &crate::config::Config) -> Settings {
+        Settings {
+            defaults: cfg.defaults,
+            enforce_source_ranges: cfg.enforce_source_ranges,
+            source_ranges_firewall: cfg.source_ranges_firewall,
+            namespace: cfg.namespace.clone(),
+            advertise: cfg.bgp.is_some(),
+            zone: cfg.zone.clone(),
+            zone_instances: cfg.zone_instances,
+            private_ip: cfg.private_ip,
+        }
+    }
+}
+
 impl Default for Settings {
     /// The flags' defaults: one group, `llb`, with one HA instance.
     fn default() -> Settings {
