@@ -164,6 +164,7 @@ pub async fn snapshot(client: &kube::Client, cfg: &Config) -> anyhow::Result<Sna
             zone: cfg.zone.clone(),
             zone_instances: cfg.zone_instances,
             private_ip: cfg.private_ip,
+            shared_rules: cfg.append_endpoints,
         },
         services,
         nodes: nodes.iter().map(node_view).collect(),

@@ -236,6 +236,7 @@ pub async fn run(
             zone: cfg.zone.clone(),
             zone_instances: cfg.zone_instances,
             private_ip: cfg.private_ip,
+            shared_rules: cfg.append_endpoints,
         },
         selection,
         kube: client,
