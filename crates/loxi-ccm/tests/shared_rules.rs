@@ -229,9 +229,10 @@ impl OtherCluster {
     fn start_controller(&mut self) {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let admin = std::net::SocketAddr::from(([127, 0, 0, 1], self.admin_port));
-        let run = loxi_ccm::runtime::run(self.client.clone(), self.cfg.clone(), Some(admin), async {
-            let _ = stopped.await;
-        });
+        let run =
+            loxi_ccm::runtime::run(self.client.clone(), self.cfg.clone(), Some(admin), async {
+                let _ = stopped.await;
+            });
         self.controller = Some((stop, tokio::spawn(run)));
     }
 
@@ -267,9 +268,13 @@ async fn wait_shared(w: &World, what: &str, want: &[String]) {
 /// reconcile: its pass has seen what loxilb holds.
 async fn wait_reconciled(admin_port: u16) {
     wait_for("a reconcile of the restarted controller", WAIT, || async {
-        World::metric_sum(admin_port, "loxi_ccm_reconciles_total", &["result=\"success\""])
-            .await
-            .filter(|n| *n >= 1.0)
+        World::metric_sum(
+            admin_port,
+            "loxi_ccm_reconciles_total",
+            &["result=\"success\""],
+        )
+        .await
+        .filter(|n| *n >= 1.0)
     })
     .await;
 }
@@ -290,7 +295,11 @@ async fn restarts_of_either_controller_never_cost_the_others_endpoints() {
     let mut b = OtherCluster::start(&w).await;
     common::nodes::add_node(&b.nodes, "node-b", "10.0.2.1").await;
     common::nodes::add_node(&b.nodes, "node-b2", "10.0.2.2").await;
-    let b_svc = b.services.create(&PostParams::default(), &web()).await.unwrap();
+    let b_svc = b
+        .services
+        .create(&PostParams::default(), &web())
+        .await
+        .unwrap();
     let b_port = node_ports(&b_svc)[0];
     b.start_controller();
     let a = |ip: &str| format!("{ip}:{a_port}");
@@ -358,7 +367,10 @@ async fn restarts_of_either_controller_never_cost_the_others_endpoints() {
         vec![Kind::Rules],
         "{findings}"
     );
-    assert!(findings.violations[0].detail.contains("10.0.1.2"), "{findings}");
+    assert!(
+        findings.violations[0].detail.contains("10.0.1.2"),
+        "{findings}"
+    );
     assert!(b.audit().await.clean());
 
     // A's Service is deleted while A is down (its finalizer holds it). A comes back,
@@ -493,7 +505,11 @@ async fn attaches_that_create_rules_obey_loxilbs_capacity() {
         })
         .await;
     }
-    assert_eq!(w.sim.rule_posts(), posts, "a held-back attach was sent again");
+    assert_eq!(
+        w.sim.rule_posts(),
+        posts,
+        "a held-back attach was sent again"
+    );
     assert_eq!(w.sim.rules().len(), 2);
 
     // Room frees: the waiting Service is woken and programmed.

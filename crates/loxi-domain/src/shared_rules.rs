@@ -271,7 +271,10 @@ mod tests {
 
     #[test]
     fn a_restarted_controller_recognises_only_what_it_wants() {
-        let want = vec![rule(80, "ccm-a", &["10.0.0.1", "10.0.0.2"]), rule(81, "ccm-a", &["10.0.0.1"])];
+        let want = vec![
+            rule(80, "ccm-a", &["10.0.0.1", "10.0.0.2"]),
+            rule(81, "ccm-a", &["10.0.0.1"]),
+        ];
         // loxilb holds one of ours and someone else's on port 80, nothing on 81.
         let have = rule(80, "other", &["10.0.0.1", "10.9.9.9"]);
         let found = recognised(&want, |k| (k.port == 80).then_some(&have));

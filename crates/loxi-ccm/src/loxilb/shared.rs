@@ -26,8 +26,8 @@ use loxi_domain::{Endpoint, Rule, RuleKey, RuleName};
 use loxilb_client::ClientError;
 use loxilb_client::convert::to_entry;
 
-use super::rules::Holdings;
 use super::limits::limit_of;
+use super::rules::Holdings;
 use super::{ApplyReport, Blocked, Instance, Requeue, RuleOwner, ServiceRules, is_transport};
 use crate::metrics::Metrics;
 
@@ -206,9 +206,7 @@ impl Instance {
         report: &mut ApplyReport,
         metrics: &Metrics,
     ) -> (Vec<SharedAction>, usize) {
-        let creates = |a: &SharedAction| {
-            matches!(a, SharedAction::Attach(r) if h.rules.get(&r.key).is_none())
-        };
+        let creates = |a: &SharedAction| matches!(a, SharedAction::Attach(r) if h.rules.get(&r.key).is_none());
         let mut new: Vec<Rule> = actions
             .iter()
             .filter(|a| creates(a))
