@@ -154,7 +154,7 @@ impl Instance {
         for (_, action, _) in &outcomes {
             h.in_flight.remove(&action.rule().key);
         }
-        let result = self.record_shared(&mut h, outcomes, report, metrics);
+        let result = self.record_shared(&mut h, outcomes, report, metrics).await;
         // Registered under the same lock that frees room, so a wake-up is never missed.
         match (&result, requeue) {
             (Ok(report), Some(tx)) if !report.blocked.is_empty() => {
@@ -268,7 +268,7 @@ impl Instance {
             )
             .await;
         h.reserved -= reserved;
-        self.record_shared(h, outcomes, report, metrics)
+        self.record_shared(h, outcomes, report, metrics).await
     }
 
     /// The writes one by one, in order (attaches before detaches). Stops at the first
@@ -330,8 +330,9 @@ impl Instance {
 
     /// Records the writes in the table and in what was attached, and in `report`. An
     /// attach loxilb refused for a limit is held back like our own rules
-    /// (`Blocked`): not sent again unchanged until room frees.
-    fn record_shared(
+    /// (`Blocked`): not sent again unchanged until room frees. Fails only when a listing
+    /// needed to learn loxilb's real capacity fails.
+    async fn record_shared(
         &self,
         h: &mut Holdings,
         outcomes: Vec<Outcome>,
@@ -361,8 +362,9 @@ impl Instance {
                     (Some(limit), SharedAction::Attach(rule)) => {
                         let why = match limit {
                             super::limits::Limit::Capacity => {
-                                // Our count was off (rules added by someone else): what we
-                                // list is what loxilb can hold.
+                                // Our count was off (rules added by someone else): learn the
+                                // real size from what loxilb holds, as for our own rules.
+                                self.refresh(h, metrics).await?;
                                 let size = h.held();
                                 h.learned_capacity = Some(size);
                                 Blocked::Capacity {
