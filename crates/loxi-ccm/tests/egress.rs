@@ -436,3 +436,135 @@ async fn a_source_named_twice_stays_with_the_older_egress() {
     .await;
     w.finish().await;
 }
+
+/// `kubectl` against the test control plane as its admin; panics on a failure.
+fn kubectl(args: &[&str]) -> String {
+    let cp = common::control_plane();
+    let out = std::process::Command::new(cp.k8s_bin_dir().join("kubectl"))
+        .arg("--kubeconfig")
+        .arg(cp.kubeconfig_path())
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The shipped RBAC (deploy/ and deploy/optional/egress.yaml, as `kubectl apply` takes them;
+/// rendered from the chart) is all the Egress controller needs: with the shipped
+/// ServiceAccount's token it programs an Egress, follows pods in and out of its selector,
+/// writes its status and finalizer, and cleans up; and the ServiceAccount may do no more
+/// with Egresses and Pods than that.
+#[tokio::test]
+async fn the_shipped_rbac_is_all_the_egress_controller_needs() {
+    let opts = Options {
+        leader_elect: false,
+        ..options()
+    };
+    let mut w = World::with("egress-rbac", opts.clone()).await;
+    with_crd(&w).await;
+    let deploy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy");
+    for file in [deploy.clone(), deploy.join("optional/egress.yaml")] {
+        kubectl(&["apply", "--validate=strict", "-f", file.to_str().unwrap()]);
+    }
+    // Least privilege: Egresses are read and patched (finalizer, status), never created,
+    // replaced or deleted; Pods only listed and watched.
+    let sa = "system:serviceaccount:kube-system:loxi-ccm";
+    let can = |verb: &str, resource: &str| {
+        let cp = common::control_plane();
+        let out = std::process::Command::new(cp.k8s_bin_dir().join("kubectl"))
+            .arg("--kubeconfig")
+            .arg(cp.kubeconfig_path())
+            .args(["auth", "can-i", verb, resource, "--as", sa, "-n", &w.ns])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim() == "yes"
+    };
+    for (verb, resource) in [
+        ("list", "egresses.egress.loxilb.io"),
+        ("watch", "egresses.egress.loxilb.io"),
+        ("patch", "egresses.egress.loxilb.io"),
+        ("patch", "egresses.egress.loxilb.io/status"),
+        ("list", "pods"),
+        ("watch", "pods"),
+    ] {
+        assert!(
+            can(verb, resource),
+            "the ServiceAccount may not {verb} {resource}"
+        );
+    }
+    for (verb, resource) in [
+        ("create", "egresses.egress.loxilb.io"),
+        ("update", "egresses.egress.loxilb.io"),
+        ("delete", "egresses.egress.loxilb.io"),
+        ("get", "pods"),
+        ("patch", "pods"),
+        ("delete", "pods"),
+    ] {
+        assert!(
+            !can(verb, resource),
+            "the ServiceAccount may {verb} {resource}"
+        );
+    }
+
+    // The controller with the ServiceAccount's token.
+    let token = kubectl(&["-n", "kube-system", "create", "token", "loxi-ccm"]);
+    let cp = common::control_plane();
+    let sa_kc = cp.dir().join("egress-sa.kubeconfig");
+    cp.write_kubeconfig(&sa_kc, token.trim()).unwrap();
+    let sa_client = cp.client_for_kubeconfig(&sa_kc).await.unwrap();
+    w.stop_controller().await;
+    w.controller = Some(w.spawn_controller_with(sa_client, &opts));
+
+    pod(&w, "p1", &[("what", "egress-rbac")], "10.244.3.5").await;
+    pod(&w, "p2", &[("what", "other")], "10.244.3.6").await;
+    egresses(&w)
+        .create(
+            &PostParams::default(),
+            &egress(
+                "eg",
+                &["10.42.3.2"],
+                "172.18.3.254",
+                &[("what", "egress-rbac")],
+            ),
+        )
+        .await
+        .unwrap();
+    wait_sources(&w, "172.18.3.254", &["10.244.3.5/32", "10.42.3.2/32"]).await;
+    let (n, _, reason, _) = wait_for("Egress status written", WAIT, || async {
+        programmed(&w, "eg").await.filter(|p| p.1 == "True")
+    })
+    .await;
+    assert_eq!((n.as_str(), reason.as_str()), ("1/1", "Programmed"));
+    let e = egresses(&w).get("eg").await.unwrap();
+    assert!(
+        e.metadata
+            .finalizers
+            .unwrap_or_default()
+            .contains(&loxi_ccm::egress::FINALIZER.to_string())
+    );
+    // Pods in and out of the selector.
+    label(&w, "p2", json!({"what": "egress-rbac"})).await;
+    label(&w, "p1", json!({"what": null})).await;
+    wait_sources(&w, "172.18.3.254", &["10.244.3.6/32", "10.42.3.2/32"]).await;
+    // Deleted: its rules go, then its finalizer, then the Egress.
+    egresses(&w)
+        .delete("eg", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_sources(&w, "172.18.3.254", &[]).await;
+    wait_for("Egress gone", WAIT, || async {
+        egresses(&w)
+            .get_opt("eg")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    w.finish().await;
+}

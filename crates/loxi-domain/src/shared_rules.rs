@@ -6,7 +6,9 @@
 //! So a controller never deletes a shared rule outright, never replaces its endpoint list,
 //! and compares only its own endpoints with what loxilb holds: endpoints it did not attach
 //! are someone else's and are never looked at. What it attached is what it remembers
-//! (`ours`); only those are ever detached.
+//! (`ours`); only those are ever detached. A controller that restarted remembers nothing:
+//! it recognises as its own the endpoints it wants that loxilb holds on the keys it wants
+//! ([`recognised`]), so it can detach them later, and never anything else.
 
 use std::collections::BTreeMap;
 
@@ -93,6 +95,54 @@ pub fn diff_shared<'a>(
     }
     attaches.extend(detaches);
     attaches
+}
+
+/// The endpoints of `desired` (one Service's rules) that loxilb holds on their keys: ours,
+/// whoever attached them, since loxilb keeps one entry per target (address and port). A
+/// restarted controller learns back what it attached from these; an endpoint it wants no
+/// longer is not among them (docs/configuration.md#shared-rules).
+pub fn recognised<'a>(
+    desired: &[Rule],
+    observed: impl Fn(&RuleKey) -> Option<&'a Rule>,
+) -> BTreeMap<RuleKey, Vec<Endpoint>> {
+    let mut out = BTreeMap::new();
+    for want in desired {
+        let Some(have) = observed(&want.key) else {
+            continue;
+        };
+        let held: Vec<Endpoint> = want
+            .endpoints
+            .iter()
+            .filter(|e| have.endpoints.iter().any(|h| same_target(h, e)))
+            .copied()
+            .collect();
+        if !held.is_empty() {
+            out.insert(want.key, held);
+        }
+    }
+    out
+}
+
+/// `found` added to `ours` (an endpoint known already keeps one entry).
+pub fn join(ours: &mut BTreeMap<RuleKey, Vec<Endpoint>>, found: BTreeMap<RuleKey, Vec<Endpoint>>) {
+    for (key, endpoints) in found {
+        let mine = ours.entry(key).or_default();
+        for e in endpoints {
+            mine.retain(|m| !same_target(m, &e));
+            mine.push(e);
+        }
+        mine.sort();
+    }
+}
+
+/// Our endpoints of `want` that loxilb's rule `have` lacks or holds with another weight: what
+/// an attach would send, and what the audit reports. Endpoints of others are not looked at.
+pub fn lacking(want: &Rule, have: Option<&Rule>) -> Vec<Endpoint> {
+    want.endpoints
+        .iter()
+        .filter(|e| have.is_none_or(|h| !h.endpoints.contains(e)))
+        .copied()
+        .collect()
 }
 
 /// What loxilb holds on the key after `action` was applied to `have` (`None`: the rule is
@@ -217,6 +267,43 @@ mod tests {
         assert_eq!(gone.name, "other", "the rule as loxilb holds it");
         // The rule is gone already: nothing to do.
         assert!(diff_shared(&[], |_| None, &mine).is_empty());
+    }
+
+    #[test]
+    fn a_restarted_controller_recognises_only_what_it_wants() {
+        let want = vec![
+            rule(80, "ccm-a", &["10.0.0.1", "10.0.0.2"]),
+            rule(81, "ccm-a", &["10.0.0.1"]),
+        ];
+        // loxilb holds one of ours and someone else's on port 80, nothing on 81.
+        let have = rule(80, "other", &["10.0.0.1", "10.9.9.9"]);
+        let found = recognised(&want, |k| (k.port == 80).then_some(&have));
+        assert_eq!(found, ours(&[(80, &["10.0.0.1"])]));
+        // Joined with what is remembered: one entry per target.
+        let mut mine = ours(&[(80, &["10.0.0.1", "10.0.0.3"])]);
+        join(&mut mine, found);
+        assert_eq!(mine, ours(&[(80, &["10.0.0.1", "10.0.0.3"])]));
+        // Once recognised, a target the Service drops is detached, the other's never.
+        let now = vec![rule(80, "ccm-a", &["10.0.0.2"])];
+        let actions = diff_shared(&now, |_| Some(&have), &mine);
+        assert_eq!(
+            actions,
+            vec![
+                SharedAction::Attach(now[0].clone()),
+                SharedAction::Detach(rule(80, "ccm-a", &["10.0.0.1"])),
+            ]
+        );
+    }
+
+    #[test]
+    fn lacking_counts_weights_and_ignores_others() {
+        let want = rule(80, "ccm-a", &["10.0.0.1", "10.0.0.2"]);
+        let have = rule(80, "other", &["10.0.0.1", "10.9.9.9"]);
+        assert_eq!(lacking(&want, Some(&have)), vec![ep("10.0.0.2")]);
+        assert_eq!(lacking(&want, None).len(), 2);
+        let mut heavier = have.clone();
+        heavier.endpoints[0].weight = 3;
+        assert_eq!(lacking(&want, Some(&heavier)).len(), 2);
     }
 
     #[test]

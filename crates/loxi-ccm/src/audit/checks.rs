@@ -19,6 +19,7 @@ use loxi_domain::{Action, ClusterId, NodeView, Rule, RuleKey, RuleName, diff_rul
 
 mod egress;
 mod firewall;
+mod shared;
 
 use crate::ipam::claims::{AddressClaim, ClaimedBy};
 use crate::k8s::view::{SERVICE_NAME_LABEL, Selection, endpoint_views, published_addresses};
@@ -246,10 +247,17 @@ pub fn audit(s: &Snapshot) -> Findings {
     check_pools(s, &view, &mut f);
     let desired = desired_rules(s, &view, &mut f);
     let (desired, desired_fw) = firewall::split_desired(s, desired);
-    check_rules(s, &view, &desired, &mut f);
+    if s.settings.shared_rules {
+        // Rules shared with other controllers: only our endpoints are compared.
+        shared::check(s, &view, &desired, &mut f);
+    } else {
+        check_rules(s, &view, &desired, &mut f);
+    }
     firewall::check(s, &view, &desired, &desired_fw, &mut f);
     egress::check(s, &mut f);
-    check_orphans(s, &view, &mut f);
+    if !s.settings.shared_rules {
+        check_orphans(s, &view, &mut f);
+    }
     check_advertisements(s, &mut f);
     check_masters(s, &mut f);
     f

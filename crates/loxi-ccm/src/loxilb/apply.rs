@@ -286,7 +286,7 @@ impl Instance {
     ) -> Result<ApplyReport, ClientError> {
         if self.appends_endpoints() {
             return self
-                .apply_service_shared(namespace, name, desired, metrics)
+                .apply_service_shared(namespace, name, desired, metrics, requeue)
                 .await;
         }
         let in_scope = |rule: &Rule| {

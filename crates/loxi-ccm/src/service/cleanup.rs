@@ -115,7 +115,7 @@ async fn remove_rules(svc: &Service, ctx: &Context) -> Result<(), ReconcileError
         })
         .collect();
     let mut removed = 0;
-    for (inst, result) in remove_everywhere(ctx, &owner).await {
+    for (inst, result) in remove_everywhere(ctx, svc).await {
         match result {
             Ok(r) => removed += r.changes,
             Err(e) => {
@@ -160,21 +160,37 @@ async fn remove_rules(svc: &Service, ctx: &Context) -> Result<(), ReconcileError
     Ok(())
 }
 
-/// The rules of `owner` off every reachable loxilb, all at once (as a Service's pass
-/// programs them), with what each answered.
+/// The rules of `svc` off every reachable loxilb, all at once (as a Service's pass
+/// programs them), with what each answered. With `--appendEPs` its endpoints are detached,
+/// those of the rules it would have now recognised as its own first: a controller that
+/// restarted since they were attached knows them only so (`Instance::recall_shared`).
 pub async fn remove_everywhere(
     ctx: &Context,
-    owner: &crate::loxilb::RuleOwner,
+    svc: &Service,
 ) -> Vec<(
     std::sync::Arc<crate::loxilb::Instance>,
     Result<crate::loxilb::ApplyReport, loxilb_client::ClientError>,
 )> {
+    let owner = &rule_owner(svc);
+    let would_have = if ctx.settings.shared_rules
+        && let super::plan::Desired::Rules(plan) = super::plan::desired(svc, ctx)
+    {
+        plan.rules
+    } else {
+        Vec::new()
+    };
     let instances = ctx.fleet.instances();
     let calls = instances
         .iter()
         .filter(|i| i.is_healthy())
-        .map(|inst| async move {
+        .map(|inst| async {
             let (cluster, metrics) = (&ctx.cluster, &ctx.report.metrics);
+            if let Err(e) = inst
+                .recall_shared(&owner.namespace, &owner.name, &would_have, metrics)
+                .await
+            {
+                return (inst.clone(), Err(e));
+            }
             let result = if ctx.settings.source_ranges_firewall {
                 inst.remove_service_and_firewall(cluster, &owner.namespace, &owner.name, metrics)
                     .await

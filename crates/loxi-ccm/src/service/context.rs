@@ -43,6 +43,9 @@ pub struct Settings {
     pub zone_instances: u16,
     /// `--privateCIDR`: the `privateIP` of the rules (`loxi_domain::private_address`).
     pub private_ip: Option<std::net::IpAddr>,
+    /// `--appendEPs`: rules shared with other controllers, our endpoints attached and
+    /// detached (`crate::loxilb::Instance::recall_shared`, docs/configuration.md#shared-rules).
+    pub shared_rules: bool,
 }
 
 impl Settings {
@@ -58,6 +61,7 @@ impl Settings {
             zone: cfg.zone.clone(),
             zone_instances: cfg.zone_instances,
             private_ip: cfg.private_ip,
+            shared_rules: cfg.append_endpoints,
         }
     }
 }
@@ -74,6 +78,7 @@ impl Default for Settings {
             zone: loxi_domain::roles::DEFAULT_ZONE.to_string(),
             zone_instances: 1,
             private_ip: None,
+            shared_rules: false,
         }
     }
 }

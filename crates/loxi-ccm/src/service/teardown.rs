@@ -75,7 +75,7 @@ fn wants_early_removal(ctx: &Context, svc: &Service) -> bool {
 async fn remove_now(ctx: &Context, svc: &Service) {
     let owner = rule_owner(svc);
     let mut removed = 0;
-    for (inst, result) in super::cleanup::remove_everywhere(ctx, &owner).await {
+    for (inst, result) in super::cleanup::remove_everywhere(ctx, svc).await {
         match result {
             Ok(r) => removed += r.changes,
             Err(e) => {
