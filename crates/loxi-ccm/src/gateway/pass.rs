@@ -383,6 +383,7 @@ impl Pass {
                         &listeners_eps,
                         self.settings.style,
                     );
+                    self.h.decided.set(&ns, &name, &rules);
                     (held.addresses.clone(), self.apply(&ns, &name, &rules).await)
                 }
                 Err(EnsureError::Problem(p)) => {
@@ -635,6 +636,7 @@ impl Pass {
         if !self.remove_rules(&ns, &name).await {
             return;
         }
+        self.h.decided.forget(&ns, &name);
         if let Err(e) = self.h.ipam.release_gateway(&ns, &name).await {
             warn!(gateway = %format!("{ns}/{name}"), error = %e, "could not release the Gateway's address");
             return;
@@ -691,8 +693,11 @@ impl Pass {
                     continue;
                 }
             }
-            if self.remove_rules(&o.namespace, &o.name).await
-                && let Err(e) = self.h.ipam.release_gateway(&o.namespace, &o.name).await
+            if !self.remove_rules(&o.namespace, &o.name).await {
+                continue;
+            }
+            self.h.decided.forget(&o.namespace, &o.name);
+            if let Err(e) = self.h.ipam.release_gateway(&o.namespace, &o.name).await
             {
                 warn!(gateway = %o.key(), error = %e, "could not release a gone Gateway's address");
             }

@@ -300,6 +300,18 @@ pub async fn run(
         Some((metadata, _)) => k8s_metadata::with_replay(metadata.clone(), replay),
         None => replay,
     };
+    // The Gateways' rules go with every loxilb's replay too (--gatewayAPI).
+    let gateway_decided = cfg.gateway_class.as_ref().map(|_| {
+        crate::gateway::Decided::new(
+            crate::gateway::rule_owner(&ctx.cluster),
+            cfg.zone.clone(),
+            ctx.report.metrics.clone(),
+        )
+    });
+    let replay: fleet::workers::Replay = match &gateway_decided {
+        Some(decided) => crate::gateway::with_replay(decided.clone(), replay),
+        None => replay,
+    };
     let _fleet = fleet.start(replay);
 
     // Everything below ends with this function (dropping the set aborts its tasks): a
@@ -407,7 +419,7 @@ pub async fn run(
         cfg.zone.clone(),
     ));
     tasks.spawn(watches::replans(ctx.clone(), fleet.replans()));
-    if let Some(class) = &cfg.gateway_class {
+    if let (Some(class), Some(decided)) = (&cfg.gateway_class, gateway_decided) {
         tasks.spawn(crate::gateway::run(
             crate::gateway::Settings {
                 controller_name: class.clone(),
@@ -426,6 +438,7 @@ pub async fn run(
                 cluster: ctx.cluster.clone(),
                 metrics: ctx.report.metrics.clone(),
                 recorder: ctx.report.recorder.clone(),
+                decided,
             },
         ));
     }
