@@ -8,7 +8,7 @@ mod common;
 use common::gateway::{
     CONTROLLER, backend_service, cond, create, gateway_options, gateway_world, get, pair, slice,
 };
-use common::{Options, WAIT, host_address, wait_for};
+use common::{Options, WAIT, World, host_address, wait_for};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, PostParams};
 use loxilb_sim::{SimConfig, Simulator};
@@ -44,11 +44,13 @@ async fn a_wiped_or_joining_loxilb_gets_the_gateway_rules_from_its_replay() {
     let b = Simulator::start((host, 0).into(), SimConfig::default())
         .await
         .unwrap();
+    let admin_port = testenv::free_port().unwrap();
     let opts = Options {
         // The Gateway controller's resync is the drift interval: far beyond the waits below,
         // so only the replay can bring the rules back.
         drift: "1h",
         discovery: true,
+        admin_port: Some(admin_port),
         ..gateway_options()
     };
     let w = gateway_world("gwreplay", Channel::Standard, opts).await;
@@ -126,16 +128,32 @@ async fn a_wiped_or_joining_loxilb_gets_the_gateway_rules_from_its_replay() {
     // a restarts with its rules wiped: its worker's replay puts the Gateway's rule back.
     a.restart();
     assert!(rules_on(&a, &ip).is_empty(), "the restart wiped the rule");
-    wait_for("the Gateway's rule back on a after its restart", WAIT, || async {
-        (rules_on(&a, &ip) == want).then_some(())
-    })
+    wait_for(
+        "the Gateway's rule back on a after its restart",
+        WAIT,
+        || async { (rules_on(&a, &ip) == want).then_some(()) },
+    )
     .await;
 
-    // b joins the group (its loxilb Pod turns ready): programmed with the Gateway's rule
-    // by its replay before it serves.
+    // b joins the group: its loxilb Pod turns ready while its API does not answer yet (the
+    // EndpointSlice's change, which the Gateway controller also watches, passes while b
+    // cannot take rules), then b answers: its replay programs it with the Gateway's rule
+    // before it serves, with no change in the cluster to start a Gateway pass.
     assert!(rules_on(&b, &ip).is_empty());
+    b.go_down().await;
     w.set_loxilb_slice(svc, "loxilb-b", &host, b.addr().port(), true)
         .await;
+    let b_down = format!("instance=\"{}\"", b.url());
+    wait_for("b found and seen down", WAIT, || async {
+        let text = World::metrics_text(admin_port).await?;
+        text.lines()
+            .any(|l| {
+                l.starts_with("loxi_ccm_loxilb_up{") && l.contains(&b_down) && l.ends_with(" 0")
+            })
+            .then_some(())
+    })
+    .await;
+    b.come_up().await.unwrap();
     wait_for("the Gateway's rule on the joining b", WAIT, || async {
         (rules_on(&b, &ip) == want).then_some(())
     })

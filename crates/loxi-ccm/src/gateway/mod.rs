@@ -4,6 +4,9 @@
 //! - `types`: the Gateway API kinds read, as minimal typed views of the upstream CRDs.
 //! - `attach`: which routes attach to which listeners and what their backends resolve to
 //!   (pure, the spec's rules and reasons).
+//! - `plan`: what one Gateway should be from the objects read (pure): the attachments, the
+//!   listeners' endpoints and rules; the pass carries it out, `loxi-ccm audit` checks
+//!   against it.
 //! - `rules`: a Gateway's loxilb rules from its addresses and listeners' endpoints (pure).
 //! - `status`: the conditions and route parent entries (pure).
 //! - `controller`: the watches and the loop; `pass`: one pass over every Gateway of ours,
@@ -22,6 +25,7 @@
 pub mod attach;
 mod controller;
 mod pass;
+pub mod plan;
 pub mod replay;
 pub mod rules;
 pub mod status;
