@@ -24,6 +24,8 @@
 
 pub mod attach;
 mod controller;
+pub mod http;
+mod ingress;
 mod pass;
 pub mod plan;
 pub mod replay;

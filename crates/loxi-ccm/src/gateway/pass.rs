@@ -3,13 +3,15 @@
 //! that are gone. Decisions come from `plan`, `rules` and `status`; this file gathers
 //! their inputs and carries out what they decide.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 
+use futures::FutureExt;
 use k8s_openapi::api::core::v1::{
     LoadBalancerIngress, LoadBalancerStatus, ObjectReference, Service, ServiceSpec, ServiceStatus,
 };
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::Ingress;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
@@ -20,6 +22,8 @@ use serde_json::{Value, json};
 use tracing::{debug, info, warn};
 
 use super::attach::{GrantIn, ListenerVerdict, RouteKind};
+use super::http::{self, CertificateProblem};
+use super::ingress;
 use super::plan::{self, Route, Services};
 use super::rules::gateway_rules;
 use super::status::{
@@ -96,6 +100,7 @@ impl Pass {
         let services = self.backend_services(&routes);
         let mut entries: HashMap<(RouteKind, String, String), Vec<Value>> = HashMap::new();
         let mut live: HashSet<(String, String)> = HashSet::new();
+        let mut ingresses: BTreeMap<(String, String), Ingress> = BTreeMap::new();
         for gw in self.stores.gateways.state() {
             let ns = gw.namespace().unwrap_or_default();
             let name = gw.name_any();
@@ -109,6 +114,16 @@ impl Pass {
             live.insert((ns.clone(), name.clone()));
             self.gateway(&gw, &routes, &grants, &services, &mut entries)
                 .await;
+            self.http(&gw, &routes, &grants, &services, &mut ingresses)
+                .await;
+        }
+        // Ingresses of routes no Gateway wants are removed: only once the HTTPRoutes were
+        // listed (a route missing from an unlisted store is not gone).
+        if matches!(
+            self.stores.http_routes.wait_until_ready().now_or_never(),
+            Some(Ok(()))
+        ) {
+            ingress::sync(&self.h.kube, &ingresses).await;
         }
         for route in &routes {
             let key = (route.kind, route.namespace.clone(), route.name.clone());
@@ -248,8 +263,7 @@ impl Pass {
                 Ok(held) => {
                     let slices = self.stores.slices.state();
                     let slices: Vec<&EndpointSlice> = slices.iter().map(|s| &**s).collect();
-                    let listeners_eps =
-                        plan::endpoints(&gw.spec.listeners, &planned, services, &slices);
+                    let listeners_eps = plan::endpoints(gw, &planned, services, &slices);
                     let rules = gateway_rules(
                         &self.owner,
                         &ns,
@@ -309,6 +323,7 @@ impl Pass {
             ),
             Programmed::No { reason, message } => condition("Programmed", false, reason, message),
         };
+        let certificates = self.certificates(gw, verdicts, grants).await;
         self.write_gateway_status(
             gw,
             &addresses,
@@ -316,8 +331,109 @@ impl Pass {
             verdicts,
             attached,
             is_programmed,
+            &certificates,
         )
         .await;
+    }
+
+    /// Each HTTPS listener's Secrets, or why they do not resolve (`None`: not HTTPS).
+    async fn certificates(
+        &self,
+        gw: &Gateway,
+        verdicts: &[ListenerVerdict],
+        grants: &[GrantIn],
+    ) -> Vec<Option<Result<Vec<(String, String)>, CertificateProblem>>> {
+        let ns = gw.namespace().unwrap_or_default();
+        let https = |i: usize| gw.spec.listeners[i].protocol == "HTTPS" && verdicts[i].usable();
+        let wanted: BTreeSet<(String, String)> = (0..gw.spec.listeners.len())
+            .filter(|&i| https(i))
+            .flat_map(|i| gw.spec.listeners[i].tls.iter())
+            .flat_map(|t| &t.certificate_refs)
+            .map(|r| {
+                (
+                    r.namespace.clone().unwrap_or_else(|| ns.clone()),
+                    r.name.clone(),
+                )
+            })
+            .collect();
+        let existing = ingress::existing_secrets(&self.h.kube, &wanted).await;
+        (0..gw.spec.listeners.len())
+            .map(|i| {
+                https(i).then(|| {
+                    http::certificates(&gw.spec.listeners[i], &ns, grants, |n, m| {
+                        existing.contains(&(n.to_string(), m.to_string()))
+                    })
+                })
+            })
+            .collect()
+    }
+
+    /// The Gateway's ingress Service and its HTTPRoutes' Ingresses (added to `ingresses`,
+    /// written after every Gateway was passed over).
+    async fn http(
+        &self,
+        gw: &Gateway,
+        routes: &[Route],
+        grants: &[GrantIn],
+        services: &Services,
+        ingresses: &mut BTreeMap<(String, String), Ingress>,
+    ) {
+        let ns = gw.namespace().unwrap_or_default();
+        let name = gw.name_any();
+        let namespace_labels = |n: &str| self.h.ipam.pools().namespace_labels(n);
+        let inputs = plan::Inputs {
+            routes,
+            grants,
+            services,
+            namespace_labels: &namespace_labels,
+        };
+        let planned = plan::plan(gw, &inputs);
+        let http_listeners: Vec<usize> = (0..planned.verdicts.len())
+            .filter(|&i| {
+                planned.verdicts[i].usable()
+                    && planned.verdicts[i].protocol_kind == Some(RouteKind::Http)
+            })
+            .collect();
+        let addresses = self.h.ipam.gateway_addresses(&ns, &name);
+        match http::ingress_service(gw, &http_listeners, addresses.first().copied()) {
+            Some(svc) => ingress::apply_service(&self.h.kube, &svc, &addresses).await,
+            None => {
+                let key = ObjectRef::new(&http::ingress_service_name(&name)).within(&ns);
+                if self.stores.services.get(&key).is_some() {
+                    ingress::delete_service(&self.h.kube, &ns, &name).await;
+                }
+            }
+        }
+        let certificates = self.certificates(gw, &planned.verdicts, grants).await;
+        let mut per_route: BTreeMap<usize, Vec<http::IngressListener>> = BTreeMap::new();
+        for &l in &http_listeners {
+            let secrets = match &certificates[l] {
+                Some(Ok(s)) => s.clone(),
+                _ => Vec::new(),
+            };
+            for &r in &planned.attached_routes[l] {
+                per_route.entry(r).or_default().push(http::IngressListener {
+                    hostname: gw.spec.listeners[l].hostname.clone(),
+                    secrets: secrets.clone(),
+                });
+            }
+        }
+        for (r, listeners) in per_route {
+            let route = &routes[r];
+            let Some(ing) =
+                http::ingress(route, &listeners, services, &self.settings.controller_name)
+            else {
+                continue;
+            };
+            let key = (route.namespace.clone(), route.name.clone());
+            match ingresses.get_mut(&key) {
+                // A route on several Gateways: one Ingress with all their hosts.
+                Some(have) => http::merge(have, ing),
+                None => {
+                    ingresses.insert(key, ing);
+                }
+            }
+        }
     }
 
     /// Puts `rules` (exactly) on every loxilb of the group that serves.
@@ -376,6 +492,7 @@ impl Pass {
         verdicts: &[ListenerVerdict],
         attached: &[i64],
         programmed: bool,
+        certificates: &[Option<Result<Vec<(String, String)>, CertificateProblem>>],
     ) {
         let old = gw.status.clone().unwrap_or_default();
         let generation = gw.meta().generation;
@@ -386,8 +503,12 @@ impl Pass {
             .iter()
             .zip(verdicts)
             .zip(attached)
-            .map(|((l, v), n)| {
+            .zip(certificates)
+            .map(|(((l, v), n), certs)| {
                 let mut c = listener_conditions(v, programmed);
+                if let Some(Err(p)) = certs {
+                    http::unresolved_certificates(&mut c, p);
+                }
                 let have = old
                     .listeners
                     .iter()
@@ -460,7 +581,9 @@ impl Pass {
     async fn clean_up(&self, gw: &Gateway) {
         let ns = gw.namespace().unwrap_or_default();
         let name = gw.name_any();
-        if !self.remove_rules(&ns, &name).await {
+        if !self.remove_rules(&ns, &name).await
+            || !ingress::delete_service(&self.h.kube, &ns, &name).await
+        {
             return;
         }
         self.h.decided.forget(&ns, &name);

@@ -235,22 +235,53 @@ pub fn plan(gw: &Gateway, inputs: &Inputs<'_>) -> GatewayPlan {
     }
 }
 
-/// The ready endpoints of each usable listener's backends (loxilb-programmed listeners
-/// only), of the backend's port, from `slices`.
+/// The ready endpoints of each usable listener (one entry per port and protocol): a TCP or
+/// UDP listener's are its backends' (of the backend's port); an HTTP or HTTPS listener's are
+/// the loxilb-ingress pods behind the Gateway's ingress Service (`http`), of its port.
 pub fn endpoints(
-    listeners: &[Listener],
+    gw: &Gateway,
     plan: &GatewayPlan,
     services: &Services,
     slices: &[&EndpointSlice],
 ) -> Vec<ListenerEndpoints> {
-    listeners
+    let ready = |ns: &str, service: &str, port_name: &str, out: &mut Vec<(IpAddr, u16)>| {
+        let of_service = slices.iter().copied().filter(|s| {
+            s.namespace().as_deref() == Some(ns)
+                && s.labels()
+                    .get("kubernetes.io/service-name")
+                    .map(String::as_str)
+                    == Some(service)
+        });
+        for view in endpoint_views(of_service, |_, _| BTreeMap::new()) {
+            if !view.ready {
+                continue;
+            }
+            if let Some(p) = view.ports.iter().find(|p| p.name == port_name) {
+                out.push((view.ip, p.port));
+            }
+        }
+    };
+    let ns = gw.namespace().unwrap_or_default();
+    let ingress_service = ingress_service_name(&gw.name_any());
+    let mut out: Vec<ListenerEndpoints> = Vec::new();
+    for ((l, v), bs) in gw
+        .spec
+        .listeners
         .iter()
         .zip(&plan.verdicts)
         .zip(&plan.backends)
-        .filter_map(|((l, v), bs)| {
-            let kind = v.protocol_kind.filter(|k| k.programmed_on_loxilb())?;
-            let port = u16::try_from(l.port).ok().filter(|_| v.usable())?;
-            let mut endpoints = Vec::new();
+    {
+        let Some(kind) = v.protocol_kind.filter(|k| k.programmed_on_loxilb()) else {
+            continue;
+        };
+        let Some(port) = u16::try_from(l.port).ok().filter(|_| v.usable()) else {
+            continue;
+        };
+        let mut endpoints = Vec::new();
+        if kind == RouteKind::Http {
+            let name = port_name(&l.protocol, l.port);
+            ready(&ns, &ingress_service, &name, &mut endpoints);
+        } else {
             for b in bs.iter().filter(|b| b.weight > 0) {
                 let Some(Some(svc)) = services.get(&(b.namespace.clone(), b.name.clone())) else {
                     continue;
@@ -258,26 +289,33 @@ pub fn endpoints(
                 let Some(port_name) = service_port_name(svc, b.port) else {
                     continue;
                 };
-                let of_service = slices.iter().copied().filter(|s| {
-                    s.namespace().as_deref() == Some(b.namespace.as_str())
-                        && s.labels().get("kubernetes.io/service-name") == Some(&b.name)
-                });
-                for view in endpoint_views(of_service, |_, _| BTreeMap::new()) {
-                    if !view.ready {
-                        continue;
-                    }
-                    if let Some(p) = view.ports.iter().find(|p| p.name == port_name) {
-                        endpoints.push((view.ip, p.port));
-                    }
-                }
+                ready(&b.namespace, &b.name, &port_name, &mut endpoints);
             }
-            Some(ListenerEndpoints {
+        }
+        // HTTP listeners sharing a port by hostname are one rule.
+        match out
+            .iter_mut()
+            .find(|e| e.port == port && e.protocol == kind.protocol())
+        {
+            Some(e) => e.endpoints.extend(endpoints),
+            None => out.push(ListenerEndpoints {
                 port,
                 protocol: kind.protocol(),
                 endpoints,
-            })
-        })
-        .collect()
+            }),
+        }
+    }
+    out
+}
+
+/// The name of a Gateway's ingress Service (kube-loxilb's, `http`).
+pub fn ingress_service_name(gateway: &str) -> String {
+    format!("{gateway}-ingress-service")
+}
+
+/// The ingress Service's port name for a listener port (its EndpointSlices carry it).
+pub fn port_name(protocol: &str, port: i32) -> String {
+    format!("{}-{port}", protocol.to_ascii_lowercase())
 }
 
 /// The rules the Gateway should have on `addresses` (its claim's): the whole decision, for
@@ -291,7 +329,7 @@ pub fn desired_rules(
     style: RuleStyle,
 ) -> Vec<Rule> {
     let plan = plan(gw, inputs);
-    let listeners = endpoints(&gw.spec.listeners, &plan, inputs.services, slices);
+    let listeners = endpoints(gw, &plan, inputs.services, slices);
     gateway_rules(
         owner,
         &gw.namespace().unwrap_or_default(),
