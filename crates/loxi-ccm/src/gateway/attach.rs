@@ -744,13 +744,14 @@ mod tests {
             };
             attach("gw", &ls, &v, &r, &parent)
         };
+        // The HTTPS listener (no hostname) takes HTTPRoutes too.
         assert_eq!(
             at(&names(&["a.example.com"]), None),
-            Attachment::Accepted(vec![0])
+            Attachment::Accepted(vec![0, 6])
         );
         assert_eq!(
             at(&names(&["b.example.org", "a.example.com"]), None),
-            Attachment::Accepted(vec![0, 1])
+            Attachment::Accepted(vec![0, 1, 6])
         );
         // No hostname on the route: every HTTP listener it names that allows it.
         assert_eq!(at(&[], Some("wild")), Attachment::Accepted(vec![1]));
