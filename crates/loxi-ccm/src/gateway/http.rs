@@ -101,6 +101,10 @@ pub fn ingress_service(gw: &Gateway, http: &[usize], address: Option<IpAddr>) ->
     })
 }
 
+/// An HTTPS listener's Secrets (namespace, name) or why they do not resolve; `None`: not
+/// an HTTPS listener.
+pub type ListenerCertificates = Option<Result<Vec<(String, String)>, CertificateProblem>>;
+
 /// Why a listener's certificate references do not resolve (its `ResolvedRefs=False`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CertificateProblem {
@@ -439,7 +443,7 @@ mod tests {
             from: vec![(GROUP.into(), "Gateway".into(), "gw".into())],
             to: vec![(String::new(), "Secret".into(), None)],
         };
-        assert!(certificates(&other, "gw", &[grant.clone()], exists).is_ok());
+        assert!(certificates(&other, "gw", std::slice::from_ref(&grant), exists).is_ok());
         // A grant for HTTPRoutes is not one for Gateways.
         let wrong = GrantIn {
             from: vec![(GROUP.into(), "HTTPRoute".into(), "gw".into())],

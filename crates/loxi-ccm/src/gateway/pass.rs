@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 use tracing::{debug, info, warn};
 
 use super::attach::{GrantIn, ListenerVerdict, RouteKind};
-use super::http::{self, CertificateProblem};
+use super::http::{self, ListenerCertificates};
 use super::ingress;
 use super::plan::{self, Route, Services};
 use super::rules::gateway_rules;
@@ -61,6 +61,15 @@ pub(super) struct Pass {
     h: Handles,
     stores: Stores,
     owner: ClusterId,
+}
+
+/// What each listener of a Gateway reports.
+struct ListenersOutcome<'a> {
+    verdicts: &'a [ListenerVerdict],
+    attached: &'a [i64],
+    certificates: &'a [ListenerCertificates],
+    /// The Gateway's rules are on every loxilb of the group.
+    programmed: bool,
 }
 
 /// What became of one Gateway's rules.
@@ -324,16 +333,14 @@ impl Pass {
             Programmed::No { reason, message } => condition("Programmed", false, reason, message),
         };
         let certificates = self.certificates(gw, verdicts, grants).await;
-        self.write_gateway_status(
-            gw,
-            &addresses,
-            vec![accepted, programmed],
+        let outcome = ListenersOutcome {
             verdicts,
             attached,
-            is_programmed,
-            &certificates,
-        )
-        .await;
+            certificates: &certificates,
+            programmed: is_programmed,
+        };
+        self.write_gateway_status(gw, &addresses, vec![accepted, programmed], &outcome)
+            .await;
     }
 
     /// Each HTTPS listener's Secrets, or why they do not resolve (`None`: not HTTPS).
@@ -342,7 +349,7 @@ impl Pass {
         gw: &Gateway,
         verdicts: &[ListenerVerdict],
         grants: &[GrantIn],
-    ) -> Vec<Option<Result<Vec<(String, String)>, CertificateProblem>>> {
+    ) -> Vec<ListenerCertificates> {
         let ns = gw.namespace().unwrap_or_default();
         let https = |i: usize| gw.spec.listeners[i].protocol == "HTTPS" && verdicts[i].usable();
         let wanted: BTreeSet<(String, String)> = (0..gw.spec.listeners.len())
@@ -489,11 +496,14 @@ impl Pass {
         gw: &Gateway,
         addresses: &[IpAddr],
         mut conditions: Vec<Condition>,
-        verdicts: &[ListenerVerdict],
-        attached: &[i64],
-        programmed: bool,
-        certificates: &[Option<Result<Vec<(String, String)>, CertificateProblem>>],
+        outcome: &ListenersOutcome<'_>,
     ) {
+        let ListenersOutcome {
+            verdicts,
+            attached,
+            certificates,
+            programmed,
+        } = *outcome;
         let old = gw.status.clone().unwrap_or_default();
         let generation = gw.meta().generation;
         stamp_all(&mut conditions, &old.conditions, generation, &now());
