@@ -520,8 +520,8 @@ async fn the_shipped_rbac_is_all_the_egress_controller_needs() {
     w.stop_controller().await;
     w.controller = Some(w.spawn_controller_with(sa_client, &opts));
 
-    pod(&w, "p1", &[("what", "egress-rbac")], "10.244.3.5").await;
-    pod(&w, "p2", &[("what", "other")], "10.244.3.6").await;
+    running_pod(&w, "p1", &[("what", "egress-rbac")], "10.244.3.5").await;
+    running_pod(&w, "p2", &[("what", "other")], "10.244.3.6").await;
     egresses(&w)
         .create(
             &PostParams::default(),

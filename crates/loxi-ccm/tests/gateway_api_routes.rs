@@ -170,8 +170,8 @@ async fn http_routes_attach_by_namespace_and_hostname() {
         )
         .await;
     }
-    // One route attached; the listener takes HTTPRoutes, is accepted, and says its HTTP
-    // traffic is not on loxilb (docs/gateway-api.md#http).
+    // One route attached; the listener takes HTTPRoutes, is accepted, and is programmed
+    // (its traffic goes to loxilb-ingress: docs/gateway-api.md#http).
     let l = wait_for("the listener counts one route", WAIT, || async {
         let l = listener_status(&w, "gw", "web").await?;
         (l["attachedRoutes"] == 1).then_some(l)
@@ -182,10 +182,11 @@ async fn http_routes_attach_by_namespace_and_hostname() {
         cond(&l["conditions"], "Accepted"),
         Some(pair("True", "Accepted"))
     );
-    assert_eq!(
-        cond(&l["conditions"], "Programmed"),
-        Some(pair("False", "Pending"))
-    );
+    wait_for("the HTTP listener programmed", WAIT, || async {
+        let l = listener_status(&w, "gw", "web").await?;
+        (cond(&l["conditions"], "Programmed")? == pair("True", "Programmed")).then_some(())
+    })
+    .await;
     // The denied namespace gains the label: its route attaches, the count follows.
     let namespaces: Api<Namespace> = Api::all(w.client.clone());
     namespaces

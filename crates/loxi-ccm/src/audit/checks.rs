@@ -19,7 +19,10 @@ use loxi_domain::{Action, ClusterId, NodeView, Rule, RuleKey, RuleName, diff_rul
 
 mod egress;
 mod firewall;
+mod gateway;
 mod shared;
+
+pub use gateway::GatewaySnapshot;
 
 use crate::ipam::claims::{AddressClaim, ClaimedBy};
 use crate::k8s::view::{SERVICE_NAME_LABEL, Selection, endpoint_views, published_addresses};
@@ -77,6 +80,9 @@ pub struct Snapshot {
     /// `--egress`: every Egress with the addresses of the pods it selects now; `None`: off,
     /// or the Egress kind not served (nothing checked).
     pub egresses: Option<Vec<loxi_domain::egress::EgressInput>>,
+    /// `--gatewayAPI`: the Gateway API objects; `None`: off, or its CRDs not served
+    /// (Gateways not checked).
+    pub gateways: Option<GatewaySnapshot>,
 }
 
 /// The kinds of violation, each with a stable name (the report's first word after
@@ -255,6 +261,7 @@ pub fn audit(s: &Snapshot) -> Findings {
     }
     firewall::check(s, &view, &desired, &desired_fw, &mut f);
     egress::check(s, &mut f);
+    gateway::check(s, &view, &mut f);
     if !s.settings.shared_rules {
         check_orphans(s, &view, &mut f);
     }
@@ -426,7 +433,7 @@ fn check_sharing(v: &View<'_>, f: &mut Findings) {
 /// No claim without an owner and without a reservation: every owner entry with a uid names
 /// a Service that exists with that uid (an entry without uid is a reservation or a retained
 /// address, held for its namespace/name on purpose). A Gateway's entry (role `gateway`) is
-/// not looked for among Services: Gateways are not audited yet (docs/gateway-api.md).
+/// not looked for among Services: the Gateway checks judge it (`gateway`).
 fn check_claim_owners(v: &View<'_>, f: &mut Findings) {
     for c in &v.claims {
         let owners = c.owners();
@@ -1132,6 +1139,7 @@ mod tests {
             instances: Vec::new(),
             roles: None,
             egresses: None,
+            gateways: None,
         };
         // A loxilb holding exactly the planned rules: a converged cluster.
         let rules = planned(&s);

@@ -10,14 +10,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ListParams};
 use loxi_domain::pools::{merge_pools, validate_pool};
 use loxilb_client::LoxilbClient;
 use loxilb_client::convert::from_entry;
 
-use super::checks::{InstanceSnapshot, Snapshot};
+use super::checks::{GatewaySnapshot, InstanceSnapshot, Snapshot};
 use crate::config::Config;
 use crate::egress::crds::Egress;
 use crate::ipam::address_pools::{AddressPool, cidrpool_spec, to_spec, with_cidrpools};
@@ -144,6 +144,10 @@ pub async fn snapshot(client: &kube::Client, cfg: &Config) -> anyhow::Result<Sna
     } else {
         None
     };
+    let gateways = match &cfg.gateway_class {
+        Some(controller_name) => gateway_snapshot(client, controller_name).await?,
+        None => None,
+    };
     // Every loxilb of the fleet: --loxilb-url, discovered, LoxiURL resources.
     let loxilbs = crate::config::sources::loxilbs(client, cfg).await?;
     let mut instances = Vec::new();
@@ -165,7 +169,67 @@ pub async fn snapshot(client: &kube::Client, cfg: &Config) -> anyhow::Result<Sna
         instances,
         roles: cfg.roles.clone(),
         egresses,
+        gateways,
     })
+}
+
+/// Every object of `K` in the cluster; `None` when its kind is not served (a CRD not
+/// installed).
+async fn list_all<K>(client: &kube::Client) -> anyhow::Result<Option<Vec<K>>>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    match Api::<K>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+    {
+        Ok(list) => Ok(Some(list.items)),
+        Err(e) if crate::k8s::served::not_installed(&e) => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("listing {}", K::kind(&Default::default()))),
+    }
+}
+
+/// With `--gatewayAPI`: the Gateway API objects, every Service and EndpointSlice (backends
+/// of any namespace) and the Namespaces' labels; `None` when the Gateway kind is not served.
+/// A route kind that is not served counts as none of it.
+async fn gateway_snapshot(
+    client: &kube::Client,
+    controller_name: &str,
+) -> anyhow::Result<Option<GatewaySnapshot>> {
+    use crate::gateway::types::{
+        Gateway, GatewayClass, HTTPRoute, ReferenceGrant, TCPRoute, UDPRoute,
+    };
+    let Some(gateways) = list_all::<Gateway>(client).await? else {
+        return Ok(None);
+    };
+    let namespaces = Api::<Namespace>::all(client.clone())
+        .list_metadata(&ListParams::default())
+        .await
+        .context("listing Namespaces")?
+        .items;
+    Ok(Some(GatewaySnapshot {
+        controller_name: controller_name.to_string(),
+        classes: list_all::<GatewayClass>(client).await?.unwrap_or_default(),
+        gateways,
+        tcp_routes: list_all::<TCPRoute>(client).await?.unwrap_or_default(),
+        udp_routes: list_all::<UDPRoute>(client).await?.unwrap_or_default(),
+        http_routes: list_all::<HTTPRoute>(client).await?.unwrap_or_default(),
+        grants: list_all::<ReferenceGrant>(client)
+            .await?
+            .unwrap_or_default(),
+        services: list_all::<Service>(client).await?.unwrap_or_default(),
+        endpoint_slices: list_all::<EndpointSlice>(client).await?.unwrap_or_default(),
+        namespace_labels: namespaces
+            .into_iter()
+            .map(|n| {
+                (
+                    n.metadata.name.unwrap_or_default(),
+                    n.metadata.labels.unwrap_or_default(),
+                )
+            })
+            .collect(),
+    }))
 }
 
 /// One loxilb: its rules (read back into the domain model) and, with BGP, its advertisement

@@ -10,6 +10,9 @@
 //! - no claim listing a live Service that shows another address and not the claim's;
 //! - no Service with our finalizer showing an address no claim backs for it;
 //! - no address outside every pool unless an owner asked for it by name (or reserved it);
+//! - with `--gatewayAPI`, each Gateway of ours has its claim and its listeners' rules on
+//!   every listed loxilb of the group with current endpoints (`gateway::plan`), and no
+//!   Gateway rule or claim outlives its Gateway;
 //! - with BGP, advertisement counts matching the rules, where loxilb exposes them (only the
 //!   simulator does).
 //!

@@ -19,8 +19,8 @@ use super::types::GROUP;
 pub enum RouteKind {
     Tcp,
     Udp,
-    /// HTTPRoute: attached and reported; its traffic is not programmed on loxilb yet
-    /// (docs/gateway-api.md#http).
+    /// HTTPRoute, on HTTP and HTTPS listeners: each attached route becomes an Ingress for
+    /// loxilb-ingress, the listener a rule to its pods (`http`, docs/gateway-api.md#http).
     Http,
 }
 
@@ -50,10 +50,10 @@ impl RouteKind {
         }
     }
 
-    /// Whether loxi-ccm puts the listener's traffic on loxilb (TCP and UDP straight to
-    /// the backends; HTTP not yet).
+    /// Whether loxi-ccm puts the listener's traffic on loxilb: TCP and UDP straight to the
+    /// backends, HTTP and HTTPS to the loxilb-ingress pods (`http`).
     pub fn programmed_on_loxilb(self) -> bool {
-        matches!(self, RouteKind::Tcp | RouteKind::Udp)
+        matches!(self, RouteKind::Tcp | RouteKind::Udp | RouteKind::Http)
     }
 
     /// The kind a listener of `protocol` takes by default (none: not served).
@@ -61,7 +61,7 @@ impl RouteKind {
         match protocol {
             "TCP" => Some(RouteKind::Tcp),
             "UDP" => Some(RouteKind::Udp),
-            "HTTP" => Some(RouteKind::Http),
+            "HTTP" | "HTTPS" => Some(RouteKind::Http),
             _ => None,
         }
     }
@@ -108,8 +108,8 @@ pub struct ListenerIn {
 pub struct ListenerVerdict {
     /// The kind its protocol carries (none: the protocol is not served).
     pub protocol_kind: Option<RouteKind>,
-    /// `UnsupportedProtocol` when loxi-ccm does not serve its protocol (HTTPS and TLS for
-    /// now: docs/gateway-api.md#http).
+    /// `UnsupportedProtocol` when loxi-ccm does not serve its protocol (TLS passthrough
+    /// for now: docs/gateway-api.md#http).
     pub unsupported: Option<String>,
     /// `ProtocolConflict` or `HostnameConflict`, with another listener on its port.
     pub conflict: Option<&'static str>,
@@ -138,7 +138,7 @@ pub fn listeners(all: &[ListenerIn]) -> Vec<ListenerVerdict> {
             let default_kind = RouteKind::of_listener(&l.protocol);
             let unsupported = default_kind.is_none().then(|| {
                 format!(
-                    "protocol {} is not served by loxi-ccm yet (TCP, UDP and HTTP are)",
+                    "protocol {} is not served by loxi-ccm yet (TCP, UDP, HTTP and HTTPS are)",
                     l.protocol
                 )
             });
@@ -166,7 +166,7 @@ pub fn listeners(all: &[ListenerIn]) -> Vec<ListenerVerdict> {
                 // HTTP listeners share a port when their hostnames differ (the spec's
                 // hostname-based virtual hosting).
                 if other.protocol == l.protocol
-                    && l.protocol == "HTTP"
+                    && (l.protocol == "HTTP" || l.protocol == "HTTPS")
                     && other.hostname != l.hostname
                 {
                     continue;
@@ -726,9 +726,10 @@ mod tests {
         assert_eq!(v[4].conflict, Some("ProtocolConflict"));
         assert_eq!(v[5].conflict, Some("ProtocolConflict"));
         assert_eq!(v[0].kinds, vec![RouteKind::Http]);
-        assert!(v[6].unsupported.is_some());
+        // HTTPS takes HTTPRoutes too (docs/gateway-api.md#http).
+        assert!(v[6].unsupported.is_none() && v[6].kinds == vec![RouteKind::Http]);
         assert!(RouteKind::Http.protocol() == Protocol::Tcp);
-        assert!(!RouteKind::Http.programmed_on_loxilb());
+        assert!(RouteKind::Http.programmed_on_loxilb());
 
         let labels = BTreeMap::new();
         let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
@@ -743,13 +744,14 @@ mod tests {
             };
             attach("gw", &ls, &v, &r, &parent)
         };
+        // The HTTPS listener (no hostname) takes HTTPRoutes too.
         assert_eq!(
             at(&names(&["a.example.com"]), None),
-            Attachment::Accepted(vec![0])
+            Attachment::Accepted(vec![0, 6])
         );
         assert_eq!(
             at(&names(&["b.example.org", "a.example.com"]), None),
-            Attachment::Accepted(vec![0, 1])
+            Attachment::Accepted(vec![0, 1, 6])
         );
         // No hostname on the route: every HTTP listener it names that allows it.
         assert_eq!(at(&[], Some("wild")), Attachment::Accepted(vec![1]));

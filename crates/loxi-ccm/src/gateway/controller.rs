@@ -94,6 +94,10 @@ pub async fn run(settings: Settings, handles: Handles) {
     loop {
         tokio::select! {
             _ = tick.tick() => {}
+            // A loxilb was replayed: a pass reaches it now that it takes passes again.
+            _ = handles.decided.replayed() => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
             change = changes.next() => {
                 if change.is_none() {
                     return;

@@ -4,6 +4,9 @@
 //! - `types`: the Gateway API kinds read, as minimal typed views of the upstream CRDs.
 //! - `attach`: which routes attach to which listeners and what their backends resolve to
 //!   (pure, the spec's rules and reasons).
+//! - `plan`: what one Gateway should be from the objects read (pure): the attachments, the
+//!   listeners' endpoints and rules; the pass carries it out, `loxi-ccm audit` checks
+//!   against it.
 //! - `rules`: a Gateway's loxilb rules from its addresses and listeners' endpoints (pure).
 //! - `status`: the conditions and route parent entries (pure).
 //! - `controller`: the watches and the loop; `pass`: one pass over every Gateway of ours,
@@ -14,12 +17,18 @@
 //! (`crate::loxilb::Instance::apply_service`, so the write window and limits apply) under
 //! a rule-owner id of its own, `<cluster>.gateway` (see [`rule_owner`]): the Services'
 //! drift check and replay never take them for orphans, and this controller's own passes
-//! (on every change and every `--drift-interval`) put them back after a loxilb restart.
+//! (on every change and every `--drift-interval`) keep them in step. A restarted or joining
+//! loxilb gets them back in its worker's replay (`replay`: the rules the last pass decided,
+//! wrapped around the fleet worker's `Replay` like the Egresses').
 //! docs/gateway-api.md says what is supported and what is not yet.
 
 pub mod attach;
 mod controller;
+pub mod http;
+mod ingress;
 mod pass;
+pub mod plan;
+pub mod replay;
 pub mod rules;
 pub mod status;
 pub mod types;
@@ -40,6 +49,7 @@ use crate::loxilb::Fleet;
 use crate::metrics::Metrics;
 
 pub use controller::run;
+pub use replay::{Decided, with_replay};
 
 /// The finalizer a Gateway of ours carries while it has rules or an address.
 pub const FINALIZER: &str = "loxi-ccm.loxilb.io/gateway";
@@ -84,6 +94,9 @@ pub struct Handles {
     pub cluster: ClusterId,
     pub metrics: Metrics,
     pub recorder: EventRecorder,
+    /// Each Gateway's rules as the last pass decided them, which the loxilbs' replay
+    /// puts back (`replay`).
+    pub decided: Arc<Decided>,
 }
 
 /// The id in the rule names of Gateways' rules: the cluster id of a controller named

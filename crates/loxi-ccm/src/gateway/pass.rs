@@ -1,109 +1,75 @@
 //! One pass over every Gateway of ours: GatewayClass acceptance, each Gateway's finalizer,
 //! address, rules and status, each route's parent entries, and the clean-up of Gateways
-//! that are gone. Decisions come from `attach`, `rules` and `status`; this file gathers
+//! that are gone. Decisions come from `plan`, `rules` and `status`; this file gathers
 //! their inputs and carries out what they decide.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 
+use futures::FutureExt;
 use k8s_openapi::api::core::v1::{
     LoadBalancerIngress, LoadBalancerStatus, ObjectReference, Service, ServiceSpec, ServiceStatus,
 };
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::Ingress;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
-use loxi_domain::pools::{LabelSelector, RawRequirement, RawSelector};
 use loxi_domain::{ClusterId, Rule};
 use serde_json::{Value, json};
 use tracing::{debug, info, warn};
 
-use super::attach::{
-    self, Attachment, Backend, BackendIn, FromNamespaces, GrantIn, ListenerIn, ListenerVerdict,
-    ParentIn, RouteIn, RouteKind,
-};
-use super::rules::{ListenerEndpoints, gateway_rules};
+use super::attach::{GrantIn, ListenerVerdict, RouteKind};
+use super::http::{self, ListenerCertificates};
+use super::ingress;
+use super::plan::{self, Route, Services};
+use super::rules::gateway_rules;
 use super::status::{
     condition, listener_conditions, merged_parents, parent_entry, same_parents, supported_kinds,
 };
-use super::types::{
-    GROUP, Gateway, GatewayClass, HasRouteStatus, L4RouteSpec, Listener, ParentRef,
-};
+use super::types::{GROUP, Gateway, GatewayClass};
 use super::{FINALIZER, Handles, Settings, Stores, rule_owner};
 use crate::ipam::{EnsureError, claims::ClaimedBy};
 use crate::k8s::conditions::stamp_all;
-use crate::k8s::view::endpoint_views;
 
-/// A TCPRoute or UDPRoute as one pass sees it.
-struct Route {
-    kind: RouteKind,
-    namespace: String,
-    name: String,
-    generation: Option<i64>,
-    uid: Option<String>,
-    /// As read: our status write carries it, so a concurrent write of another controller's
-    /// entry is never overwritten (409, tried again at the next pass).
-    resource_version: Option<String>,
-    spec: L4RouteSpec,
-    /// `spec.hostnames` (HTTPRoute only).
-    hostnames: Vec<String>,
-    /// `status.parents` as read (every controller's).
-    parents: Vec<Value>,
-}
-
-impl Route {
-    fn of<K>(r: &K, kind: RouteKind, spec: &L4RouteSpec, hostnames: &[String]) -> Route
-    where
-        K: Resource + HasRouteStatus,
-    {
-        Route {
-            kind,
-            namespace: r.namespace().unwrap_or_default(),
-            name: r.name_any(),
-            generation: r.meta().generation,
-            uid: r.uid(),
-            resource_version: r.resource_version(),
-            spec: spec.clone(),
-            hostnames: hostnames.to_vec(),
-            parents: r
-                .route_status()
-                .map(|s| s.parents.clone())
-                .unwrap_or_default(),
-        }
-    }
-
-    fn object_ref(&self) -> ObjectReference {
-        ObjectReference {
-            api_version: Some(format!("{GROUP}/v1")),
-            kind: Some(self.kind.kind().to_string()),
-            namespace: Some(self.namespace.clone()),
-            name: Some(self.name.clone()),
-            uid: self.uid.clone(),
-            ..ObjectReference::default()
-        }
-    }
-
-    fn api(&self, client: &kube::Client) -> Api<kube::api::DynamicObject> {
-        let resource = kube::api::ApiResource {
-            group: GROUP.into(),
-            version: "v1".into(),
-            api_version: format!("{GROUP}/v1"),
-            kind: self.kind.kind().into(),
-            plural: format!("{}s", self.kind.kind().to_ascii_lowercase()),
-        };
-        Api::namespaced_with(client.clone(), &self.namespace, &resource)
+fn route_ref(route: &Route) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(format!("{GROUP}/v1")),
+        kind: Some(route.kind.kind().to_string()),
+        namespace: Some(route.namespace.clone()),
+        name: Some(route.name.clone()),
+        uid: route.uid.clone(),
+        ..ObjectReference::default()
     }
 }
 
-/// The Services backends name, read once per pass.
-type Services = HashMap<(String, String), Option<Service>>;
+fn route_api(route: &Route, client: &kube::Client) -> Api<kube::api::DynamicObject> {
+    let resource = kube::api::ApiResource {
+        group: GROUP.into(),
+        version: "v1".into(),
+        api_version: format!("{GROUP}/v1"),
+        kind: route.kind.kind().into(),
+        plural: format!("{}s", route.kind.kind().to_ascii_lowercase()),
+    };
+    Api::namespaced_with(client.clone(), &route.namespace, &resource)
+}
 
 pub(super) struct Pass {
     settings: Settings,
     h: Handles,
     stores: Stores,
     owner: ClusterId,
+}
+
+/// What each listener of a Gateway reports.
+struct ListenersOutcome<'a> {
+    verdicts: &'a [ListenerVerdict],
+    attached: &'a [i64],
+    certificates: &'a [ListenerCertificates],
+    /// The Gateway's rules are on every loxilb of the group.
+    programmed: bool,
 }
 
 /// What became of one Gateway's rules.
@@ -143,6 +109,7 @@ impl Pass {
         let services = self.backend_services(&routes);
         let mut entries: HashMap<(RouteKind, String, String), Vec<Value>> = HashMap::new();
         let mut live: HashSet<(String, String)> = HashSet::new();
+        let mut ingresses: BTreeMap<(String, String), Ingress> = BTreeMap::new();
         for gw in self.stores.gateways.state() {
             let ns = gw.namespace().unwrap_or_default();
             let name = gw.name_any();
@@ -156,6 +123,16 @@ impl Pass {
             live.insert((ns.clone(), name.clone()));
             self.gateway(&gw, &routes, &grants, &services, &mut entries)
                 .await;
+            self.http(&gw, &routes, &grants, &services, &mut ingresses)
+                .await;
+        }
+        // Ingresses of routes no Gateway wants are removed: only once the HTTPRoutes were
+        // listed (a route missing from an unlisted store is not gone).
+        if matches!(
+            self.stores.http_routes.wait_until_ready().now_or_never(),
+            Some(Ok(()))
+        ) {
+            ingress::sync(&self.h.kube, &ingresses).await;
         }
         for route in &routes {
             let key = (route.kind, route.namespace.clone(), route.name.clone());
@@ -199,75 +176,29 @@ impl Pass {
     }
 
     fn routes(&self) -> Vec<Route> {
-        let tcp = self
-            .stores
-            .tcp_routes
-            .state()
-            .into_iter()
-            .map(|r| Route::of(&*r, RouteKind::Tcp, &r.spec.l4, &[]));
-        let udp = self
-            .stores
-            .udp_routes
-            .state()
-            .into_iter()
-            .map(|r| Route::of(&*r, RouteKind::Udp, &r.spec.l4, &[]));
-        let http = self
-            .stores
-            .http_routes
-            .state()
-            .into_iter()
-            .map(|r| Route::of(&*r, RouteKind::Http, &r.spec.common, &r.spec.hostnames));
-        let mut all: Vec<Route> = tcp.chain(udp).chain(http).collect();
-        all.sort_by(|a, b| (a.kind, &a.namespace, &a.name).cmp(&(b.kind, &b.namespace, &b.name)));
-        all
+        let tcp = self.stores.tcp_routes.state();
+        let udp = self.stores.udp_routes.state();
+        let http = self.stores.http_routes.state();
+        plan::routes(
+            tcp.iter().map(|r| &**r),
+            udp.iter().map(|r| &**r),
+            http.iter().map(|r| &**r),
+        )
     }
 
     fn grants(&self) -> Vec<GrantIn> {
-        self.stores
-            .grants
-            .state()
-            .iter()
-            .map(|g| GrantIn {
-                namespace: g.namespace().unwrap_or_default(),
-                from: g
-                    .spec
-                    .from
-                    .iter()
-                    .map(|f| (f.group.clone(), f.kind.clone(), f.namespace.clone()))
-                    .collect(),
-                to: g
-                    .spec
-                    .to
-                    .iter()
-                    .map(|t| (t.group.clone(), t.kind.clone(), t.name.clone()))
-                    .collect(),
-            })
-            .collect()
+        plan::grants(self.stores.grants.state().iter().map(|g| &**g))
     }
 
-    /// Every Service a route's backendRef names (whether or not it may reach it), from the
-    /// controller's Service store (listed before any pass: a Service missing from it is gone).
+    /// Every Service a route's backendRef names, from the controller's Service store
+    /// (listed before any pass: a Service missing from it is gone).
     fn backend_services(&self, routes: &[Route]) -> Services {
-        let mut out = Services::new();
-        for route in routes {
-            for b in route.spec.rules.iter().flat_map(|r| &r.backend_refs) {
-                let ns = b
-                    .namespace
-                    .clone()
-                    .unwrap_or_else(|| route.namespace.clone());
-                let key = (ns, b.name.clone());
-                if out.contains_key(&key) {
-                    continue;
-                }
-                let found = self
-                    .stores
-                    .services
-                    .get(&ObjectRef::new(&key.1).within(&key.0))
-                    .map(|s| (*s).clone());
-                out.insert(key, found);
-            }
-        }
-        out
+        plan::backend_services(routes, |ns, name| {
+            self.stores
+                .services
+                .get(&ObjectRef::new(name).within(ns))
+                .map(|s| (*s).clone())
+        })
     }
 
     async fn gateway(
@@ -286,71 +217,37 @@ impl Pass {
             warn!(gateway = %format!("{ns}/{name}"), error = %e, "could not add the finalizer");
             return;
         }
-        let listeners: Vec<ListenerIn> = gw.spec.listeners.iter().map(listener_in).collect();
-        let verdicts = attach::listeners(&listeners);
-        let mut attached = vec![0i64; listeners.len()];
-        let mut backends: Vec<Vec<Backend>> = vec![Vec::new(); listeners.len()];
-        for route in routes {
-            let mut counted = vec![false; listeners.len()];
-            for parent in &route.spec.parent_refs {
-                if !names_gateway(parent, &route.namespace, &ns, &name) {
-                    continue;
-                }
-                let labels = self.h.ipam.pools().namespace_labels(&route.namespace);
-                let route_in = RouteIn {
-                    kind: route.kind,
-                    namespace: &route.namespace,
-                    namespace_labels: &labels,
-                    hostnames: &route.hostnames,
-                };
-                let parent_in = ParentIn {
-                    section_name: parent.section_name.clone(),
-                    port: parent.port,
-                };
-                let attachment = attach::attach(&ns, &listeners, &verdicts, &route_in, &parent_in);
-                let (resolved, problem) = resolve_all(route, grants, services);
-                let accepted = match &attachment {
-                    Attachment::Accepted(at) => {
-                        for &l in at {
-                            if !counted[l] {
-                                counted[l] = true;
-                                attached[l] += 1;
-                            }
-                            backends[l].extend(resolved.iter().cloned());
-                        }
-                        condition("Accepted", true, "Accepted", "attached")
-                    }
-                    Attachment::Refused { reason, message } => {
-                        condition("Accepted", false, reason, message.clone())
-                    }
-                };
-                let resolved_refs = match &problem {
-                    None => condition(
-                        "ResolvedRefs",
-                        true,
-                        "ResolvedRefs",
-                        "all references resolved",
-                    ),
-                    Some(p) => condition("ResolvedRefs", false, p.reason, p.message.clone()),
-                };
-                let parent_json = serde_json::to_value(parent).unwrap_or_default();
-                let mut want = vec![accepted, resolved_refs];
-                let have =
-                    our_conditions(&route.parents, &parent_json, &self.settings.controller_name);
-                for c in want.iter().filter(|c| c.status == "False") {
-                    self.warn_once(route.object_ref(), &have, &c.reason, &c.message);
-                }
-                stamp_all(&mut want, &have, route.generation, &now());
-                entries
-                    .entry((route.kind, route.namespace.clone(), route.name.clone()))
-                    .or_default()
-                    .push(parent_entry(
-                        &parent_json,
-                        &self.settings.controller_name,
-                        &want,
-                    ));
+        let namespace_labels = |ns: &str| self.h.ipam.pools().namespace_labels(ns);
+        let inputs = plan::Inputs {
+            routes,
+            grants,
+            services,
+            namespace_labels: &namespace_labels,
+        };
+        let planned = plan::plan(gw, &inputs);
+        for p in &planned.parents {
+            let route = &routes[p.route];
+            let mut want = p.conditions.clone();
+            let have = our_conditions(
+                &route.parents,
+                &p.parent_ref,
+                &self.settings.controller_name,
+            );
+            for c in want.iter().filter(|c| c.status == "False") {
+                self.warn_once(route_ref(route), &have, &c.reason, &c.message);
             }
+            stamp_all(&mut want, &have, route.generation, &now());
+            entries
+                .entry((route.kind, route.namespace.clone(), route.name.clone()))
+                .or_default()
+                .push(parent_entry(
+                    &p.parent_ref,
+                    &self.settings.controller_name,
+                    &want,
+                ));
         }
+        let verdicts = &planned.verdicts;
+        let attached = &planned.attached;
         let valid = verdicts.iter().filter(|v| v.usable()).count();
         let shown = gw
             .status
@@ -373,8 +270,9 @@ impl Pass {
                 .await
             {
                 Ok(held) => {
-                    let listeners_eps =
-                        self.endpoints(&gw.spec.listeners, &verdicts, &backends, services);
+                    let slices = self.stores.slices.state();
+                    let slices: Vec<&EndpointSlice> = slices.iter().map(|s| &**s).collect();
+                    let listeners_eps = plan::endpoints(gw, &planned, services, &slices);
                     let rules = gateway_rules(
                         &self.owner,
                         &ns,
@@ -383,6 +281,7 @@ impl Pass {
                         &listeners_eps,
                         self.settings.style,
                     );
+                    self.h.decided.set(&ns, &name, &rules);
                     (held.addresses.clone(), self.apply(&ns, &name, &rules).await)
                 }
                 Err(EnsureError::Problem(p)) => {
@@ -433,62 +332,115 @@ impl Pass {
             ),
             Programmed::No { reason, message } => condition("Programmed", false, reason, message),
         };
-        self.write_gateway_status(
-            gw,
-            &addresses,
-            vec![accepted, programmed],
-            &verdicts,
-            &attached,
-            is_programmed,
-        )
-        .await;
+        let certificates = self.certificates(gw, verdicts, grants).await;
+        let outcome = ListenersOutcome {
+            verdicts,
+            attached,
+            certificates: &certificates,
+            programmed: is_programmed,
+        };
+        self.write_gateway_status(gw, &addresses, vec![accepted, programmed], &outcome)
+            .await;
     }
 
-    /// The ready endpoints of each usable listener's backends, of the backend's port.
-    fn endpoints(
+    /// Each HTTPS listener's Secrets, or why they do not resolve (`None`: not HTTPS).
+    async fn certificates(
         &self,
-        listeners: &[Listener],
+        gw: &Gateway,
         verdicts: &[ListenerVerdict],
-        backends: &[Vec<Backend>],
-        services: &Services,
-    ) -> Vec<ListenerEndpoints> {
-        let slices = self.stores.slices.state();
-        listeners
-            .iter()
-            .zip(verdicts)
-            .zip(backends)
-            .filter_map(|((l, v), bs)| {
-                let kind = v.protocol_kind.filter(|k| k.programmed_on_loxilb())?;
-                let port = u16::try_from(l.port).ok().filter(|_| v.usable())?;
-                let mut endpoints = Vec::new();
-                for b in bs.iter().filter(|b| b.weight > 0) {
-                    let Some(Some(svc)) = services.get(&(b.namespace.clone(), b.name.clone()))
-                    else {
-                        continue;
-                    };
-                    let Some(port_name) = service_port_name(svc, b.port) else {
-                        continue;
-                    };
-                    let of_service = slices.iter().filter(|s| {
-                        s.namespace().as_deref() == Some(b.namespace.as_str())
-                            && s.labels().get("kubernetes.io/service-name") == Some(&b.name)
-                    });
-                    for view in endpoint_views(of_service.map(|s| &**s), |_, _| BTreeMap::new()) {
-                        if !view.ready {
-                            continue;
-                        }
-                        if let Some(p) = view.ports.iter().find(|p| p.name == port_name) {
-                            endpoints.push((view.ip, p.port));
-                        }
-                    }
-                }
-                Some(ListenerEndpoints {
-                    port,
-                    protocol: kind.protocol(),
-                    endpoints,
+        grants: &[GrantIn],
+    ) -> Vec<ListenerCertificates> {
+        let ns = gw.namespace().unwrap_or_default();
+        let https = |i: usize| gw.spec.listeners[i].protocol == "HTTPS" && verdicts[i].usable();
+        let wanted: BTreeSet<(String, String)> = (0..gw.spec.listeners.len())
+            .filter(|&i| https(i))
+            .flat_map(|i| gw.spec.listeners[i].tls.iter())
+            .flat_map(|t| &t.certificate_refs)
+            .map(|r| {
+                (
+                    r.namespace.clone().unwrap_or_else(|| ns.clone()),
+                    r.name.clone(),
+                )
+            })
+            .collect();
+        let existing = ingress::existing_secrets(&self.h.kube, &wanted).await;
+        (0..gw.spec.listeners.len())
+            .map(|i| {
+                https(i).then(|| {
+                    http::certificates(&gw.spec.listeners[i], &ns, grants, |n, m| {
+                        existing.contains(&(n.to_string(), m.to_string()))
+                    })
                 })
             })
             .collect()
+    }
+
+    /// The Gateway's ingress Service and its HTTPRoutes' Ingresses (added to `ingresses`,
+    /// written after every Gateway was passed over).
+    async fn http(
+        &self,
+        gw: &Gateway,
+        routes: &[Route],
+        grants: &[GrantIn],
+        services: &Services,
+        ingresses: &mut BTreeMap<(String, String), Ingress>,
+    ) {
+        let ns = gw.namespace().unwrap_or_default();
+        let name = gw.name_any();
+        let namespace_labels = |n: &str| self.h.ipam.pools().namespace_labels(n);
+        let inputs = plan::Inputs {
+            routes,
+            grants,
+            services,
+            namespace_labels: &namespace_labels,
+        };
+        let planned = plan::plan(gw, &inputs);
+        let http_listeners: Vec<usize> = (0..planned.verdicts.len())
+            .filter(|&i| {
+                planned.verdicts[i].usable()
+                    && planned.verdicts[i].protocol_kind == Some(RouteKind::Http)
+            })
+            .collect();
+        let addresses = self.h.ipam.gateway_addresses(&ns, &name);
+        match http::ingress_service(gw, &http_listeners, addresses.first().copied()) {
+            Some(svc) => ingress::apply_service(&self.h.kube, &svc, &addresses).await,
+            None => {
+                let key = ObjectRef::new(&http::ingress_service_name(&name)).within(&ns);
+                if self.stores.services.get(&key).is_some() {
+                    ingress::delete_service(&self.h.kube, &ns, &name).await;
+                }
+            }
+        }
+        let certificates = self.certificates(gw, &planned.verdicts, grants).await;
+        let mut per_route: BTreeMap<usize, Vec<http::IngressListener>> = BTreeMap::new();
+        for &l in &http_listeners {
+            let secrets = match &certificates[l] {
+                Some(Ok(s)) => s.clone(),
+                _ => Vec::new(),
+            };
+            for &r in &planned.attached_routes[l] {
+                per_route.entry(r).or_default().push(http::IngressListener {
+                    hostname: gw.spec.listeners[l].hostname.clone(),
+                    secrets: secrets.clone(),
+                });
+            }
+        }
+        for (r, listeners) in per_route {
+            let route = &routes[r];
+            let Some(ing) =
+                http::ingress(route, &listeners, services, &self.settings.controller_name)
+            else {
+                continue;
+            };
+            let key = (route.namespace.clone(), route.name.clone());
+            match ingresses.get_mut(&key) {
+                // A route on several Gateways: one Ingress with all their hosts.
+                Some(have) => http::merge(have, ing),
+                None => {
+                    ingresses.insert(key, ing);
+                }
+            }
+        }
     }
 
     /// Puts `rules` (exactly) on every loxilb of the group that serves.
@@ -544,10 +496,14 @@ impl Pass {
         gw: &Gateway,
         addresses: &[IpAddr],
         mut conditions: Vec<Condition>,
-        verdicts: &[ListenerVerdict],
-        attached: &[i64],
-        programmed: bool,
+        outcome: &ListenersOutcome<'_>,
     ) {
+        let ListenersOutcome {
+            verdicts,
+            attached,
+            certificates,
+            programmed,
+        } = *outcome;
         let old = gw.status.clone().unwrap_or_default();
         let generation = gw.meta().generation;
         stamp_all(&mut conditions, &old.conditions, generation, &now());
@@ -557,8 +513,12 @@ impl Pass {
             .iter()
             .zip(verdicts)
             .zip(attached)
-            .map(|((l, v), n)| {
+            .zip(certificates)
+            .map(|(((l, v), n), certs)| {
                 let mut c = listener_conditions(v, programmed);
+                if let Some(Err(p)) = certs {
+                    http::unresolved_certificates(&mut c, p);
+                }
                 let have = old
                     .listeners
                     .iter()
@@ -618,8 +578,7 @@ impl Pass {
             "metadata": {"resourceVersion": route.resource_version},
             "status": {"parents": merged},
         });
-        if let Err(e) = route
-            .api(&self.h.kube)
+        if let Err(e) = route_api(route, &self.h.kube)
             .patch_status(&route.name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
         {
@@ -632,9 +591,12 @@ impl Pass {
     async fn clean_up(&self, gw: &Gateway) {
         let ns = gw.namespace().unwrap_or_default();
         let name = gw.name_any();
-        if !self.remove_rules(&ns, &name).await {
+        if !self.remove_rules(&ns, &name).await
+            || !ingress::delete_service(&self.h.kube, &ns, &name).await
+        {
             return;
         }
+        self.h.decided.forget(&ns, &name);
         if let Err(e) = self.h.ipam.release_gateway(&ns, &name).await {
             warn!(gateway = %format!("{ns}/{name}"), error = %e, "could not release the Gateway's address");
             return;
@@ -691,9 +653,11 @@ impl Pass {
                     continue;
                 }
             }
-            if self.remove_rules(&o.namespace, &o.name).await
-                && let Err(e) = self.h.ipam.release_gateway(&o.namespace, &o.name).await
-            {
+            if !self.remove_rules(&o.namespace, &o.name).await {
+                continue;
+            }
+            self.h.decided.forget(&o.namespace, &o.name);
+            if let Err(e) = self.h.ipam.release_gateway(&o.namespace, &o.name).await {
                 warn!(gateway = %o.key(), error = %e, "could not release a gone Gateway's address");
             }
         }
@@ -777,110 +741,6 @@ fn our_conditions(parents: &[Value], parent: &Value, controller: &str) -> Vec<Co
         .find(|p| p["controllerName"] == controller && p["parentRef"] == *parent)
         .and_then(|p| serde_json::from_value(p["conditions"].clone()).ok())
         .unwrap_or_default()
-}
-
-/// The parentRef names the Gateway `ns/name`.
-fn names_gateway(p: &ParentRef, route_ns: &str, ns: &str, name: &str) -> bool {
-    p.group.as_deref().unwrap_or(GROUP) == GROUP
-        && p.kind.as_deref().unwrap_or("Gateway") == "Gateway"
-        && p.namespace.as_deref().unwrap_or(route_ns) == ns
-        && p.name == name
-}
-
-/// Every backendRef of the route resolved, and the first problem met.
-fn resolve_all(
-    route: &Route,
-    grants: &[GrantIn],
-    services: &Services,
-) -> (Vec<Backend>, Option<attach::BackendProblem>) {
-    let mut resolved = Vec::new();
-    let mut problem = None;
-    for b in route.spec.rules.iter().flat_map(|r| &r.backend_refs) {
-        let backend = BackendIn {
-            group: b.group.clone(),
-            kind: b.kind.clone(),
-            namespace: b
-                .namespace
-                .clone()
-                .unwrap_or_else(|| route.namespace.clone()),
-            name: b.name.clone(),
-            port: b.port,
-            weight: b.weight,
-        };
-        let exists = |ns: &str, name: &str| {
-            services
-                .get(&(ns.to_string(), name.to_string()))
-                .is_some_and(|s| {
-                    s.as_ref().is_some_and(|s| {
-                        b.port
-                            .and_then(|p| u16::try_from(p).ok())
-                            .is_some_and(|p| service_port_name(s, p).is_some())
-                    })
-                })
-        };
-        match attach::resolve_backend(route.kind, &route.namespace, &backend, grants, exists) {
-            Ok(r) => resolved.push(r),
-            Err(p) => {
-                problem.get_or_insert(p);
-            }
-        }
-    }
-    (resolved, problem)
-}
-
-/// The name of the Service's port `port` ("" when unnamed), which EndpointSlices use.
-fn service_port_name(svc: &Service, port: u16) -> Option<String> {
-    svc.spec
-        .as_ref()?
-        .ports
-        .as_ref()?
-        .iter()
-        .find(|p| p.port == i32::from(port))
-        .map(|p| p.name.clone().unwrap_or_default())
-}
-
-fn listener_in(l: &Listener) -> ListenerIn {
-    let allowed = l.allowed_routes.clone().unwrap_or_default();
-    let namespaces = allowed.namespaces.unwrap_or_default();
-    let from = match namespaces.from.as_deref().unwrap_or("Same") {
-        "All" => FromNamespaces::All,
-        "Selector" => match &namespaces.selector {
-            None => FromNamespaces::Invalid("from: Selector without a selector".into()),
-            Some(s) => {
-                let raw = RawSelector {
-                    match_labels: s.match_labels.clone().unwrap_or_default(),
-                    match_expressions: s
-                        .match_expressions
-                        .clone()
-                        .unwrap_or_default()
-                        .into_iter()
-                        .map(|e| RawRequirement {
-                            key: e.key,
-                            operator: e.operator,
-                            values: e.values.unwrap_or_default(),
-                        })
-                        .collect(),
-                };
-                match LabelSelector::parse(&raw) {
-                    Ok(s) => FromNamespaces::Selector(s),
-                    Err(problems) => FromNamespaces::Invalid(problems.join("; ")),
-                }
-            }
-        },
-        _ => FromNamespaces::Same,
-    };
-    ListenerIn {
-        name: l.name.clone(),
-        port: l.port,
-        protocol: l.protocol.clone(),
-        hostname: l.hostname.clone(),
-        from,
-        kinds: allowed
-            .kinds
-            .iter()
-            .map(|k| (k.group.clone(), k.kind.clone()))
-            .collect(),
-    }
 }
 
 /// The address `spec.addresses` asks for: none, or one IP address (more, or a hostname,

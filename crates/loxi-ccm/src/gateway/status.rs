@@ -183,10 +183,16 @@ mod tests {
             kinds: vec![RouteKind::Http],
             ..ListenerVerdict::default()
         };
+        // HTTP listeners are programmed (to loxilb-ingress, docs/gateway-api.md#http).
         let c = listener_conditions(&http, true);
         assert_eq!(
             (c[0].status.as_str(), c[3].status.as_str()),
-            ("True", "False")
+            ("True", "True")
+        );
+        let c = listener_conditions(&http, false);
+        assert_eq!(
+            (c[3].status.as_str(), c[3].reason.as_str()),
+            ("False", "Pending")
         );
         let c = listener_conditions(&bad, true);
         assert_eq!(

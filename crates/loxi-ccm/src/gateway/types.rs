@@ -59,6 +59,9 @@ pub struct Listener {
     pub protocol: String,
     #[serde(default)]
     pub allowed_routes: Option<AllowedRoutes>,
+    /// HTTPS listeners: the certificates (`http`).
+    #[serde(default)]
+    pub tls: Option<ListenerTls>,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default)]
@@ -129,6 +132,9 @@ pub struct L4RouteSpec {
 pub struct L4RouteRule {
     #[serde(default)]
     pub backend_refs: Vec<BackendRef>,
+    /// HTTPRoute only: the path matches (`http`); other match fields are not read.
+    #[serde(default)]
+    pub matches: Vec<HttpRouteMatch>,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq)]
@@ -264,3 +270,44 @@ macro_rules! route_status {
     )*};
 }
 route_status!(TCPRoute, UDPRoute, HTTPRoute);
+
+/// A listener's `tls` (HTTPS): its certificate references.
+#[derive(Deserialize, Serialize, Clone, Debug, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ListenerTls {
+    #[serde(default)]
+    pub mode: Option<String>,
+    #[serde(default)]
+    pub certificate_refs: Vec<SecretObjectReference>,
+}
+
+/// A `SecretObjectReference` (group "" and kind `Secret` by default).
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretObjectReference {
+    #[serde(default)]
+    pub group: Option<String>,
+    #[serde(default)]
+    pub kind: Option<String>,
+    pub name: String,
+    #[serde(default)]
+    pub namespace: Option<String>,
+}
+
+/// One `matches` entry of an HTTPRoute rule: only its path is read.
+#[derive(Deserialize, Serialize, Clone, Debug, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpRouteMatch {
+    #[serde(default)]
+    pub path: Option<HttpPathMatch>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpPathMatch {
+    /// `PathPrefix` (the default), `Exact` or `RegularExpression`.
+    #[serde(default, rename = "type")]
+    pub type_: Option<String>,
+    #[serde(default)]
+    pub value: Option<String>,
+}

@@ -282,20 +282,36 @@ pub(super) async fn senders(
     (egresses, metadata)
 }
 
-/// What a restarted loxilb gets back: every Service's rules, then the Egresses' and the
-/// metadata when they are on.
+/// The Gateways' rules as their passes decided them (`--gatewayAPI`), for the replay.
+pub(super) fn gateway_decided(ctx: &Context, cfg: &Config) -> Option<Arc<crate::gateway::Decided>> {
+    cfg.gateway_class.as_ref().map(|_| {
+        crate::gateway::Decided::new(
+            crate::gateway::rule_owner(&ctx.cluster),
+            cfg.zone.clone(),
+            ctx.report.metrics.clone(),
+        )
+    })
+}
+
+/// What a restarted loxilb gets back: every Service's rules, then the Egresses', the
+/// metadata and the Gateways' rules when they are on.
 pub(super) fn replay(
     ctx: &Arc<Context>,
     egresses: &Option<EgressWiring>,
     metadata: &Option<MetadataWiring>,
+    gateways: &Option<Arc<crate::gateway::Decided>>,
 ) -> fleet::workers::Replay {
     let replay = service::drift::replay(ctx.clone());
     let replay: fleet::workers::Replay = match egresses {
         Some((egresses, _)) => egress::with_replay(egresses.clone(), replay),
         None => replay,
     };
-    match metadata {
+    let replay: fleet::workers::Replay = match metadata {
         Some((metadata, _)) => k8s_metadata::with_replay(metadata.clone(), replay),
+        None => replay,
+    };
+    match gateways {
+        Some(decided) => crate::gateway::with_replay(decided.clone(), replay),
         None => replay,
     }
 }

@@ -108,7 +108,8 @@ pub async fn run(
     let (egresses, metadata) = assemble::senders(&ctx, &cfg).await;
     // The loxilbs' workers, the health tick and the role decisions: they stop with this
     // function.
-    let _fleet = fleet.start(assemble::replay(&ctx, &egresses, &metadata));
+    let gateways = assemble::gateway_decided(&ctx, &cfg);
+    let _fleet = fleet.start(assemble::replay(&ctx, &egresses, &metadata, &gateways));
 
     // Everything below ends with this function (dropping the set aborts its tasks): a
     // stopped controller must not keep probing, replaying or repairing from frozen stores.
@@ -122,7 +123,7 @@ pub async fn run(
     let (lost_tx, mut lost) = watch::channel(false);
     tasks.spawn(watches::leadership(ctx.clone(), stop_tx.clone(), lost_tx));
     tasks::fleet_sources(&mut tasks, &ctx, &cfg, &fleet);
-    tasks::gateway(&mut tasks, &ctx, &cfg);
+    tasks::gateway(&mut tasks, &ctx, &cfg, gateways);
     tasks.spawn(service::drift::drift_loop(ctx.clone(), cfg.drift_interval));
 
     let reconciling = reconcile_loop(controller, requeue_rx, &ctx, Stop(stop_rx.clone()));

@@ -151,8 +151,13 @@ pub(super) fn fleet_sources(
 }
 
 /// The Gateway API controller (`--gatewayAPI`), when it is on.
-pub(super) fn gateway(tasks: &mut JoinSet<()>, ctx: &Arc<Context>, cfg: &Config) {
-    let Some(class) = &cfg.gateway_class else {
+pub(super) fn gateway(
+    tasks: &mut JoinSet<()>,
+    ctx: &Arc<Context>,
+    cfg: &Config,
+    decided: Option<Arc<crate::gateway::Decided>>,
+) {
+    let (Some(class), Some(decided)) = (&cfg.gateway_class, decided) else {
         return;
     };
     tasks.spawn(crate::gateway::run(
@@ -173,6 +178,7 @@ pub(super) fn gateway(tasks: &mut JoinSet<()>, ctx: &Arc<Context>, cfg: &Config)
             cluster: ctx.cluster.clone(),
             metrics: ctx.report.metrics.clone(),
             recorder: ctx.report.recorder.clone(),
+            decided,
         },
     ));
 }

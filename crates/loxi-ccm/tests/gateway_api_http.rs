@@ -1,0 +1,342 @@
+//! HTTP and HTTPS listeners, kube-loxilb's way (docs/gateway-api.md#http), on the real API
+//! server with the upstream CRDs and the loxilb simulator: the Gateway's LoadBalancer
+//! Service `<gateway>-ingress-service` in front of the loxilb-ingress pods, an Ingress of
+//! class `loxilb` per attached HTTPRoute (hosts, paths, backends, the HTTPS listener's
+//! Secret), the listeners' rules to the loxilb-ingress pods, certificate references across
+//! namespaces only with a ReferenceGrant; the Ingress goes with its route, the Service with
+//! its Gateway.
+
+mod common;
+
+use common::gateway::{
+    CONTROLLER, api, cond, create, gateway_options, gateway_world, get, pair, resource_of,
+};
+use common::{WAIT, wait_for};
+use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::Ingress;
+use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
+use serde_json::{Value, json};
+use testenv::gateway_api::Channel;
+
+async fn listener(w: &common::World, name: &str) -> Option<Value> {
+    let g = get(w, Some(&w.ns), "Gateway", "gw").await?;
+    let generation = &g["metadata"]["generation"];
+    let l = g["status"]["listeners"]
+        .as_array()?
+        .iter()
+        .find(|l| l["name"] == name)?
+        .clone();
+    l["conditions"]
+        .as_array()?
+        .iter()
+        .all(|c| &c["observedGeneration"] == generation)
+        .then_some(l)
+}
+
+#[tokio::test]
+async fn http_and_https_listeners_become_an_ingress_service_and_ingresses() {
+    let opts = gateway_options();
+    let w = gateway_world("gwhttp", Channel::Standard, opts).await;
+    let ns = w.ns.clone();
+    let other = format!("{ns}-certs");
+    let namespaces: Api<Namespace> = Api::all(w.client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": other}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let secret = |name: &str| -> Secret {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "type": "Opaque",
+            "data": {"tls.crt": "Y2VydA==", "tls.key": "a2V5"}
+        }))
+        .unwrap()
+    };
+    Api::<Secret>::namespaced(w.client.clone(), &ns)
+        .create(&PostParams::default(), &secret("tls-cert"))
+        .await
+        .unwrap();
+    Api::<Secret>::namespaced(w.client.clone(), &other)
+        .create(&PostParams::default(), &secret("shared-cert"))
+        .await
+        .unwrap();
+    // The route's backend, and the loxilb-ingress pod behind the Gateway's ingress Service
+    // (its EndpointSlice as the EndpointSlice controller would write it).
+    w.services
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "web"},
+                "spec": {"ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    Api::<EndpointSlice>::namespaced(w.client.clone(), &ns)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "gw-ingress-service-1",
+                             "labels": {"kubernetes.io/service-name": "gw-ingress-service"}},
+                "addressType": "IPv4",
+                "ports": [
+                    {"name": "http-80", "port": 80, "protocol": "TCP"},
+                    {"name": "https-443", "port": 443, "protocol": "TCP"}
+                ],
+                "endpoints": [{"addresses": ["10.244.9.1"], "conditions": {"ready": true}}]
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let class = format!("loxilb-http-{}", std::process::id());
+    create(
+        &w,
+        None,
+        "GatewayClass",
+        json!({"metadata": {"name": class}, "spec": {"controllerName": CONTROLLER}}),
+    )
+    .await;
+    create(
+        &w,
+        Some(&ns),
+        "Gateway",
+        json!({
+            "metadata": {"name": "gw"},
+            "spec": {"gatewayClassName": class, "listeners": [
+                {"name": "http", "port": 80, "protocol": "HTTP", "hostname": "*.example.com"},
+                {"name": "https", "port": 443, "protocol": "HTTPS",
+                 "hostname": "secure.example.com",
+                 "tls": {"mode": "Terminate", "certificateRefs": [{"name": "tls-cert"}]}},
+                {"name": "https-other", "port": 8443, "protocol": "HTTPS",
+                 "tls": {"certificateRefs": [{"name": "shared-cert", "namespace": other}]}}
+            ]}
+        }),
+    )
+    .await;
+    create(
+        &w,
+        Some(&ns),
+        "HTTPRoute",
+        json!({
+            "metadata": {"name": "shop"},
+            "spec": {
+                "parentRefs": [
+                    {"name": "gw", "sectionName": "http"},
+                    {"name": "gw", "sectionName": "https"}
+                ],
+                "hostnames": ["shop.example.com", "secure.example.com"],
+                "rules": [{
+                    "matches": [
+                        {"path": {"type": "PathPrefix", "value": "/api"}},
+                        {"path": {"type": "Exact", "value": "/health"}}
+                    ],
+                    "backendRefs": [{"name": "web", "port": 8080}]
+                }]
+            }
+        }),
+    )
+    .await;
+
+    // The Gateway's address, once programmed.
+    let ip = wait_for("the Gateway programmed", WAIT, || async {
+        let gw = get(&w, Some(&ns), "Gateway", "gw").await?;
+        (cond(&gw["status"]["conditions"], "Programmed")? == pair("True", "Programmed"))
+            .then_some(())?;
+        gw["status"]["addresses"][0]["value"]
+            .as_str()
+            .map(String::from)
+    })
+    .await;
+    // HTTP and HTTPS listeners are programmed; the one whose Secret is in another
+    // namespace without a grant is not, and says why.
+    for name in ["http", "https"] {
+        wait_for(&format!("listener {name} programmed"), WAIT, || async {
+            let l = listener(&w, name).await?;
+            (cond(&l["conditions"], "Programmed")? == pair("True", "Programmed")
+                && cond(&l["conditions"], "ResolvedRefs")? == pair("True", "ResolvedRefs")
+                && l["attachedRoutes"] == 1)
+                .then_some(())
+        })
+        .await;
+    }
+    wait_for("https-other refused its Secret", WAIT, || async {
+        let l = listener(&w, "https-other").await?;
+        (cond(&l["conditions"], "ResolvedRefs")? == pair("False", "RefNotPermitted")
+            && cond(&l["conditions"], "Programmed")?.0 == "False")
+            .then_some(())
+    })
+    .await;
+
+    // The ingress Service: kube-loxilb's name and selector, the listeners' ports to
+    // loxilb-ingress' 80 and 443, the Gateway's address, owned by the Gateway.
+    let svc = wait_for("the ingress Service", WAIT, || async {
+        let svc = w.services.get_opt("gw-ingress-service").await.ok()??;
+        let shown = svc
+            .status
+            .as_ref()?
+            .load_balancer
+            .as_ref()?
+            .ingress
+            .as_ref()?;
+        (shown.first()?.ip.as_deref() == Some(ip.as_str())).then_some(svc)
+    })
+    .await;
+    let spec = svc.spec.clone().unwrap();
+    assert_eq!(spec.type_.as_deref(), Some("LoadBalancer"));
+    assert_eq!(spec.load_balancer_ip.as_deref(), Some(ip.as_str()));
+    assert_eq!(
+        spec.selector.unwrap().get("app").map(String::as_str),
+        Some("loxilb-ingress")
+    );
+    let ports: Vec<(String, i32, String)> = spec
+        .ports
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p.name.clone().unwrap_or_default(),
+                p.port,
+                format!("{:?}", p.target_port),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ports,
+        vec![
+            ("http-80".into(), 80, "Some(Int(80))".into()),
+            ("https-443".into(), 443, "Some(Int(443))".into()),
+            ("https-8443".into(), 8443, "Some(Int(443))".into()),
+        ]
+    );
+    let owner = &svc.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str()),
+        ("Gateway", "gw")
+    );
+
+    // The listeners' rules go to the loxilb-ingress pod.
+    wait_for("the HTTP and HTTPS rules", WAIT, || async {
+        let rules = w.rules_for(&ip);
+        (rules.contains(&(80, "tcp".into(), vec!["10.244.9.1:80".into()]))
+            && rules.contains(&(443, "tcp".into(), vec!["10.244.9.1:443".into()])))
+        .then_some(())
+    })
+    .await;
+
+    // The route's Ingress: class loxilb, the hosts both listeners allow, its paths and
+    // backend, the HTTPS listener's Secret, owned by the route.
+    let ingresses: Api<Ingress> = Api::namespaced(w.client.clone(), &ns);
+    let ing = wait_for("the route's Ingress", WAIT, || async {
+        ingresses.get_opt("shop").await.ok()?
+    })
+    .await;
+    let spec = ing.spec.clone().unwrap();
+    assert_eq!(spec.ingress_class_name.as_deref(), Some("loxilb"));
+    let rules = spec.rules.unwrap();
+    let mut hosts: Vec<String> = rules.iter().filter_map(|r| r.host.clone()).collect();
+    hosts.sort();
+    assert_eq!(hosts, vec!["secure.example.com", "shop.example.com"]);
+    let paths: Vec<(String, String, String, i32)> = rules[0]
+        .http
+        .as_ref()
+        .unwrap()
+        .paths
+        .iter()
+        .map(|p| {
+            let b = p.backend.service.as_ref().unwrap();
+            (
+                p.path.clone().unwrap(),
+                p.path_type.clone(),
+                b.name.clone(),
+                b.port.as_ref().unwrap().number.unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        paths,
+        vec![
+            ("/api".into(), "Prefix".into(), "web".into(), 8080),
+            ("/health".into(), "Exact".into(), "web".into(), 8080),
+        ]
+    );
+    let tls = spec.tls.unwrap();
+    assert_eq!(tls.len(), 1);
+    assert_eq!(tls[0].secret_name.as_deref(), Some("tls-cert"));
+    assert_eq!(tls[0].hosts, Some(vec!["secure.example.com".to_string()]));
+    let owner = &ing.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str()),
+        ("HTTPRoute", "shop")
+    );
+    assert_eq!(
+        ing.metadata.annotations.as_ref().unwrap()["parent-http-route"],
+        "shop"
+    );
+
+    // A ReferenceGrant in the Secret's namespace lets the Gateway's listener use it.
+    let grants = Api::<DynamicObject>::namespaced_with(
+        w.client.clone(),
+        &other,
+        &resource_of("ReferenceGrant", "v1beta1"),
+    );
+    grants
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "gateway.networking.k8s.io/v1beta1",
+                "kind": "ReferenceGrant",
+                "metadata": {"name": "certs-for-gateways"},
+                "spec": {
+                    "from": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "namespace": ns}],
+                    "to": [{"group": "", "kind": "Secret"}]
+                }
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    wait_for("https-other resolved once granted", WAIT, || async {
+        let l = listener(&w, "https-other").await?;
+        (cond(&l["conditions"], "ResolvedRefs")? == pair("True", "ResolvedRefs")).then_some(())
+    })
+    .await;
+
+    // The route deleted: its Ingress goes.
+    api(&w, Some(&ns), "HTTPRoute")
+        .delete("shop", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("the Ingress gone with its route", WAIT, || async {
+        ingresses
+            .get_opt("shop")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    // The Gateway deleted: its ingress Service and rules go.
+    api(&w, Some(&ns), "Gateway")
+        .delete("gw", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for(
+        "the ingress Service gone with its Gateway",
+        WAIT,
+        || async {
+            let svc: Option<Service> = w.services.get_opt("gw-ingress-service").await.ok()?;
+            (svc.is_none() && w.rules_for(&ip).is_empty()).then_some(())
+        },
+    )
+    .await;
+    let _ = api(&w, None, "GatewayClass")
+        .delete(&class, &DeleteParams::default())
+        .await;
+    let _ = namespaces.delete(&other, &DeleteParams::default()).await;
+}
