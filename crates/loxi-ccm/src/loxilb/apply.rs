@@ -885,11 +885,9 @@ impl Instance {
                 if failed.load(Ordering::SeqCst) {
                     return (owner, Vec::new(), None);
                 }
-                self.holdings
-                    .lock()
-                    .await
-                    .whole_running
-                    .insert(owner.clone());
+                // Not the instance's lock: a future of this stream waiting for it would hold
+                // it unpolled while this pass waits for it below.
+                self.whole_running().insert(owner.clone());
                 let (outcomes, transport) = self.call(work, metrics).await;
                 if transport.is_some() {
                     failed.store(true, Ordering::SeqCst);
@@ -900,23 +898,42 @@ impl Instance {
         let mut calls =
             futures::stream::iter(works.into_iter().map(start)).buffer_unordered(parallel);
         let mut failure = None;
-        while let Some((owner, outcomes, transport)) = calls.next().await {
-            let mut h = self.holdings.lock().await;
-            // Everything that was called is recorded, even after a failure.
-            if let Err(e) = self.record(&mut h, outcomes, report, metrics).await {
-                failure.get_or_insert(e);
-            }
-            h.whole_running.remove(&owner);
-            drop(h);
-            self.whole_progress.notify_waiters();
-            if let Some(e) = transport {
-                failure.get_or_insert(e);
+        let mut ended = Vec::new();
+        let mut more = true;
+        while more || !ended.is_empty() {
+            // The calls go on while this pass waits for the lock to record what ended:
+            // one of them may hold a write a listing under that lock waits for.
+            tokio::select! {
+                next = calls.next(), if more => match next {
+                    Some(one) => ended.push(one),
+                    None => more = false,
+                },
+                mut h = self.holdings.lock(), if !ended.is_empty() => {
+                    for (owner, outcomes, transport) in ended.drain(..) {
+                        // Everything that was called is recorded, even after a failure.
+                        if let Err(e) = self.record(&mut h, outcomes, report, metrics).await {
+                            failure.get_or_insert(e);
+                        }
+                        self.whole_running().remove(&owner);
+                        if let Some(e) = transport {
+                            failure.get_or_insert(e);
+                        }
+                    }
+                    drop(h);
+                    self.whole_progress.notify_waiters();
+                }
             }
         }
         match failure {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+
+    /// Services whose part of the running whole-instance pass has calls under way: their
+    /// own pass waits for these to be recorded (`take_over_from_whole`).
+    fn whole_running(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.whole_running.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// A Service's own pass takes its part of a running whole-instance pass over (see
@@ -930,7 +947,7 @@ impl Instance {
             let progressed = self.whole_progress.notified();
             let mut progressed = std::pin::pin!(progressed);
             progressed.as_mut().enable();
-            if !self.holdings.lock().await.whole_running.contains(owner) {
+            if !self.whole_running().contains(owner) {
                 return;
             }
             progressed.await;

@@ -281,6 +281,9 @@ pub struct Instance {
     whole_pass: Mutex<()>,
     /// Told whenever a Service's part of a whole-instance pass is recorded.
     whole_progress: tokio::sync::Notify,
+    /// Services whose part of the running whole-instance pass has calls under way
+    /// (`Instance::converge_all`): their own pass waits for these to be recorded.
+    whole_running: std::sync::Mutex<std::collections::HashSet<String>>,
     /// When a Service's own pass last wrote here: drift checks wait for a quiet moment.
     last_service_write: std::sync::Mutex<Option<Instant>>,
     /// Its BGP as this controller configured it (`bgp.rs`).
@@ -360,6 +363,7 @@ impl Instance {
             holdings: Mutex::new(Holdings::default()),
             whole_pass: Mutex::new(()),
             whole_progress: tokio::sync::Notify::new(),
+            whole_running: std::sync::Mutex::default(),
             last_service_write: std::sync::Mutex::new(None),
             bgp: Mutex::default(),
             roles: Mutex::default(),

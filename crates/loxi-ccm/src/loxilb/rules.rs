@@ -127,9 +127,6 @@ pub(super) struct Holdings {
     /// Keys whose last write got no answer in time: loxilb may or may not have applied it.
     /// Not written again until a listing shows what they hold (`Instance::check_unsure`).
     pub(super) unsure: HashSet<RuleKey>,
-    /// Services whose part of a whole-instance pass (a replay, a drift repair) has calls
-    /// under way (`Instance::converge_all`): their own pass waits for these to be recorded.
-    pub(super) whole_running: HashSet<String>,
 }
 
 /// A listing younger than this is current enough for a whole-instance pass (`converge_all`):
