@@ -77,3 +77,128 @@ async fn a_loxilb_back_empty_gets_its_role_and_bgp_before_any_rule() {
     );
     w.finish().await;
 }
+
+/// 40 one-port Services on a loxilb that answers each rule write in 200 ms (as a real one
+/// does, slowly, from the start: the controller's write window has learnt it), then a
+/// restart that empties it; returns once its replay is under way, with the Services'
+/// addresses and how many rule POSTs the simulator had seen before the restart.
+async fn replay_under_way(name: &str) -> (World, Vec<String>, usize) {
+    let w = World::with_sim(name, Options::default(), SimConfig::default()).await;
+    w.add_node("node-a", "10.7.1.1").await;
+    w.sim.set_write_latency(Duration::from_millis(200));
+    let mut ips = Vec::new();
+    for i in 0..SERVICES {
+        ips.push(w.serve_one_port(&format!("old-{i}"), 80).await);
+    }
+    // It restarts empty: the replay of 40 rules lasts ~8 s.
+    w.sim.go_down().await;
+    w.sim.restart();
+    w.sim.come_up().await.expect("the simulator listens again");
+    let since = rule_posts(&w).len();
+    wait_for("the replay under way", WAIT, || async {
+        (rule_posts(&w).len() >= since + 2).then_some(())
+    })
+    .await;
+    (w, ips, since)
+}
+
+const SERVICES: usize = 40;
+
+/// The rules POSTed to the simulator (`ip:port/protocol`), oldest first.
+fn rule_posts(w: &World) -> Vec<String> {
+    w.sim
+        .write_log()
+        .into_iter()
+        .filter(|l| l.method == "POST")
+        .filter_map(|l| l.rule)
+        .collect()
+}
+
+/// A Service created while a restarted loxilb's replay of many rules waits in its write queue
+/// gets its rule there ahead of the replay's (docs/architecture.md#writing-to-a-slow-loxilb):
+/// the replay holds neither the instance's table nor the Services' passes while its writes
+/// wait, and a new Service's first rule is more urgent than a replayed one.
+#[tokio::test]
+async fn a_new_service_during_a_replay_is_written_ahead_of_it() {
+    let (w, ips, since) = replay_under_way("replayahead").await;
+    let late = w.serve_one_port("late", 80).await;
+    wait_for("every rule back", WAIT, || async {
+        ips.iter()
+            .all(|ip| w.rules_for(ip).len() == 1)
+            .then_some(())
+    })
+    .await;
+    let posts: Vec<String> = rule_posts(&w).split_off(since);
+    let at = posts
+        .iter()
+        .position(|r| r.starts_with(&format!("{late}:")))
+        .unwrap_or_else(|| panic!("no rule of the late Service in {posts:#?}"));
+    let replayed_before = posts[..at]
+        .iter()
+        .filter(|r| ips.iter().any(|ip| r.starts_with(&format!("{ip}:"))))
+        .count();
+    assert!(
+        replayed_before < SERVICES,
+        "the late Service's rule waited for the whole replay: {posts:#?}"
+    );
+    // Every rule written once: the late pass took nothing from the replay twice.
+    let mut seen = std::collections::HashSet::new();
+    assert!(
+        posts.iter().all(|r| seen.insert(r.clone())),
+        "a rule written twice: {posts:#?}"
+    );
+    w.finish().await;
+}
+
+/// Services deleted while a replay carries their rules: the replay never writes a rule of a
+/// Service once that Service is gone (no rule left behind for an address that is free
+/// again), and a rule still waiting in the replay costs no write at all.
+#[tokio::test]
+async fn services_deleted_during_a_replay_leave_no_rule_and_cost_no_waiting_write() {
+    let (w, ips, since) = replay_under_way("replaydelete").await;
+    let doomed: Vec<(String, String)> = (SERVICES - 15..SERVICES)
+        .map(|i| (format!("old-{i}"), ips[i].clone()))
+        .collect();
+    for (name, _) in &doomed {
+        w.services
+            .delete(name, &kube::api::DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    wait_for("the deleted Services gone", WAIT, || async {
+        for (name, _) in &doomed {
+            if w.get(name).await.is_some() {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await;
+    let left = |when: &str| {
+        for (name, ip) in &doomed {
+            assert!(
+                w.rules_for(ip).is_empty(),
+                "{when}: a rule of the deleted {name} ({ip}) is still on loxilb"
+            );
+        }
+    };
+    left("once the Services are gone");
+    let kept = &ips[..SERVICES - 15];
+    wait_for("every other rule back", WAIT, || async {
+        kept.iter()
+            .all(|ip| w.rules_for(ip).len() == 1)
+            .then_some(())
+    })
+    .await;
+    left("once the replay ended");
+    let posts: Vec<String> = rule_posts(&w).split_off(since);
+    let never_written = doomed
+        .iter()
+        .filter(|(_, ip)| !posts.iter().any(|r| r.starts_with(&format!("{ip}:"))))
+        .count();
+    assert!(
+        never_written > 0,
+        "every deleted Service's rule was still written by the replay: {posts:#?}"
+    );
+    w.finish().await;
+}

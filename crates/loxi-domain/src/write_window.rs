@@ -327,6 +327,12 @@ impl WriteWindow {
         self.sent
     }
 
+    /// A write not even queued because a newer one of its rules is already decided on (a
+    /// Service's own pass took its part of a replay over): counted as superseded.
+    pub fn count_superseded(&mut self) {
+        self.superseded += 1;
+    }
+
     /// Waiting writes dropped because a newer one for the same rule came.
     pub fn superseded(&self) -> u64 {
         self.superseded

@@ -15,9 +15,10 @@
 //!   moved while it was away), then its BGP settings, then every rule; BGP is kept in step
 //!   at every interval, and retried there while loxilb's goBGP is still starting (it answers
 //!   about 9 s after loxilb's API: docs/loxilb-api.md#the-global-configuration), without
-//!   holding back the rules. From the probe that finds the restart until the replay ran,
-//!   Services' passes leave that loxilb alone (`Instance::takes_passes`): the replay
-//!   carries their rules, and a pass in between would send rules before role and BGP.
+//!   holding back the rules. From the probe that finds the restart until its role and BGP
+//!   were sent, Services' passes leave that loxilb alone (`Instance::takes_passes`): a pass
+//!   in between would send rules before them. During the rule replay they write there
+//!   again, a change ahead of the replay's writes (`Instance::converge_all`).
 //!
 //! The rules of the replay come from the caller ([`Replay`]: the Services' desired rules are
 //! the `service` subsystem's), and what a BGP pass found is kept for the health tick, which
@@ -377,13 +378,17 @@ impl Workers {
                 }
             }
             if replay_owed && kind == Kind::Member && inst.is_healthy() {
+                // Services' passes were held back since the restart was seen: its role and
+                // BGP had to go first (above). From here they write there again, beside the
+                // replay: a change made now (a Node gone, a new Service) goes ahead of the
+                // replay's writes in the write window, and takes that Service's part of
+                // the replay over (docs/architecture.md#writing-to-a-slow-loxilb).
+                let held = inst.resume_passes();
                 let complete = (self.settings.replay)(inst.clone()).await;
                 replay_owed = !complete;
-                // Services' passes were held back since the restart was seen (its role and
-                // BGP had to go first): they write again once the replay ran, complete or
-                // not (a rule a limit held back is theirs to report), and each Service gets
-                // a pass for its conditions and for what changed during the replay.
-                if inst.is_healthy() && inst.resume_passes() {
+                // Each Service then gets a pass for its conditions (`Programmed` counts this
+                // loxilb again).
+                if held && inst.is_healthy() {
                     self.tell(true);
                 }
                 if complete && inst.start_serving() {

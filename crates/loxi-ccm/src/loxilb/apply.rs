@@ -105,8 +105,9 @@ enum Sender {
         owner: String,
         restoring: HashSet<RuleKey>,
     },
-    /// A drift check or a replay.
-    Whole,
+    /// A drift check or a replay, its writes for one Service (`namespace/name`, from the
+    /// rules' names): that Service's own pass may take them over (`Window::take_over`).
+    Whole { owner: String },
 }
 
 impl Sender {
@@ -118,17 +119,25 @@ impl Sender {
                 Urgency::Restore
             }
             Sender::Service { .. } => Urgency::Change,
-            Sender::Whole if delete => Urgency::Cleanup,
-            Sender::Whole => Urgency::Replay,
+            Sender::Whole { .. } if delete => Urgency::Cleanup,
+            Sender::Whole { .. } => Urgency::Replay,
         }
     }
 
     fn owner(&self) -> Option<&str> {
         match self {
-            Sender::Service { owner, .. } => Some(owner),
-            Sender::Whole => None,
+            Sender::Service { owner, .. } | Sender::Whole { owner } => Some(owner),
         }
     }
+}
+
+/// The Service a rule belongs to, as the write window names it (`namespace/name`); a rule
+/// whose name is not ours is its own owner.
+fn owner_of(rule: &Rule) -> String {
+    RuleName::parse(&rule.name).map_or_else(
+        || rule.name.clone(),
+        |n| super::window::owner_key(&n.namespace, &n.service),
+    )
 }
 
 /// The keys of a Service's pass whose writes restore service: a change that takes an
@@ -213,6 +222,15 @@ fn posted(rule: Rule, update: bool, sent: Sent) -> Result<CallResult, ClientErro
     }
 }
 
+/// Ends the window's whole-pass mode however the pass ends (`Window::whole_pass`).
+struct WholePassEnds<'a>(&'a Instance);
+
+impl Drop for WholePassEnds<'_> {
+    fn drop(&mut self) {
+        self.0.window.whole_pass(false);
+    }
+}
+
 impl Work {
     /// Every key a call of this work touches.
     fn keys(&self) -> Vec<RuleKey> {
@@ -250,24 +268,51 @@ enum CallResult {
     Unknown(RuleKey, ClientError),
 }
 
-/// New rules grouped by the Service they belong to (by name), in first-seen order.
-fn group_by_service(rules: Vec<Rule>) -> Vec<Vec<Rule>> {
+/// Rules grouped by the Service they belong to ([`owner_of`]), in first-seen order.
+fn group_by_owner<T>(items: Vec<T>, rule: impl Fn(&T) -> &Rule) -> Vec<(String, Vec<T>)> {
     let mut index: HashMap<String, usize> = HashMap::new();
-    let mut groups: Vec<Vec<Rule>> = Vec::new();
-    for rule in rules {
-        let owner = RuleName::parse(&rule.name).map_or_else(
-            || rule.name.clone(),
-            |n| format!("{}/{}", n.namespace, n.service),
-        );
+    let mut groups: Vec<(String, Vec<T>)> = Vec::new();
+    for item in items {
+        let owner = owner_of(rule(&item));
         match index.get(&owner) {
-            Some(&i) => groups[i].push(rule),
+            Some(&i) => groups[i].1.push(item),
             None => {
-                index.insert(owner, groups.len());
-                groups.push(vec![rule]);
+                index.insert(owner.clone(), groups.len());
+                groups.push((owner, vec![item]));
             }
         }
     }
     groups
+}
+
+/// A whole-instance pass's deletes and changes as one [`Work`] per Service.
+fn works_by_owner(deletes: Vec<Rule>, changes: Vec<(Action, bool)>) -> Vec<Work> {
+    let mut works: Vec<Work> = Vec::new();
+    let mut index: HashMap<String, usize> = HashMap::new();
+    let mut work_of = |owner: String, works: &mut Vec<Work>| -> usize {
+        *index.entry(owner.clone()).or_insert_with(|| {
+            works.push(Work {
+                deletes: Vec::new(),
+                changes: Vec::new(),
+                creates: Vec::new(),
+                sender: Sender::Whole { owner },
+            });
+            works.len() - 1
+        })
+    };
+    for rule in deletes {
+        let i = work_of(owner_of(&rule), &mut works);
+        works[i].deletes.push(rule);
+    }
+    for change in changes {
+        let owner = match &change.0 {
+            Action::Update(r) | Action::Recreate(r) => owner_of(r),
+            _ => continue,
+        };
+        let i = work_of(owner, &mut works);
+        works[i].changes.push(change);
+    }
+    works
 }
 
 impl Instance {
@@ -294,6 +339,10 @@ impl Instance {
                 n.cluster == cluster.as_str() && n.namespace == namespace && n.service == name
             })
         };
+        // 0. What a replay or drift repair running here still had to send for this Service
+        //    is this pass's now (it decides from what the Service wants now).
+        self.take_over_from_whole(&super::window::owner_key(namespace, name))
+            .await;
         // 1. Decide under the lock (and reserve room for the new rules).
         let mut report = ApplyReport::default();
         let (work, freed_before) = {
@@ -691,6 +740,8 @@ impl Instance {
     where
         I: Iterator<Item = ServiceRules>,
     {
+        // One whole-instance pass at a time: a replay and a drift check never interleave.
+        let _one = self.whole_pass.lock().await;
         let mut h = self.holdings.lock().await;
         // A listing made moments ago (a Service's first pass after a take-over) is current:
         // every write since went through this cache.
@@ -700,9 +751,16 @@ impl Instance {
             self.refresh(&mut h, metrics).await
         };
         let result = match refreshed {
+            Ok(()) if self.appends_endpoints() => {
+                self.converge_shared(&mut h, desired(), metrics).await
+            }
             Ok(()) => {
-                self.apply_locked(&mut h, cluster, namespace, desired(), metrics)
-                    .await
+                drop(h);
+                let result = self
+                    .converge_unlocked(cluster, namespace, desired, metrics)
+                    .await;
+                h = self.holdings.lock().await;
+                result
             }
             Err(e) => Err(e),
         };
@@ -726,6 +784,176 @@ impl Instance {
         result
     }
 
+    /// The whole-instance pass, decided under the instance's lock and sent without it
+    /// (docs/architecture.md#writing-to-a-slow-loxilb): a replay of thousands of rules on a
+    /// loxilb that takes a second per write lasts long, and meanwhile a Service's own pass
+    /// writes there too, its urgent writes ahead of the replay's in the write window. A
+    /// Service's pass takes its part of this one over (`Instance::take_over_from_whole`):
+    /// what this pass still had to send for it is dropped, so no rule is written twice.
+    async fn converge_unlocked<I>(
+        &self,
+        cluster: &ClusterId,
+        namespace: Option<&str>,
+        desired: impl FnOnce() -> I,
+        metrics: &Metrics,
+    ) -> Result<ApplyReport, ClientError>
+    where
+        I: Iterator<Item = ServiceRules>,
+    {
+        let mut report = ApplyReport::default();
+        self.window.whole_pass(true);
+        let _ended = WholePassEnds(self);
+        // 1. Decide under the lock (the desired rules are asked for only now: computed
+        //    earlier, they could re-create the rules of a Service whose cleanup ran since).
+        let (deletes, changes, creates) = {
+            let mut h = self.holdings.lock().await;
+            if !h.known {
+                self.refresh(&mut h, metrics).await?;
+            }
+            let (mut deletes, mut changes, mut creates) =
+                decide_all(&h, cluster, namespace, desired(), &mut report);
+            // Keys a Service's own pass is changing right now are left to it: the listing
+            // may show them before or after its calls, and sending the same change again
+            // only doubles the writes. Its pass records what it did; anything it leaves
+            // wrong is there at the next check.
+            let busy = |key: &RuleKey| h.in_flight.contains(key);
+            deletes.retain(|r| !busy(&r.key));
+            creates.retain(|r| !busy(&r.key));
+            changes.retain(|a| match a {
+                Action::Update(r) | Action::Recreate(r) => !busy(&r.key),
+                _ => true,
+            });
+            if tracing::enabled!(tracing::Level::DEBUG) {
+                Self::log_repairs(self.url(), &h, &deletes, &changes, &creates);
+            }
+            let changes = without_refused(&h, changes, &mut report);
+            (deletes, changes, creates)
+        };
+        // 2. Deletes and changes first: they make room for what is created below.
+        self.send_whole(works_by_owner(deletes, changes), &mut report, metrics)
+            .await?;
+        // 3. New rules, one group per Service: each Service gets all its new rules or none.
+        //    Room is taken for a group before its calls, so the limits see the groups
+        //    admitted before it.
+        let (admitted, taken) = {
+            let mut h = self.holdings.lock().await;
+            let mut admitted = Vec::new();
+            let mut taken = 0;
+            for (owner, mut group) in group_by_owner(creates, |r| r) {
+                if let Some(b) = self.check_limits(&h, &group, 0) {
+                    metrics.limit_hit(self.url(), b.reason());
+                    report.blocked.push(b);
+                    continue;
+                }
+                // Rules with source ranges first: they need the low indexes.
+                group.sort_by_key(|r| r.allowed_sources.is_empty());
+                h.reserved += group.len();
+                taken += group.len();
+                admitted.push(Work {
+                    deletes: Vec::new(),
+                    changes: Vec::new(),
+                    creates: group,
+                    sender: Sender::Whole { owner },
+                });
+            }
+            // Groups with source ranges start first, for the same reason.
+            admitted.sort_by_key(|w| w.creates.iter().all(|r| r.allowed_sources.is_empty()));
+            (admitted, taken)
+        };
+        let sent = self.send_whole(admitted, &mut report, metrics).await;
+        self.holdings.lock().await.reserved -= taken;
+        sent.map(|()| report)
+    }
+
+    /// Sends a whole-instance pass's works side by side (as many at once as
+    /// `parallel_calls`; the write window orders their writes among everyone's), recording
+    /// each as it ends. A Service's work is marked under way while its calls run, so that
+    /// the Service's own pass waits for them before deciding. Stops starting works after a
+    /// transport failure.
+    async fn send_whole(
+        &self,
+        works: Vec<Work>,
+        report: &mut ApplyReport,
+        metrics: &Metrics,
+    ) -> Result<(), ClientError> {
+        let failed = std::sync::atomic::AtomicBool::new(false);
+        let parallel = self.parallel_calls.load(Ordering::Relaxed).max(1);
+        let start = |work: Work| {
+            let failed = &failed;
+            async move {
+                let owner = work.sender.owner().unwrap_or_default().to_string();
+                if failed.load(Ordering::SeqCst) {
+                    return (owner, Vec::new(), None);
+                }
+                // Not the instance's lock: a future of this stream waiting for it would hold
+                // it unpolled while this pass waits for it below.
+                self.whole_running().insert(owner.clone());
+                let (outcomes, transport) = self.call(work, metrics).await;
+                if transport.is_some() {
+                    failed.store(true, Ordering::SeqCst);
+                }
+                (owner, outcomes, transport)
+            }
+        };
+        let mut calls =
+            futures::stream::iter(works.into_iter().map(start)).buffer_unordered(parallel);
+        let mut failure = None;
+        let mut ended = Vec::new();
+        let mut more = true;
+        while more || !ended.is_empty() {
+            // The calls go on while this pass waits for the lock to record what ended:
+            // one of them may hold a write a listing under that lock waits for.
+            tokio::select! {
+                next = calls.next(), if more => match next {
+                    Some(one) => ended.push(one),
+                    None => more = false,
+                },
+                mut h = self.holdings.lock(), if !ended.is_empty() => {
+                    for (owner, outcomes, transport) in ended.drain(..) {
+                        // Everything that was called is recorded, even after a failure.
+                        if let Err(e) = self.record(&mut h, outcomes, report, metrics).await {
+                            failure.get_or_insert(e);
+                        }
+                        self.whole_running().remove(&owner);
+                        if let Some(e) = transport {
+                            failure.get_or_insert(e);
+                        }
+                    }
+                    drop(h);
+                    self.whole_progress.notify_waiters();
+                }
+            }
+        }
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Services whose part of the running whole-instance pass has calls under way: their
+    /// own pass waits for these to be recorded (`take_over_from_whole`).
+    fn whole_running(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.whole_running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A Service's own pass takes its part of a running whole-instance pass over (see
+    /// `converge_unlocked`): that pass's waiting writes for it are dropped, and the ones it
+    /// has under way end and are recorded before this pass decides.
+    async fn take_over_from_whole(&self, owner: &str) {
+        if !self.window.take_over(owner) {
+            return;
+        }
+        loop {
+            let progressed = self.whole_progress.notified();
+            let mut progressed = std::pin::pin!(progressed);
+            progressed.as_mut().enable();
+            if !self.whole_running().contains(owner) {
+                return;
+            }
+            progressed.await;
+        }
+    }
+
     /// Deletes every rule this cluster owns for `namespace/name`. Fails if any could not be
     /// deleted (the caller keeps its finalizer and retries with backoff).
     pub async fn remove_service(
@@ -740,94 +968,6 @@ impl Instance {
             .await?;
         match report.failed.pop() {
             Some((_, e)) => Err(e),
-            None => Ok(report),
-        }
-    }
-
-    async fn apply_locked(
-        &self,
-        h: &mut Holdings,
-        cluster: &ClusterId,
-        namespace: Option<&str>,
-        desired: impl Iterator<Item = ServiceRules>,
-        metrics: &Metrics,
-    ) -> Result<ApplyReport, ClientError> {
-        if !h.known {
-            self.refresh(h, metrics).await?;
-        }
-        if self.appends_endpoints() {
-            return self.converge_shared(h, desired, metrics).await;
-        }
-        let mut report = ApplyReport::default();
-        let (mut deletes, mut changes, mut creates) =
-            decide_all(h, cluster, namespace, desired, &mut report);
-        // Keys a Service's own pass is changing right now are left to it: the listing may
-        // show them before or after its calls, and sending the same change again only
-        // doubles the writes. Its pass records what it did; anything it leaves wrong is
-        // there at the next check.
-        let busy = |key: &RuleKey| h.in_flight.contains(key);
-        deletes.retain(|r| !busy(&r.key));
-        creates.retain(|r| !busy(&r.key));
-        changes.retain(|a| match a {
-            Action::Update(r) | Action::Recreate(r) => !busy(&r.key),
-            _ => true,
-        });
-        if tracing::enabled!(tracing::Level::DEBUG) {
-            Self::log_repairs(self.url(), h, &deletes, &changes, &creates);
-        }
-        // Deletes and changes first: they make room for what is created below.
-        let first = Work {
-            deletes,
-            changes: without_refused(h, changes, &mut report),
-            creates: Vec::new(),
-            sender: Sender::Whole,
-        };
-        let (outcomes, transport) = self.call(first, metrics).await;
-        self.record(h, outcomes, &mut report, metrics).await?;
-        if let Some(e) = transport {
-            return Err(e);
-        }
-        // New rules, one group per Service: each Service gets all its new rules or none.
-        // Room is taken for a group before its calls, so the limits see the groups admitted
-        // before it; the groups' calls then run side by side (a replay of a full loxilb is
-        // thousands of POSTs).
-        let mut admitted = Vec::new();
-        let mut taken = 0;
-        for mut group in group_by_service(creates) {
-            if let Some(b) = self.check_limits(h, &group, 0) {
-                metrics.limit_hit(self.url(), b.reason());
-                report.blocked.push(b);
-                continue;
-            }
-            // Rules with source ranges first: they need the low indexes.
-            group.sort_by_key(|r| r.allowed_sources.is_empty());
-            h.reserved += group.len();
-            taken += group.len();
-            admitted.push(Work {
-                deletes: Vec::new(),
-                changes: Vec::new(),
-                creates: group,
-                sender: Sender::Whole,
-            });
-        }
-        // Groups with source ranges start first, for the same reason.
-        admitted.sort_by_key(|w| w.creates.iter().all(|r| r.allowed_sources.is_empty()));
-        let parallel = self.parallel_calls.load(Ordering::Relaxed).max(1);
-        let mut calls = futures::stream::iter(admitted.into_iter().map(|w| self.call(w, metrics)))
-            .buffer_unordered(parallel);
-        let mut failure = None;
-        while let Some((outcomes, transport)) = calls.next().await {
-            // Everything that was called is recorded, even after a failure.
-            if let Err(e) = self.record(h, outcomes, &mut report, metrics).await {
-                failure.get_or_insert(e);
-            }
-            if let Some(e) = transport {
-                failure.get_or_insert(e);
-            }
-        }
-        h.reserved -= taken;
-        match failure {
-            Some(e) => Err(e),
             None => Ok(report),
         }
     }

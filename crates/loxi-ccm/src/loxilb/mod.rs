@@ -277,6 +277,13 @@ pub struct Instance {
     /// How many Services' new rules a replay or drift repair sends at once.
     parallel_calls: AtomicUsize,
     holdings: Mutex<Holdings>,
+    /// Held by the whole-instance pass running (a replay, a drift repair): one at a time.
+    whole_pass: Mutex<()>,
+    /// Told whenever a Service's part of a whole-instance pass is recorded.
+    whole_progress: tokio::sync::Notify,
+    /// Services whose part of the running whole-instance pass has calls under way
+    /// (`Instance::converge_all`): their own pass waits for these to be recorded.
+    whole_running: std::sync::Mutex<std::collections::HashSet<String>>,
     /// When a Service's own pass last wrote here: drift checks wait for a quiet moment.
     last_service_write: std::sync::Mutex<Option<Instant>>,
     /// Its BGP as this controller configured it (`bgp.rs`).
@@ -354,6 +361,9 @@ impl Instance {
             capacity: AtomicUsize::new(DEFAULT_CAPACITY),
             parallel_calls: AtomicUsize::new(DEFAULT_PARALLEL_CALLS),
             holdings: Mutex::new(Holdings::default()),
+            whole_pass: Mutex::new(()),
+            whole_progress: tokio::sync::Notify::new(),
+            whole_running: std::sync::Mutex::default(),
             last_service_write: std::sync::Mutex::new(None),
             bgp: Mutex::default(),
             roles: Mutex::default(),

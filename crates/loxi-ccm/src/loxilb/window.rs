@@ -4,7 +4,7 @@
 //! A write whose sender stops waiting (its reconcile was dropped) leaves the queue; a turn
 //! granted but not used gives its room back.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -31,6 +31,9 @@ struct Inner {
     /// Waiting writes by the Service that sent them (`namespace/name`): for its status.
     by_owner: HashMap<String, BTreeSet<Ticket>>,
     owners: HashMap<Ticket, String>,
+    /// While a whole-instance pass (a replay, a drift repair) runs: the Services whose own
+    /// pass took their part of it over ([`Window::take_over`]). `None` when none runs.
+    taken_over: Option<HashSet<String>>,
 }
 
 impl Inner {
@@ -158,6 +161,7 @@ impl Window {
                 waiters: HashMap::new(),
                 by_owner: HashMap::new(),
                 owners: HashMap::new(),
+                taken_over: None,
             }),
             write_ended: tokio::sync::Notify::new(),
         }
@@ -203,6 +207,14 @@ impl Window {
         let (tx, rx) = oneshot::channel();
         let ticket = {
             let mut inner = self.lock();
+            if urgency >= Urgency::Replay
+                && let (Some(o), Some(taken)) = (owner, &inner.taken_over)
+                && taken.contains(o)
+            {
+                // The Service's own pass writes its rules now, from what it wants now.
+                inner.window.count_superseded();
+                return None;
+            }
             // After the Service's waiting write, if it has one: its rules land together.
             let join = owner
                 .and_then(|o| inner.by_owner.get(o))
@@ -256,6 +268,39 @@ impl Window {
             inner.window.drop_waiting(t);
         }
         inner.dispatch();
+    }
+
+    /// A whole-instance pass starts (`true`) or ended (`false`): while it runs, a Service's
+    /// own pass may take its part over ([`Window::take_over`]).
+    pub fn whole_pass(&self, running: bool) {
+        self.lock().taken_over = running.then(HashSet::new);
+    }
+
+    /// A Service's own pass takes its part of the running whole-instance pass over: that
+    /// pass's waiting writes for it are dropped unsent, and its later ones are never sent
+    /// (the Service's pass decides from what it wants now, with its own urgency, ahead of
+    /// the replay). False when no whole-instance pass runs.
+    pub fn take_over(&self, owner: &str) -> bool {
+        let mut inner = self.lock();
+        let Some(taken) = inner.taken_over.as_mut() else {
+            return false;
+        };
+        taken.insert(owner.to_string());
+        let tickets: Vec<Ticket> = inner
+            .by_owner
+            .get(owner)
+            .map(|t| {
+                t.iter()
+                    .filter(|t| t.urgency() >= Urgency::Replay)
+                    .copied()
+                    .collect()
+            })
+            .unwrap_or_default();
+        for t in tickets {
+            inner.window.drop_waiting(t);
+        }
+        inner.dispatch();
+        true
     }
 
     /// Where the Service's first waiting write stands (`None`: it has none waiting).
