@@ -9,6 +9,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use loxilb_sim::SimConfig;
 
 #[tokio::test]
 async fn a_loxilb_back_empty_gets_its_role_and_bgp_before_any_rule() {
