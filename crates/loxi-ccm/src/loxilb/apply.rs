@@ -526,8 +526,7 @@ impl Instance {
         if freed {
             h.room_freed();
         }
-        metrics.set_rules(self.url(), h.held());
-        metrics.set_capacity(self.url(), self.effective_capacity(h));
+        self.report_table(h, metrics);
         Ok(())
     }
 
