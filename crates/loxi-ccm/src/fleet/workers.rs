@@ -47,6 +47,9 @@ const DOWN_PROBE_INTERVAL: Duration = Duration::from_millis(100);
 /// Brings one loxilb to every rule of its group's Services; true when it holds them all.
 pub type Replay = Arc<dyn Fn(Arc<Instance>) -> BoxFuture<'static, bool> + Send + Sync>;
 
+/// A snapshot of loxilbs (the fleet's members, or the BGP-peer-only ones).
+pub type Listed = Arc<Vec<Arc<Instance>>>;
+
 /// One BGP pass's outcome, shared with the health tick that publishes it.
 pub type PassResult = Arc<Result<BgpReport, ClientError>>;
 
@@ -130,8 +133,8 @@ impl Workers {
     /// stops its worker before its gauges are forgotten.
     pub fn follow(
         self: &Arc<Self>,
-        listed: impl FnOnce() -> (Arc<Vec<Arc<Instance>>>, Arc<Vec<Arc<Instance>>>),
-    ) -> (Arc<Vec<Arc<Instance>>>, Arc<Vec<Arc<Instance>>>) {
+        listed: impl FnOnce() -> (Listed, Listed),
+    ) -> (Listed, Listed) {
         let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
         let (members, peers) = listed();
         let wanted = members
