@@ -362,23 +362,28 @@ async fn a_loxilb_that_leaves_is_told_backup() {
     .await;
 }
 
+/// The fleet of the configured loxilb `a`, with HA roles, that the discovered loxilb `b`
+/// joins (in the default group).
+async fn b_joining_a() -> (Simulator, Simulator, Alone) {
+    let (a, b) = (sim(false).await, sim(false).await);
+    let with = With {
+        roles: true,
+        bgp: false,
+    };
+    let alone = Alone::start(&[&a], with);
+    alone
+        .fleet
+        .set_source(Source::Discovered, vec![Member::new("llb", &b.url())]);
+    (a, b, alone)
+}
+
 /// A loxilb that leaves while its worker's probe is in flight (answered 600 ms late): its
 /// gauges go, and stay gone once that probe would have been answered (its worker was
 /// stopped before they were forgotten, crates/loxi-ccm/src/fleet/mod.rs `Fleet::depart`).
 #[tokio::test]
 async fn a_loxilb_that_leaves_during_a_probe_has_its_gauges_gone_for_good() {
     const LATE: Duration = Duration::from_millis(600);
-    let (a, b) = (sim(false).await, sim(false).await);
-    let alone = Alone::start(
-        &[&a],
-        With {
-            roles: true,
-            bgp: false,
-        },
-    );
-    alone
-        .fleet
-        .set_source(Source::Discovered, vec![Member::new("llb", &b.url())]);
+    let (a, b, alone) = b_joining_a().await;
     wait_for("b serving, with its up, rules and role series", || {
         let gauges = alone.gauges_of(&b);
         let has = |p: &str| gauges.iter().any(|l| l.starts_with(p));
@@ -424,17 +429,7 @@ async fn a_loxilb_that_leaves_during_a_probe_has_its_gauges_gone_for_good() {
 /// those of a loxilb that left).
 #[tokio::test]
 async fn a_loxilb_that_moves_to_another_group_has_its_gauges_there() {
-    let (a, b) = (sim(false).await, sim(false).await);
-    let alone = Alone::start(
-        &[&a],
-        With {
-            roles: true,
-            bgp: false,
-        },
-    );
-    alone
-        .fleet
-        .set_source(Source::Discovered, vec![Member::new("llb", &b.url())]);
+    let (_a, b, alone) = b_joining_a().await;
     let role_in = |group: &str, gauges: &[String]| {
         let ha = format!("ha_instance=\"{group}-inst0\"");
         gauges
