@@ -131,10 +131,7 @@ impl Workers {
     /// worker just stopped is never started again from a list read before it left.
     /// A worker is never stopped here: a loxilb leaves through `Fleet::set_source`, which
     /// stops its worker before its gauges are forgotten.
-    pub fn follow(
-        self: &Arc<Self>,
-        listed: impl FnOnce() -> (Listed, Listed),
-    ) -> (Listed, Listed) {
+    pub fn follow(self: &Arc<Self>, listed: impl FnOnce() -> (Listed, Listed)) -> (Listed, Listed) {
         let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
         let (members, peers) = listed();
         let wanted = members
