@@ -9,7 +9,8 @@
 mod common;
 
 use common::gateway::{
-    CONTROLLER, api, cond, create, gateway_options, gateway_world, get, pair, resource_of,
+    CONTROLLER, api, class_and_gateway, cond, create, gateway_options, gateway_world, get, pair,
+    resource_of, tls_secret, tls_secret_of,
 };
 use common::{WAIT, wait_for};
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
@@ -48,20 +49,19 @@ async fn http_and_https_listeners_become_an_ingress_service_and_ingresses() {
         )
         .await
         .unwrap();
-    let secret = |name: &str| -> Secret {
-        serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "type": "Opaque",
-            "data": {"tls.crt": "Y2VydA==", "tls.key": "a2V5"}
-        }))
-        .unwrap()
-    };
+    // Real certificates: a Secret whose data is no certificate and key is refused.
     Api::<Secret>::namespaced(w.client.clone(), &ns)
-        .create(&PostParams::default(), &secret("tls-cert"))
+        .create(
+            &PostParams::default(),
+            &tls_secret("tls-cert", "secure.example.com"),
+        )
         .await
         .unwrap();
     Api::<Secret>::namespaced(w.client.clone(), &other)
-        .create(&PostParams::default(), &secret("shared-cert"))
+        .create(
+            &PostParams::default(),
+            &tls_secret("shared-cert", "shared.example.com"),
+        )
         .await
         .unwrap();
     // The route's backend, and the loxilb-ingress pod behind the Gateway's ingress Service
@@ -339,4 +339,100 @@ async fn http_and_https_listeners_become_an_ingress_service_and_ingresses() {
         .delete(&class, &DeleteParams::default())
         .await;
     let _ = namespaces.delete(&other, &DeleteParams::default()).await;
+}
+
+/// An HTTPS listener whose Secret is missing, or holds no certificate and key (the
+/// upstream conformance suite's malformed Secret), is `ResolvedRefs=False`,
+/// `InvalidCertificateRef` and not programmed, with a Warning Event; the Gateway's other
+/// listener carries on; the Secret mended, the listener resolves.
+#[tokio::test]
+async fn https_listeners_with_a_missing_or_malformed_certificate_are_invalid() {
+    let w = gateway_world("gwcert", Channel::Standard, gateway_options()).await;
+    let ns = w.ns.clone();
+    let secrets: Api<Secret> = Api::namespaced(w.client.clone(), &ns);
+    secrets
+        .create(
+            &PostParams::default(),
+            &tls_secret("good", "good.example.com"),
+        )
+        .await
+        .unwrap();
+    // "Hello world" as both certificate and key, as the conformance suite writes it.
+    secrets
+        .create(
+            &PostParams::default(),
+            &tls_secret_of("malformed", "Hello world\n", "Hello world\n"),
+        )
+        .await
+        .unwrap();
+    let https = |name: &str, port: u16, secret: &str| {
+        json!({"name": name, "port": port, "protocol": "HTTPS",
+               "tls": {"mode": "Terminate", "certificateRefs": [{"name": secret}]}})
+    };
+    let class = class_and_gateway(
+        &w,
+        "loxilb-cert",
+        json!([
+            https("good", 443, "good"),
+            https("malformed", 8443, "malformed"),
+            https("missing", 9443, "absent"),
+        ]),
+    )
+    .await;
+    wait_for("the good listener resolved", WAIT, || async {
+        let l = listener(&w, "good").await?;
+        (cond(&l["conditions"], "ResolvedRefs")? == pair("True", "ResolvedRefs")).then_some(())
+    })
+    .await;
+    for (name, says) in [
+        ("malformed", "Secret {ns}/malformed cannot serve TLS"),
+        ("missing", "Secret {ns}/absent does not exist"),
+    ] {
+        let says = says.replace("{ns}", &ns);
+        let l = wait_for(&format!("listener {name} refused"), WAIT, || async {
+            let l = listener(&w, name).await?;
+            (cond(&l["conditions"], "ResolvedRefs")? == pair("False", "InvalidCertificateRef")
+                && cond(&l["conditions"], "Programmed")? == pair("False", "Invalid"))
+            .then_some(l)
+        })
+        .await;
+        let message = l["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "ResolvedRefs")
+            .unwrap()["message"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(message.contains(&says), "{message}");
+    }
+    wait_for("a Warning Event on the Gateway", WAIT, || async {
+        w.event_reasons("gw")
+            .await
+            .iter()
+            .any(|r| r == "InvalidCertificateRef")
+            .then_some(())
+    })
+    .await;
+    // The Secret mended: its listener resolves.
+    secrets
+        .delete("malformed", &DeleteParams::default())
+        .await
+        .unwrap();
+    secrets
+        .create(
+            &PostParams::default(),
+            &tls_secret("malformed", "mended.example.com"),
+        )
+        .await
+        .unwrap();
+    wait_for("the mended listener resolved", WAIT, || async {
+        let l = listener(&w, "malformed").await?;
+        (cond(&l["conditions"], "ResolvedRefs")? == pair("True", "ResolvedRefs")).then_some(())
+    })
+    .await;
+    let _ = api(&w, None, "GatewayClass")
+        .delete(&class, &DeleteParams::default())
+        .await;
 }
