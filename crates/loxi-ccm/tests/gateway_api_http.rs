@@ -9,8 +9,8 @@
 mod common;
 
 use common::gateway::{
-    CONTROLLER, api, class_and_gateway, cond, create, gateway_options, gateway_world, get, pair,
-    resource_of, tls_secret, tls_secret_of,
+    api, class_and_gateway, cond, create, gateway_options, gateway_world, get, pair, resource_of,
+    tls_secret, tls_secret_of,
 };
 use common::{WAIT, wait_for};
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
@@ -94,29 +94,17 @@ async fn http_and_https_listeners_become_an_ingress_service_and_ingresses() {
         )
         .await
         .unwrap();
-    let class = format!("loxilb-http-{}", std::process::id());
-    create(
+    let class = class_and_gateway(
         &w,
-        None,
-        "GatewayClass",
-        json!({"metadata": {"name": class}, "spec": {"controllerName": CONTROLLER}}),
-    )
-    .await;
-    create(
-        &w,
-        Some(&ns),
-        "Gateway",
-        json!({
-            "metadata": {"name": "gw"},
-            "spec": {"gatewayClassName": class, "listeners": [
-                {"name": "http", "port": 80, "protocol": "HTTP", "hostname": "*.example.com"},
-                {"name": "https", "port": 443, "protocol": "HTTPS",
-                 "hostname": "secure.example.com",
-                 "tls": {"mode": "Terminate", "certificateRefs": [{"name": "tls-cert"}]}},
-                {"name": "https-other", "port": 8443, "protocol": "HTTPS",
-                 "tls": {"certificateRefs": [{"name": "shared-cert", "namespace": other}]}}
-            ]}
-        }),
+        "loxilb-http",
+        json!([
+            {"name": "http", "port": 80, "protocol": "HTTP", "hostname": "*.example.com"},
+            {"name": "https", "port": 443, "protocol": "HTTPS",
+             "hostname": "secure.example.com",
+             "tls": {"mode": "Terminate", "certificateRefs": [{"name": "tls-cert"}]}},
+            {"name": "https-other", "port": 8443, "protocol": "HTTPS",
+             "tls": {"certificateRefs": [{"name": "shared-cert", "namespace": other}]}}
+        ]),
     )
     .await;
     create(

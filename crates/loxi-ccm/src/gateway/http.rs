@@ -239,17 +239,22 @@ pub fn ingress(
         let backends: Vec<(String, i32)> = rule
             .backend_refs
             .iter()
-            .filter(|b| b.group.as_deref().unwrap_or("").is_empty())
-            .filter(|b| b.kind.as_deref().unwrap_or("Service") == "Service")
-            .filter(|b| b.namespace.as_ref().is_none_or(|ns| ns == &route.namespace))
+            .filter(|b| b.object.group.as_deref().unwrap_or("").is_empty())
+            .filter(|b| b.object.kind.as_deref().unwrap_or("Service") == "Service")
+            .filter(|b| {
+                b.object
+                    .namespace
+                    .as_ref()
+                    .is_none_or(|ns| ns == &route.namespace)
+            })
             .filter(|b| b.weight.unwrap_or(1) > 0)
             .filter_map(|b| {
                 let port = b.port?;
                 let svc = services
-                    .get(&(route.namespace.clone(), b.name.clone()))?
+                    .get(&(route.namespace.clone(), b.object.name.clone()))?
                     .as_ref()?;
                 service_port_name(svc, u16::try_from(port).ok()?)?;
-                Some((b.name.clone(), port))
+                Some((b.object.name.clone(), port))
             })
             .collect();
         let matches: Vec<(String, &str)> = if rule.matches.is_empty() {
@@ -395,7 +400,7 @@ pub fn unresolved_certificates(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gateway::types::{ListenerTls, SecretObjectReference};
+    use crate::gateway::types::{ListenerTls, ObjectReference};
 
     fn names(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| s.to_string()).collect()
@@ -422,7 +427,7 @@ mod tests {
         assert!(hosts(None, &[]).is_empty());
     }
 
-    fn https(refs: Vec<SecretObjectReference>) -> Listener {
+    fn https(refs: Vec<ObjectReference>) -> Listener {
         Listener {
             name: "https".into(),
             port: 443,
@@ -435,11 +440,11 @@ mod tests {
         }
     }
 
-    fn secret(name: &str, ns: Option<&str>) -> SecretObjectReference {
-        SecretObjectReference {
+    fn secret(name: &str, ns: Option<&str>) -> ObjectReference {
+        ObjectReference {
             name: name.into(),
             namespace: ns.map(String::from),
-            ..SecretObjectReference::default()
+            ..ObjectReference::default()
         }
     }
 

@@ -118,7 +118,8 @@ pub fn backend_services(
 ) -> Services {
     let mut out = Services::new();
     for route in routes {
-        for b in route.spec.rules.iter().flat_map(|r| &r.backend_refs) {
+        let objects = route.spec.rules.iter().flat_map(|r| &r.backend_refs);
+        for b in objects.map(|b| &b.object) {
             let ns = b
                 .namespace
                 .clone()
@@ -358,13 +359,14 @@ fn resolve_all(
     let mut problem = None;
     for b in route.spec.rules.iter().flat_map(|r| &r.backend_refs) {
         let backend = BackendIn {
-            group: b.group.clone(),
-            kind: b.kind.clone(),
+            group: b.object.group.clone(),
+            kind: b.object.kind.clone(),
             namespace: b
+                .object
                 .namespace
                 .clone()
                 .unwrap_or_else(|| route.namespace.clone()),
-            name: b.name.clone(),
+            name: b.object.name.clone(),
             port: b.port,
             weight: b.weight,
         };
