@@ -331,8 +331,9 @@ async fn http_and_https_listeners_become_an_ingress_service_and_ingresses() {
 
 /// An HTTPS listener whose Secret is missing, or holds no certificate and key (the
 /// upstream conformance suite's malformed Secret), is `ResolvedRefs=False`,
-/// `InvalidCertificateRef` and not programmed, with a Warning Event; the Gateway's other
-/// listener carries on; the Secret mended, the listener resolves.
+/// `InvalidCertificateRef` and not programmed, with a Warning Event, and gets no rule; the
+/// Gateway's other listener carries on; the Secret mended, the listener resolves and gets
+/// its rule.
 #[tokio::test]
 async fn https_listeners_with_a_missing_or_malformed_certificate_are_invalid() {
     let w = gateway_world("gwcert", Channel::Standard, gateway_options()).await;
@@ -357,6 +358,25 @@ async fn https_listeners_with_a_missing_or_malformed_certificate_are_invalid() {
         json!({"name": name, "port": port, "protocol": "HTTPS",
                "tls": {"mode": "Terminate", "certificateRefs": [{"name": secret}]}})
     };
+    // The loxilb-ingress pod behind the Gateway's ingress Service, on every listener's port.
+    Api::<EndpointSlice>::namespaced(w.client.clone(), &ns)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "gw-ingress-service-1",
+                             "labels": {"kubernetes.io/service-name": "gw-ingress-service"}},
+                "addressType": "IPv4",
+                "ports": [
+                    {"name": "https-443", "port": 443, "protocol": "TCP"},
+                    {"name": "https-8443", "port": 443, "protocol": "TCP"},
+                    {"name": "https-9443", "port": 443, "protocol": "TCP"}
+                ],
+                "endpoints": [{"addresses": ["10.244.9.1"], "conditions": {"ready": true}}]
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
     let class = class_and_gateway(
         &w,
         "loxilb-cert",
@@ -403,6 +423,21 @@ async fn https_listeners_with_a_missing_or_malformed_certificate_are_invalid() {
             .then_some(())
     })
     .await;
+    // Only the served listener has a rule: none for those whose certificates do not resolve.
+    let ip = wait_for("the Gateway's address", WAIT, || async {
+        let gw = get(&w, Some(&ns), "Gateway", "gw").await?;
+        gw["status"]["addresses"][0]["value"]
+            .as_str()
+            .map(String::from)
+    })
+    .await;
+    let rule = |port: u16| (port, "tcp".to_string(), vec!["10.244.9.1:443".to_string()]);
+    let rules = wait_for("the good listener's rule", WAIT, || async {
+        let rules = w.rules_for(&ip);
+        rules.contains(&rule(443)).then_some(rules)
+    })
+    .await;
+    assert_eq!(rules, vec![rule(443)]);
     // The Secret mended: its listener resolves.
     secrets
         .delete("malformed", &DeleteParams::default())
@@ -418,6 +453,12 @@ async fn https_listeners_with_a_missing_or_malformed_certificate_are_invalid() {
     wait_for("the mended listener resolved", WAIT, || async {
         let l = listener(&w, "malformed").await?;
         (cond(&l["conditions"], "ResolvedRefs")? == pair("True", "ResolvedRefs")).then_some(())
+    })
+    .await;
+    wait_for("the mended listener's rule", WAIT, || async {
+        let mut rules = w.rules_for(&ip);
+        rules.sort();
+        (rules == vec![rule(443), rule(8443)]).then_some(())
     })
     .await;
     let _ = api(&w, None, "GatewayClass")

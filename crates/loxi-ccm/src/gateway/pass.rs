@@ -254,6 +254,9 @@ impl Pass {
             .as_ref()
             .map(|s| s.conditions.clone())
             .unwrap_or_default();
+        // Before the rules: an HTTPS listener whose certificates do not resolve gets none.
+        let certificates = self.certificates(gw, verdicts, grants).await;
+        let certified = |i: usize| !matches!(certificates.get(i), Some(Some(Err(_))));
         let address = requested_address(gw);
         let (addresses, programmed) = match &address {
             Err(message) => (
@@ -272,7 +275,8 @@ impl Pass {
                 Ok(held) => {
                     let slices = self.stores.slices.state();
                     let slices: Vec<&EndpointSlice> = slices.iter().map(|s| &**s).collect();
-                    let listeners_eps = plan::endpoints(gw, &planned, services, &slices);
+                    let listeners_eps =
+                        plan::endpoints(gw, &planned, services, &slices, &certified);
                     let rules = gateway_rules(
                         &self.owner,
                         &ns,
@@ -332,7 +336,6 @@ impl Pass {
             ),
             Programmed::No { reason, message } => condition("Programmed", false, reason, message),
         };
-        let certificates = self.certificates(gw, verdicts, grants).await;
         for (l, certs) in gw.spec.listeners.iter().zip(&certificates) {
             if let Some(Err(p)) = certs {
                 let shown = listener_shown(gw, &l.name);
@@ -425,7 +428,9 @@ impl Pass {
         for &l in &http_listeners {
             let secrets = match &certificates[l] {
                 Some(Ok(s)) => s.clone(),
-                _ => Vec::new(),
+                // Not served: its hosts stay out of the routes' Ingresses.
+                Some(Err(_)) => continue,
+                None => Vec::new(),
             };
             for &r in &planned.attached_routes[l] {
                 per_route.entry(r).or_default().push(http::IngressListener {
