@@ -35,6 +35,30 @@ async fn listener(w: &common::World, name: &str) -> Option<Value> {
         .then_some(l)
 }
 
+/// The loxilb-ingress pod 10.244.9.1 behind the Gateway `gw`'s ingress Service, as the
+/// EndpointSlice controller would list it, on `ports` (the Service port's name, the pod's
+/// port).
+async fn ingress_pod(w: &common::World, ports: &[(&str, i32)]) {
+    let ports: Vec<Value> = ports
+        .iter()
+        .map(|(name, port)| json!({"name": name, "port": port, "protocol": "TCP"}))
+        .collect();
+    Api::<EndpointSlice>::namespaced(w.client.clone(), &w.ns)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "gw-ingress-service-1",
+                             "labels": {"kubernetes.io/service-name": "gw-ingress-service"}},
+                "addressType": "IPv4",
+                "ports": ports,
+                "endpoints": [{"addresses": ["10.244.9.1"], "conditions": {"ready": true}}]
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn http_and_https_listeners_become_an_ingress_service_and_ingresses() {
     let opts = gateway_options();
@@ -77,23 +101,7 @@ async fn http_and_https_listeners_become_an_ingress_service_and_ingresses() {
         )
         .await
         .unwrap();
-    Api::<EndpointSlice>::namespaced(w.client.clone(), &ns)
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": {"name": "gw-ingress-service-1",
-                             "labels": {"kubernetes.io/service-name": "gw-ingress-service"}},
-                "addressType": "IPv4",
-                "ports": [
-                    {"name": "http-80", "port": 80, "protocol": "TCP"},
-                    {"name": "https-443", "port": 443, "protocol": "TCP"}
-                ],
-                "endpoints": [{"addresses": ["10.244.9.1"], "conditions": {"ready": true}}]
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
+    ingress_pod(&w, &[("http-80", 80), ("https-443", 443)]).await;
     let class = class_and_gateway(
         &w,
         "loxilb-http",
@@ -359,24 +367,11 @@ async fn https_listeners_with_a_missing_or_malformed_certificate_are_invalid() {
                "tls": {"mode": "Terminate", "certificateRefs": [{"name": secret}]}})
     };
     // The loxilb-ingress pod behind the Gateway's ingress Service, on every listener's port.
-    Api::<EndpointSlice>::namespaced(w.client.clone(), &ns)
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": {"name": "gw-ingress-service-1",
-                             "labels": {"kubernetes.io/service-name": "gw-ingress-service"}},
-                "addressType": "IPv4",
-                "ports": [
-                    {"name": "https-443", "port": 443, "protocol": "TCP"},
-                    {"name": "https-8443", "port": 443, "protocol": "TCP"},
-                    {"name": "https-9443", "port": 443, "protocol": "TCP"}
-                ],
-                "endpoints": [{"addresses": ["10.244.9.1"], "conditions": {"ready": true}}]
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
+    ingress_pod(
+        &w,
+        &[("https-443", 443), ("https-8443", 443), ("https-9443", 443)],
+    )
+    .await;
     let class = class_and_gateway(
         &w,
         "loxilb-cert",
