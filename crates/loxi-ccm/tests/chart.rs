@@ -230,6 +230,41 @@ fn every_rendered_setting_is_one_loxi_ccm_accepts() {
     }
 }
 
+/// `nodeInventory` values become the ConfigMap loxi-ccm is told to watch, holding an inventory
+/// its own parser accepts with every entry; without them, neither the ConfigMap nor the
+/// setting is rendered (Nodes are initialized without topology labels).
+#[test]
+fn the_inventory_values_render_an_inventory_loxi_ccm_accepts() {
+    let helm = helm();
+    let mut with_inventory = 0;
+    for (name, values) in scenarios() {
+        let docs = documents(&render(&helm, values.as_deref(), &[]));
+        let (env, _) = container_settings(&docs);
+        let inventory = docs
+            .iter()
+            .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == "loxi-ccm-inventory");
+        let Some(inventory) = inventory else {
+            assert!(!env.contains_key("LOXI_CCM_INVENTORY_CONFIGMAP"), "{name}");
+            continue;
+        };
+        with_inventory += 1;
+        assert_eq!(
+            env.get("LOXI_CCM_INVENTORY_CONFIGMAP").map(String::as_str),
+            Some(format!("{NAMESPACE}/loxi-ccm-inventory").as_str()),
+            "{name}"
+        );
+        let text = inventory["data"]["inventory.yaml"].as_str().unwrap();
+        let parsed = loxi_ccm::node_init::parse_inventory(text, &name)
+            .unwrap_or_else(|e| panic!("{name}: {e}\n{text}"));
+        let given = values.as_deref().map(|v| {
+            let v: Value = serde_saphyr::from_str(&std::fs::read_to_string(v).unwrap()).unwrap();
+            v["nodeInventory"]["nodes"].as_array().map_or(0, Vec::len)
+        });
+        assert_eq!(Some(parsed.entries.len()), given, "{name}");
+    }
+    assert!(with_inventory > 0, "no scenario sets nodeInventory");
+}
+
 /// The Prometheus Operator's own ServiceMonitor and PrometheusRule CRDs (from its Go module,
 /// pinned in testenv): with `--validate=strict` a field of ours the operator's API does not
 /// know, or puts elsewhere, is refused.

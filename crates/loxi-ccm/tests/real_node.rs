@@ -5,7 +5,8 @@
 //! One test, in phases that build on each other (one node per machine: kubelet's cgroups,
 //! kube-proxy's nftables tables):
 //! 1. node initialization: the Node the kubelet registers (`--cloud-provider=external`, the
-//!    `uninitialized` taint) is initialized by the loxi-ccm binary with an inventory file as
+//!    `uninitialized` taint) is initialized by the chart's Pod (the image, scheduled on that
+//!    node through the chart's toleration) with the inventory given as chart values, as
 //!    docs/configuration.md says: taint removed, providerID, addresses, topology labels;
 //! 2. the chart: `helm install` with the image → 2 Pods Running and Ready under the chart's
 //!    restricted security context (probes on /healthz and /readyz answered by kubelet), one of
@@ -25,7 +26,7 @@ mod common;
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -102,15 +103,6 @@ impl Drop for LogsOnFailure<'_> {
     }
 }
 
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "opt-in tier: cargo xtask realnode (root, containerd, kubelet; docs/testing.md)"]
 async fn a_real_node_end_to_end() {
@@ -132,7 +124,7 @@ async fn a_real_node_end_to_end() {
         "containerd, images imported, kubelet, kube-proxy, scheduler, controller-manager started",
     );
 
-    // 1. Node initialization of the Node the real kubelet registered.
+    // The Node the real kubelet registers (--cloud-provider=external) is tainted.
     let nodes: Api<Node> = Api::all(admin.clone());
     let registered = wait_for(
         "the kubelet's Node, tainted uninitialized",
@@ -166,57 +158,45 @@ async fn a_real_node_end_to_end() {
         .await
         .unwrap();
     let sim_url = format!("http://{ip}:{}", sim.addr().port());
-    let inventory = cp.dir().join("inventory.yaml");
+    // The chart with the image, installed while the node is still uninitialized (the chart tolerates the
+    // taint, as a cloud-controller-manager must): the default image and pull policy
+    // (IfNotPresent), as docs/getting-started.md installs it with the archive loaded, and the
+    // inventory as chart values (nodeInventory → the ConfigMap loxi-ccm-inventory).
+    let values = cp.dir().join("real-node-values.yaml");
     std::fs::write(
-        &inventory,
+        &values,
         format!(
-            "nodes:\n  - match: {{ cidr: \"{ip}/32\" }}\n    zone: rack-a\n    region: lab\n    instanceType: real-node\n"
+            "nodeInventory:\n  nodes:\n    - match: {{ cidr: \"{ip}/32\" }}\n      zone: rack-a\n      region: lab\n      instanceType: real-node\n"
         ),
     )
     .unwrap();
-    kubectl(
-        &cp,
-        &[
-            "apply",
+    let helm = testenv::tools::helm().expect("helm");
+    let out = testenv::tools::helm_command(&helm)
+        .arg("--kubeconfig")
+        .arg(cp.kubeconfig_path())
+        .args(["install", "loxi-ccm"])
+        .arg(testenv::chart::chart_dir())
+        .args([
+            "--namespace",
+            "kube-system",
+            "--set",
+            &format!("loxilb.urls={{{sim_url}}}"),
+            "--set",
+            "pools.externalCIDR=198.51.100.0/24",
             "-f",
-            testenv::tools::repo_root()
-                .join("deploy/05-crd-addressclaims.yaml")
-                .to_str()
-                .unwrap(),
-        ],
+        ])
+        .arg(&values)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "helm install: {}",
+        String::from_utf8_lossy(&out.stderr)
     );
-    kubectl(
-        &cp,
-        &[
-            "wait",
-            "--for=condition=established",
-            "--timeout=60s",
-            "crd/addressclaims.ipam.loxilb.io",
-        ],
-    );
-    let log = cp.dir().join("loxi-ccm-node-init.log");
-    let mut ccm = KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_loxi-ccm"))
-            .args(["run", "--kubeconfig"])
-            .arg(cp.kubeconfig_path())
-            .args([
-                "--loxilb-url",
-                &sim_url,
-                "--external-cidr",
-                "198.51.100.0/24",
-                "--leader-elect=false",
-                "--admin-addr",
-                &format!("127.0.0.1:{}", testenv::free_port().unwrap()),
-                "--inventory-file",
-            ])
-            .arg(&inventory)
-            .stdout(std::fs::File::create(&log).unwrap())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    );
+
+    // 1. Node initialization of the Node the real kubelet registered, by the chart's leader Pod.
     let initialized = wait_for(
-        "loxi-ccm to initialize the kubelet's Node",
+        "the chart's loxi-ccm Pod to initialize the kubelet's Node",
         &node,
         || async {
             let n = nodes.get_opt(NODE).await.ok()??;
@@ -256,33 +236,11 @@ async fn a_real_node_end_to_end() {
             && addresses.contains(&("Hostname".into(), NODE.into())),
         "{addresses:?}"
     );
-    let _ = ccm.0.kill();
-    let _ = ccm.0.wait();
-    clock.lap("Node initialized by loxi-ccm (taint, providerID, addresses, topology)");
-
-    // 2. The chart with the image, on the node: the default image and pull policy
-    // (IfNotPresent), as docs/getting-started.md installs it with the archive loaded.
-    let helm = testenv::tools::helm().expect("helm");
-    let out = testenv::tools::helm_command(&helm)
-        .arg("--kubeconfig")
-        .arg(cp.kubeconfig_path())
-        .args(["install", "loxi-ccm"])
-        .arg(testenv::chart::chart_dir())
-        .args([
-            "--namespace",
-            "kube-system",
-            "--set",
-            &format!("loxilb.urls={{{sim_url}}}"),
-            "--set",
-            "pools.externalCIDR=198.51.100.0/24",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "helm install: {}",
-        String::from_utf8_lossy(&out.stderr)
+    clock.lap(
+        "chart installed; Node initialized by its Pod (taint, providerID, addresses, topology)",
     );
+
+    // 2. The chart's Pods: Running and Ready on the node, one leader, metrics.
     let deployments: Api<Deployment> = Api::namespaced(admin.clone(), "kube-system");
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "kube-system");
     let ready = wait_for("the chart's 2 Pods Running and Ready", &node, || async {

@@ -84,6 +84,14 @@ async fn a_loxilb_back_empty_gets_its_role_and_bgp_before_any_rule() {
 /// restart that empties it; returns once its replay is under way, with the Services'
 /// addresses and how many rule POSTs the simulator had seen before the restart.
 async fn replay_under_way(name: &str) -> (World, Vec<String>, usize) {
+    replay_under_way_with(name, None).await
+}
+
+/// [`replay_under_way`], the loxilb restarting with a rule table of `max_rules` if given.
+async fn replay_under_way_with(
+    name: &str,
+    max_rules: Option<usize>,
+) -> (World, Vec<String>, usize) {
     let w = World::with_sim(name, Options::default(), SimConfig::default()).await;
     w.add_node("node-a", "10.7.1.1").await;
     w.sim.set_write_latency(Duration::from_millis(200));
@@ -93,7 +101,10 @@ async fn replay_under_way(name: &str) -> (World, Vec<String>, usize) {
     }
     // It restarts empty: the replay of 40 rules lasts ~8 s.
     w.sim.go_down().await;
-    w.sim.restart();
+    match max_rules {
+        Some(n) => w.sim.restart_with_max_rules(n),
+        None => w.sim.restart(),
+    }
     w.sim.come_up().await.expect("the simulator listens again");
     let since = rule_posts(&w).len();
     wait_for("the replay under way", WAIT, || async {
@@ -201,5 +212,57 @@ async fn services_deleted_during_a_replay_leave_no_rule_and_cost_no_waiting_writ
         never_written > 0,
         "every deleted Service's rule was still written by the replay: {posts:#?}"
     );
+    w.finish().await;
+}
+
+/// A loxilb that comes back with a smaller rule table than the rules it held: the replay
+/// fills it, the Services left without room say so (`CapacityExceeded`), and the replay ends
+/// — a capacity refusal lists loxilb's rules, which waits for the writes in flight, and the
+/// replay's own writes must go on meanwhile (it hung with the loxilb's writes held back).
+#[tokio::test]
+async fn a_replay_into_a_smaller_table_fills_it_and_the_rest_say_so() {
+    const ROOM: usize = 30;
+    let (w, ips, _) = replay_under_way_with("replayfull", Some(ROOM)).await;
+    let names: Vec<String> = (0..SERVICES).map(|i| format!("old-{i}")).collect();
+    wait_for(
+        "the table full, every other Service CapacityExceeded",
+        WAIT,
+        || async {
+            let held = ips.iter().filter(|ip| w.rules_for(ip).len() == 1).count();
+            if held != ROOM {
+                return None;
+            }
+            let mut full = 0;
+            for (name, ip) in names.iter().zip(&ips) {
+                let svc = w.get(name).await?;
+                let (status, reason, _) = World::condition(&svc, "loxilb.io/Programmed")?;
+                match (w.rules_for(ip).len(), status.as_str(), reason.as_str()) {
+                    (1, "True", _) => {}
+                    (0, "False", "CapacityExceeded") => full += 1,
+                    _ => return None,
+                }
+            }
+            (full == SERVICES - ROOM).then_some(())
+        },
+    )
+    .await;
+    // The loxilb's writes go on: a deleted Service's rule leaves, and its room goes to one
+    // of those waiting.
+    w.services
+        .delete("old-0", &kube::api::DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for(
+        "the deleted Service's rule gone, another one written",
+        WAIT,
+        || async {
+            let held = ips[1..]
+                .iter()
+                .filter(|ip| w.rules_for(ip).len() == 1)
+                .count();
+            (w.rules_for(&ips[0]).is_empty() && held == ROOM).then_some(())
+        },
+    )
+    .await;
     w.finish().await;
 }

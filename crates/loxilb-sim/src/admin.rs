@@ -78,7 +78,7 @@ fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<Option<T>, String> {
 }
 
 async fn restart(State(app): State<AppState>) -> Response {
-    app.shared.restart();
+    app.shared.restart(app.shared.cfg.max_rules);
     tracing::info!("admin: simulated restart");
     ok(json!({"result": "Success"}))
 }

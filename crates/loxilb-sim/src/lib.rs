@@ -400,8 +400,8 @@ impl Shared {
         lock(&self.write_log).iter().cloned().collect()
     }
 
-    fn restart(&self) {
-        *self.state() = state::SimState::new(self.cfg.max_rules);
+    fn restart(&self, max_rules: usize) {
+        *self.state() = state::SimState::new(max_rules);
         *lock(&self.started) = std::time::Instant::now();
         lock(&self.write_log).clear();
         self.requests.store(0, Ordering::Relaxed);
@@ -419,7 +419,7 @@ impl Shared {
         serde_json::json!({
             "requests": self.requests.load(Ordering::Relaxed),
             "rules": self.state().rule_count(),
-            "maxRules": self.cfg.max_rules,
+            "maxRules": self.state().max_rules(),
             "latencyMs": u64::try_from(self.latency().as_millis()).unwrap_or(u64::MAX),
             "fault": fault,
             "faultsInjected": self.faults_injected.load(Ordering::Relaxed),
@@ -551,8 +551,15 @@ impl Simulator {
     /// counters). Latency and fault settings, which are simulator knobs rather than loxilb
     /// state, are kept, and so is whether BGP is on (a start option).
     pub fn restart(&self) {
-        self.inner.shared.restart();
+        self.inner.shared.restart(self.inner.shared.cfg.max_rules);
         tracing::info!("simulated restart: state wiped");
+    }
+
+    /// [`restart`](Self::restart) into a smaller (or larger) rule table, as a loxilb
+    /// restarted with another size: what it held before may no longer fit.
+    pub fn restart_with_max_rules(&self, max_rules: usize) {
+        self.inner.shared.restart(max_rules);
+        tracing::info!(max_rules, "simulated restart: state wiped, new table size");
     }
 
     /// Closes the listener (new connections are refused) and closes open

@@ -356,6 +356,11 @@ pub(crate) struct SimState {
 }
 
 impl SimState {
+    /// The size of the rule table (loxilb's `max_rules`).
+    pub(crate) fn max_rules(&self) -> usize {
+        self.max_rules
+    }
+
     pub(crate) fn new(max_rules: usize) -> Self {
         let mut ci = HashMap::new();
         ci.insert(

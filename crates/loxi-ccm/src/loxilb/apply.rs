@@ -268,6 +268,20 @@ enum CallResult {
     Unknown(RuleKey, ClientError),
 }
 
+/// Whether recording these outcomes lists loxilb's rules ([`Instance::record`] learns the
+/// real capacity after a capacity refusal).
+fn needs_listing(outcomes: &[CallResult]) -> bool {
+    outcomes.iter().any(|o| {
+        matches!(
+            o,
+            CallResult::Refused {
+                limit: Limit::Capacity,
+                ..
+            }
+        )
+    })
+}
+
 /// Rules grouped by the Service they belong to ([`owner_of`]), in first-seen order.
 fn group_by_owner<T>(items: Vec<T>, rule: impl Fn(&T) -> &Rule) -> Vec<(String, Vec<T>)> {
     let mut index: HashMap<String, usize> = HashMap::new();
@@ -899,6 +913,10 @@ impl Instance {
             futures::stream::iter(works.into_iter().map(start)).buffer_unordered(parallel);
         let mut failure = None;
         let mut ended = Vec::new();
+        // Parts whose recording lists loxilb's rules (a capacity refusal): a listing waits for
+        // every write in flight, this pass's own too, which are not polled while it records.
+        // Recorded once no call of this pass is left.
+        let mut listing_parts = Vec::new();
         let mut more = true;
         while more || !ended.is_empty() {
             // The calls go on while this pass waits for the lock to record what ended:
@@ -909,24 +927,49 @@ impl Instance {
                     None => more = false,
                 },
                 mut h = self.holdings.lock(), if !ended.is_empty() => {
-                    for (owner, outcomes, transport) in ended.drain(..) {
-                        // Everything that was called is recorded, even after a failure.
-                        if let Err(e) = self.record(&mut h, outcomes, report, metrics).await {
-                            failure.get_or_insert(e);
+                    for part in ended.drain(..) {
+                        if more && needs_listing(&part.1) {
+                            listing_parts.push(part);
+                            continue;
                         }
-                        self.whole_running().remove(&owner);
-                        if let Some(e) = transport {
-                            failure.get_or_insert(e);
-                        }
+                        self.record_part(&mut h, part, report, metrics, &mut failure).await;
                     }
                     drop(h);
                     self.whole_progress.notify_waiters();
                 }
             }
         }
+        if !listing_parts.is_empty() {
+            let mut h = self.holdings.lock().await;
+            for part in listing_parts {
+                self.record_part(&mut h, part, report, metrics, &mut failure)
+                    .await;
+            }
+            drop(h);
+            self.whole_progress.notify_waiters();
+        }
         match failure {
             Some(e) => Err(e),
             None => Ok(()),
+        }
+    }
+
+    /// Records one Service's part of a whole-instance pass and marks it no longer under way.
+    /// Everything that was called is recorded, even after a failure (the first is kept).
+    async fn record_part(
+        &self,
+        h: &mut Holdings,
+        (owner, outcomes, transport): (String, Vec<CallResult>, Option<ClientError>),
+        report: &mut ApplyReport,
+        metrics: &Metrics,
+        failure: &mut Option<ClientError>,
+    ) {
+        if let Err(e) = self.record(h, outcomes, report, metrics).await {
+            failure.get_or_insert(e);
+        }
+        self.whole_running().remove(&owner);
+        if let Some(e) = transport {
+            failure.get_or_insert(e);
         }
     }
 
