@@ -31,6 +31,7 @@ pub const NEEDS_TRAFFIC: &[&str] = &[
     "HTTPRouteExactPathMatching",
     "HTTPRouteHeaderMatching",
     "HTTPRouteHostnameIntersection",
+    "HTTPRouteHTTPSListener",
     "HTTPRouteInvalidBackendRefUnknownKind",
     "HTTPRouteInvalidCrossNamespaceBackendRef",
     "HTTPRouteInvalidNonExistentBackendRef",
@@ -44,6 +45,7 @@ pub const NEEDS_TRAFFIC: &[&str] = &[
     "HTTPRoutePathMatchOrder",
     "HTTPRouteRedirectHostAndStatus",
     "HTTPRouteReferenceGrant",
+    "HTTPRouteRequestHeaderModifier",
     "HTTPRouteServiceTypes",
     "HTTPRouteSimpleSameNamespace",
     "HTTPRouteWeight",
@@ -51,6 +53,7 @@ pub const NEEDS_TRAFFIC: &[&str] = &[
     "TCPRouteParentRefAttachAll",
     "TCPRouteParentRefPortAndSectionName",
     "TCPRouteReferenceGrant",
+    "TCPRouteWeightedRouting",
 ];
 
 fn script_output(script: &str) -> Result<PathBuf> {

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{CLASS, Options, World};
+use common::{CLASS, Options, World, assert_found};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use loxi_ccm::audit::Kind;
@@ -141,73 +141,53 @@ async fn planted_violations_are_reported() {
         .unwrap();
 
     let found = world.audit(&opts).await;
-    let text = found.to_string();
-    let has = |kind: Kind, needles: &[&str]| {
-        found.of_kind(kind).iter().any(|v| {
-            let line = v.to_string();
-            needles.iter().all(|n| line.contains(n))
-        })
-    };
-    assert!(
-        has(
-            Kind::Rules,
-            &[&format!("{ns}/api has no rule for {api_ip}:443/tcp")]
-        ),
-        "{text}"
+    assert_found(
+        &found,
+        Kind::Rules,
+        &[&format!("{ns}/api has no rule for {api_ip}:443/tcp")],
     );
-    assert!(
-        has(
-            Kind::Rules,
-            &[&format!("{ns}/web's rule"), "endpoints", "10.9.9.9"]
-        ),
-        "{text}"
+    assert_found(
+        &found,
+        Kind::Rules,
+        &[&format!("{ns}/web's rule"), "endpoints", "10.9.9.9"],
     );
-    assert!(
-        has(
-            Kind::OwnedOrphan,
-            &["192.0.2.200:8080/tcp", &format!("Service {ns}/ghost")]
-        ),
-        "{text}"
+    assert_found(
+        &found,
+        Kind::OwnedOrphan,
+        &["192.0.2.200:8080/tcp", &format!("Service {ns}/ghost")],
     );
-    assert!(
-        has(
-            Kind::OwnerlessClaim,
-            &["192.0.2.201", "has no owner", "gone-uid"]
-        ),
-        "{text}"
+    assert_found(
+        &found,
+        Kind::OwnerlessClaim,
+        &["192.0.2.201", "has no owner", "gone-uid"],
     );
-    assert!(
-        has(
-            Kind::SharedAddress,
-            &[
-                &shared_ip,
-                &format!("Service {ns}/dns"),
-                &format!("Service {ns}/web")
-            ]
-        ),
-        "{text}"
+    assert_found(
+        &found,
+        Kind::SharedAddress,
+        &[
+            &shared_ip,
+            &format!("Service {ns}/dns"),
+            &format!("Service {ns}/web"),
+        ],
     );
-    assert!(
-        has(
-            Kind::UnbackedStatus,
-            &["192.0.2.203", &format!("Service {ns}/api")]
-        ),
-        "{text}"
+    assert_found(
+        &found,
+        Kind::UnbackedStatus,
+        &["192.0.2.203", &format!("Service {ns}/api")],
     );
-    assert!(
-        has(Kind::OutsidePools, &["198.51.100.9", "outside every pool"]),
-        "{text}"
+    assert_found(
+        &found,
+        Kind::OutsidePools,
+        &["198.51.100.9", "outside every pool"],
     );
-    assert!(
-        has(
-            Kind::StaleOwner,
-            &[
-                "claim for 198.51.100.9",
-                &format!("lists {ns}/web"),
-                &format!("shows {shared_ip} and not 198.51.100.9")
-            ]
-        ),
-        "{text}"
+    assert_found(
+        &found,
+        Kind::StaleOwner,
+        &[
+            "claim for 198.51.100.9",
+            &format!("lists {ns}/web"),
+            &format!("shows {shared_ip} and not 198.51.100.9"),
+        ],
     );
     assert!(!found.clean());
 

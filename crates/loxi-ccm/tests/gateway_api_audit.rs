@@ -9,9 +9,10 @@ mod common;
 use std::time::Duration;
 
 use common::gateway::{
-    CONTROLLER, backend_service, cond, create, gateway_options, gateway_world, get, pair, slice,
+    backend_service, class_and_gateway, cond, create, gateway_options, gateway_world, get, pair,
+    slice,
 };
-use common::{WAIT, wait_for};
+use common::{WAIT, assert_found, wait_for};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use loxi_ccm::audit::Kind;
@@ -52,25 +53,13 @@ async fn gateway_claims_and_rules_are_audited() {
         )
         .await
         .unwrap();
-    let class = format!("loxilb-audit-{}", std::process::id());
-    create(
+    class_and_gateway(
         &w,
-        None,
-        "GatewayClass",
-        json!({"metadata": {"name": class}, "spec": {"controllerName": CONTROLLER}}),
-    )
-    .await;
-    create(
-        &w,
-        Some(&ns),
-        "Gateway",
-        json!({
-            "metadata": {"name": "gw"},
-            "spec": {"gatewayClassName": class, "listeners": [
-                {"name": "tcp", "port": 7100, "protocol": "TCP"},
-                {"name": "udp", "port": 5300, "protocol": "UDP"}
-            ]}
-        }),
+        "loxilb-audit",
+        json!([
+            {"name": "tcp", "port": 7100, "protocol": "TCP"},
+            {"name": "udp", "port": 5300, "protocol": "UDP"}
+        ]),
     )
     .await;
     for (kind, name, section, backend, port) in [
@@ -168,48 +157,33 @@ async fn gateway_claims_and_rules_are_audited() {
         .unwrap();
 
     let found = w.audit(&opts).await;
-    let text = found.to_string();
-    let has = |kind: Kind, needles: &[&str]| {
-        found.of_kind(kind).iter().any(|v| {
-            let line = v.to_string();
-            needles.iter().all(|n| line.contains(n))
-        })
-    };
-    assert!(
-        has(
-            Kind::Rules,
-            &[&format!("Gateway {ns}/gw has no rule for {ip}:5300/udp")]
-        ),
-        "{text}"
+    assert_found(
+        &found,
+        Kind::Rules,
+        &[&format!("Gateway {ns}/gw has no rule for {ip}:5300/udp")],
     );
-    assert!(
-        has(
-            Kind::Rules,
-            &[
-                &format!("Gateway {ns}/gw's rule for {ip}:7100/tcp"),
-                "endpoints",
-                "10.244.5.3"
-            ]
-        ),
-        "{text}"
+    assert_found(
+        &found,
+        Kind::Rules,
+        &[
+            &format!("Gateway {ns}/gw's rule for {ip}:7100/tcp"),
+            "endpoints",
+            "10.244.5.3",
+        ],
     );
-    assert!(
-        has(
-            Kind::OwnedOrphan,
-            &["192.0.2.210:7200/tcp", &format!("Gateway {ns}/ghostgw")]
-        ),
-        "{text}"
+    assert_found(
+        &found,
+        Kind::OwnedOrphan,
+        &["192.0.2.210:7200/tcp", &format!("Gateway {ns}/ghostgw")],
     );
-    assert!(
-        has(
-            Kind::OwnerlessClaim,
-            &[
-                "192.0.2.211",
-                "gone-gw-uid",
-                &format!("Gateway {ns}/ghostgw")
-            ]
-        ),
-        "{text}"
+    assert_found(
+        &found,
+        Kind::OwnerlessClaim,
+        &[
+            "192.0.2.211",
+            "gone-gw-uid",
+            &format!("Gateway {ns}/ghostgw"),
+        ],
     );
     // The controller back: it repairs what it owns (rules), and only the planted claim and
     // the ghost's rule, which it never made, stay reported.

@@ -9,7 +9,8 @@
 mod common;
 
 use common::gateway::{
-    CONTROLLER, api, cond, create, gateway_options, gateway_world, get, pair, resource_of,
+    api, class_and_gateway, cond, create, gateway_options, gateway_world, get, pair, resource_of,
+    tls_secret, tls_secret_of,
 };
 use common::{WAIT, wait_for};
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
@@ -34,6 +35,30 @@ async fn listener(w: &common::World, name: &str) -> Option<Value> {
         .then_some(l)
 }
 
+/// The loxilb-ingress pod 10.244.9.1 behind the Gateway `gw`'s ingress Service, as the
+/// EndpointSlice controller would list it, on `ports` (the Service port's name, the pod's
+/// port).
+async fn ingress_pod(w: &common::World, ports: &[(&str, i32)]) {
+    let ports: Vec<Value> = ports
+        .iter()
+        .map(|(name, port)| json!({"name": name, "port": port, "protocol": "TCP"}))
+        .collect();
+    Api::<EndpointSlice>::namespaced(w.client.clone(), &w.ns)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "gw-ingress-service-1",
+                             "labels": {"kubernetes.io/service-name": "gw-ingress-service"}},
+                "addressType": "IPv4",
+                "ports": ports,
+                "endpoints": [{"addresses": ["10.244.9.1"], "conditions": {"ready": true}}]
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn http_and_https_listeners_become_an_ingress_service_and_ingresses() {
     let opts = gateway_options();
@@ -48,20 +73,19 @@ async fn http_and_https_listeners_become_an_ingress_service_and_ingresses() {
         )
         .await
         .unwrap();
-    let secret = |name: &str| -> Secret {
-        serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "type": "Opaque",
-            "data": {"tls.crt": "Y2VydA==", "tls.key": "a2V5"}
-        }))
-        .unwrap()
-    };
+    // Real certificates: a Secret whose data is no certificate and key is refused.
     Api::<Secret>::namespaced(w.client.clone(), &ns)
-        .create(&PostParams::default(), &secret("tls-cert"))
+        .create(
+            &PostParams::default(),
+            &tls_secret("tls-cert", "secure.example.com"),
+        )
         .await
         .unwrap();
     Api::<Secret>::namespaced(w.client.clone(), &other)
-        .create(&PostParams::default(), &secret("shared-cert"))
+        .create(
+            &PostParams::default(),
+            &tls_secret("shared-cert", "shared.example.com"),
+        )
         .await
         .unwrap();
     // The route's backend, and the loxilb-ingress pod behind the Gateway's ingress Service
@@ -77,46 +101,18 @@ async fn http_and_https_listeners_become_an_ingress_service_and_ingresses() {
         )
         .await
         .unwrap();
-    Api::<EndpointSlice>::namespaced(w.client.clone(), &ns)
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": {"name": "gw-ingress-service-1",
-                             "labels": {"kubernetes.io/service-name": "gw-ingress-service"}},
-                "addressType": "IPv4",
-                "ports": [
-                    {"name": "http-80", "port": 80, "protocol": "TCP"},
-                    {"name": "https-443", "port": 443, "protocol": "TCP"}
-                ],
-                "endpoints": [{"addresses": ["10.244.9.1"], "conditions": {"ready": true}}]
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-    let class = format!("loxilb-http-{}", std::process::id());
-    create(
+    ingress_pod(&w, &[("http-80", 80), ("https-443", 443)]).await;
+    let class = class_and_gateway(
         &w,
-        None,
-        "GatewayClass",
-        json!({"metadata": {"name": class}, "spec": {"controllerName": CONTROLLER}}),
-    )
-    .await;
-    create(
-        &w,
-        Some(&ns),
-        "Gateway",
-        json!({
-            "metadata": {"name": "gw"},
-            "spec": {"gatewayClassName": class, "listeners": [
-                {"name": "http", "port": 80, "protocol": "HTTP", "hostname": "*.example.com"},
-                {"name": "https", "port": 443, "protocol": "HTTPS",
-                 "hostname": "secure.example.com",
-                 "tls": {"mode": "Terminate", "certificateRefs": [{"name": "tls-cert"}]}},
-                {"name": "https-other", "port": 8443, "protocol": "HTTPS",
-                 "tls": {"certificateRefs": [{"name": "shared-cert", "namespace": other}]}}
-            ]}
-        }),
+        "loxilb-http",
+        json!([
+            {"name": "http", "port": 80, "protocol": "HTTP", "hostname": "*.example.com"},
+            {"name": "https", "port": 443, "protocol": "HTTPS",
+             "hostname": "secure.example.com",
+             "tls": {"mode": "Terminate", "certificateRefs": [{"name": "tls-cert"}]}},
+            {"name": "https-other", "port": 8443, "protocol": "HTTPS",
+             "tls": {"certificateRefs": [{"name": "shared-cert", "namespace": other}]}}
+        ]),
     )
     .await;
     create(
@@ -339,4 +335,128 @@ async fn http_and_https_listeners_become_an_ingress_service_and_ingresses() {
         .delete(&class, &DeleteParams::default())
         .await;
     let _ = namespaces.delete(&other, &DeleteParams::default()).await;
+}
+
+/// An HTTPS listener whose Secret is missing, or holds no certificate and key (the
+/// upstream conformance suite's malformed Secret), is `ResolvedRefs=False`,
+/// `InvalidCertificateRef` and not programmed, with a Warning Event, and gets no rule; the
+/// Gateway's other listener carries on; the Secret mended, the listener resolves and gets
+/// its rule.
+#[tokio::test]
+async fn https_listeners_with_a_missing_or_malformed_certificate_are_invalid() {
+    let w = gateway_world("gwcert", Channel::Standard, gateway_options()).await;
+    let ns = w.ns.clone();
+    let secrets: Api<Secret> = Api::namespaced(w.client.clone(), &ns);
+    secrets
+        .create(
+            &PostParams::default(),
+            &tls_secret("good", "good.example.com"),
+        )
+        .await
+        .unwrap();
+    // "Hello world" as both certificate and key, as the conformance suite writes it.
+    secrets
+        .create(
+            &PostParams::default(),
+            &tls_secret_of("malformed", "Hello world\n", "Hello world\n"),
+        )
+        .await
+        .unwrap();
+    let https = |name: &str, port: u16, secret: &str| {
+        json!({"name": name, "port": port, "protocol": "HTTPS",
+               "tls": {"mode": "Terminate", "certificateRefs": [{"name": secret}]}})
+    };
+    // The loxilb-ingress pod behind the Gateway's ingress Service, on every listener's port.
+    ingress_pod(
+        &w,
+        &[("https-443", 443), ("https-8443", 443), ("https-9443", 443)],
+    )
+    .await;
+    let class = class_and_gateway(
+        &w,
+        "loxilb-cert",
+        json!([
+            https("good", 443, "good"),
+            https("malformed", 8443, "malformed"),
+            https("missing", 9443, "absent"),
+        ]),
+    )
+    .await;
+    wait_for("the good listener resolved", WAIT, || async {
+        let l = listener(&w, "good").await?;
+        (cond(&l["conditions"], "ResolvedRefs")? == pair("True", "ResolvedRefs")).then_some(())
+    })
+    .await;
+    for (name, says) in [
+        ("malformed", "Secret {ns}/malformed cannot serve TLS"),
+        ("missing", "Secret {ns}/absent does not exist"),
+    ] {
+        let says = says.replace("{ns}", &ns);
+        let l = wait_for(&format!("listener {name} refused"), WAIT, || async {
+            let l = listener(&w, name).await?;
+            (cond(&l["conditions"], "ResolvedRefs")? == pair("False", "InvalidCertificateRef")
+                && cond(&l["conditions"], "Programmed")? == pair("False", "Invalid"))
+            .then_some(l)
+        })
+        .await;
+        let message = l["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "ResolvedRefs")
+            .unwrap()["message"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(message.contains(&says), "{message}");
+    }
+    wait_for("a Warning Event on the Gateway", WAIT, || async {
+        w.event_reasons("gw")
+            .await
+            .iter()
+            .any(|r| r == "InvalidCertificateRef")
+            .then_some(())
+    })
+    .await;
+    // Only the served listener has a rule: none for those whose certificates do not resolve.
+    let ip = wait_for("the Gateway's address", WAIT, || async {
+        let gw = get(&w, Some(&ns), "Gateway", "gw").await?;
+        gw["status"]["addresses"][0]["value"]
+            .as_str()
+            .map(String::from)
+    })
+    .await;
+    let rule = |port: u16| (port, "tcp".to_string(), vec!["10.244.9.1:443".to_string()]);
+    let rules = wait_for("the good listener's rule", WAIT, || async {
+        let rules = w.rules_for(&ip);
+        rules.contains(&rule(443)).then_some(rules)
+    })
+    .await;
+    assert_eq!(rules, vec![rule(443)]);
+    // The Secret mended: its listener resolves.
+    secrets
+        .delete("malformed", &DeleteParams::default())
+        .await
+        .unwrap();
+    secrets
+        .create(
+            &PostParams::default(),
+            &tls_secret("malformed", "mended.example.com"),
+        )
+        .await
+        .unwrap();
+    wait_for("the mended listener resolved", WAIT, || async {
+        let l = listener(&w, "malformed").await?;
+        (cond(&l["conditions"], "ResolvedRefs")? == pair("True", "ResolvedRefs")).then_some(())
+    })
+    .await;
+    wait_for("the mended listener's rule", WAIT, || async {
+        let mut rules = w.rules_for(&ip);
+        rules.sort();
+        (rules == vec![rule(443), rule(8443)]).then_some(())
+    })
+    .await;
+    let _ = api(&w, None, "GatewayClass")
+        .delete(&class, &DeleteParams::default())
+        .await;
 }

@@ -6,7 +6,8 @@
 mod common;
 
 use common::gateway::{
-    CONTROLLER, backend_service, cond, create, gateway_options, gateway_world, get, pair, slice,
+    backend_service, class_and_gateway, cond, create, gateway_options, gateway_world, get, pair,
+    slice,
 };
 use common::{Options, WAIT, World, host_address, wait_for};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -73,24 +74,12 @@ async fn a_wiped_or_joining_loxilb_gets_the_gateway_rules_from_its_replay() {
         )
         .await
         .unwrap();
-    let class = format!("loxilb-replay-{}", std::process::id());
-    create(
+    class_and_gateway(
         &w,
-        None,
-        "GatewayClass",
-        json!({"metadata": {"name": class}, "spec": {"controllerName": CONTROLLER}}),
-    )
-    .await;
-    create(
-        &w,
-        Some(&ns),
-        "Gateway",
-        json!({
-            "metadata": {"name": "gw"},
-            "spec": {"gatewayClassName": class, "listeners": [
-                {"name": "tcp", "port": 7000, "protocol": "TCP"}
-            ]}
-        }),
+        "loxilb-replay",
+        json!([
+            {"name": "tcp", "port": 7000, "protocol": "TCP"}
+        ]),
     )
     .await;
     create(

@@ -105,6 +105,15 @@ pub fn ingress_service(gw: &Gateway, http: &[usize], address: Option<IpAddr>) ->
 /// an HTTPS listener.
 pub type ListenerCertificates = Option<Result<Vec<(String, String)>, CertificateProblem>>;
 
+/// What a pass found of a Secret a listener names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SecretFound {
+    Missing,
+    /// It exists but cannot serve TLS (`tls::problem` says why).
+    Unusable(String),
+    Usable,
+}
+
 /// Why a listener's certificate references do not resolve (its `ResolvedRefs=False`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CertificateProblem {
@@ -114,12 +123,13 @@ pub struct CertificateProblem {
 
 /// An HTTPS listener's Secrets (namespace, name): core `Secret`s only; of another namespace
 /// only with a ReferenceGrant there from Gateways of `gw_ns` (`RefNotPermitted`); each
-/// must exist (`exists`, else `InvalidCertificateRef`); at least one.
+/// must exist and hold a certificate and its key (`found`, else `InvalidCertificateRef`);
+/// at least one.
 pub fn certificates(
     l: &Listener,
     gw_ns: &str,
     grants: &[GrantIn],
-    exists: impl Fn(&str, &str) -> bool,
+    found: impl Fn(&str, &str) -> SecretFound,
 ) -> Result<Vec<(String, String)>, CertificateProblem> {
     let refs = l
         .tls
@@ -163,10 +173,17 @@ pub fn certificates(
                 });
             }
         }
-        if !exists(&ns, &r.name) {
+        let message = match found(&ns, &r.name) {
+            SecretFound::Usable => None,
+            SecretFound::Missing => Some(format!("Secret {ns}/{} does not exist", r.name)),
+            SecretFound::Unusable(why) => {
+                Some(format!("Secret {ns}/{} cannot serve TLS: {why}", r.name))
+            }
+        };
+        if let Some(message) = message {
             return Err(CertificateProblem {
                 reason: "InvalidCertificateRef",
-                message: format!("Secret {ns}/{} does not exist", r.name),
+                message,
             });
         }
         out.push((ns, r.name.clone()));
@@ -222,17 +239,22 @@ pub fn ingress(
         let backends: Vec<(String, i32)> = rule
             .backend_refs
             .iter()
-            .filter(|b| b.group.as_deref().unwrap_or("").is_empty())
-            .filter(|b| b.kind.as_deref().unwrap_or("Service") == "Service")
-            .filter(|b| b.namespace.as_ref().is_none_or(|ns| ns == &route.namespace))
+            .filter(|b| b.object.group.as_deref().unwrap_or("").is_empty())
+            .filter(|b| b.object.kind.as_deref().unwrap_or("Service") == "Service")
+            .filter(|b| {
+                b.object
+                    .namespace
+                    .as_ref()
+                    .is_none_or(|ns| ns == &route.namespace)
+            })
             .filter(|b| b.weight.unwrap_or(1) > 0)
             .filter_map(|b| {
                 let port = b.port?;
                 let svc = services
-                    .get(&(route.namespace.clone(), b.name.clone()))?
+                    .get(&(route.namespace.clone(), b.object.name.clone()))?
                     .as_ref()?;
                 service_port_name(svc, u16::try_from(port).ok()?)?;
-                Some((b.name.clone(), port))
+                Some((b.object.name.clone(), port))
             })
             .collect();
         let matches: Vec<(String, &str)> = if rule.matches.is_empty() {
@@ -378,7 +400,7 @@ pub fn unresolved_certificates(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gateway::types::{ListenerTls, SecretObjectReference};
+    use crate::gateway::types::{ListenerTls, ObjectReference};
 
     fn names(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| s.to_string()).collect()
@@ -405,7 +427,7 @@ mod tests {
         assert!(hosts(None, &[]).is_empty());
     }
 
-    fn https(refs: Vec<SecretObjectReference>) -> Listener {
+    fn https(refs: Vec<ObjectReference>) -> Listener {
         Listener {
             name: "https".into(),
             port: 443,
@@ -418,21 +440,29 @@ mod tests {
         }
     }
 
-    fn secret(name: &str, ns: Option<&str>) -> SecretObjectReference {
-        SecretObjectReference {
+    fn secret(name: &str, ns: Option<&str>) -> ObjectReference {
+        ObjectReference {
             name: name.into(),
             namespace: ns.map(String::from),
-            ..SecretObjectReference::default()
+            ..ObjectReference::default()
         }
     }
 
     #[test]
     fn certificates_need_a_grant_across_namespaces_and_must_exist() {
-        let exists = |ns: &str, name: &str| (ns, name) != ("gw", "missing");
+        let exists = |ns: &str, name: &str| match (ns, name) {
+            ("gw", "missing") => SecretFound::Missing,
+            ("gw", "malformed") => SecretFound::Unusable("it has no tls.crt".into()),
+            _ => SecretFound::Usable,
+        };
         let same = certificates(&https(vec![secret("cert", None)]), "gw", &[], exists);
         assert_eq!(same, Ok(vec![("gw".to_string(), "cert".to_string())]));
         let missing = certificates(&https(vec![secret("missing", None)]), "gw", &[], exists);
         assert_eq!(missing.unwrap_err().reason, "InvalidCertificateRef");
+        let malformed = certificates(&https(vec![secret("malformed", None)]), "gw", &[], exists);
+        let p = malformed.unwrap_err();
+        assert_eq!(p.reason, "InvalidCertificateRef");
+        assert!(p.message.contains("no tls.crt"), "{}", p.message);
         let other = https(vec![secret("cert", Some("certs"))]);
         assert_eq!(
             certificates(&other, "gw", &[], exists).unwrap_err().reason,

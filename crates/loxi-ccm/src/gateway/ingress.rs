@@ -13,7 +13,8 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::json;
 use tracing::{debug, warn};
 
-use super::http::{MANAGED_LABEL, ingress_service_name};
+use super::http::{MANAGED_LABEL, SecretFound, ingress_service_name};
+use super::tls;
 
 /// The field manager of these writes.
 const MANAGER: &str = "loxi-ccm-gateway";
@@ -60,24 +61,28 @@ pub async fn delete_service(client: &kube::Client, ns: &str, gateway: &str) -> b
     }
 }
 
-/// Which of `secrets` (namespace, name) exist, by a metadata GET each (the controller may
-/// only `get` Secrets: it never lists or reads their data).
-pub async fn existing_secrets(
+/// What each of `secrets` (namespace, name) is, by a GET each (the controller may only
+/// `get` Secrets: it never lists or watches them); a Secret that could not be read counts
+/// as missing until the next pass. Its data is only checked (`tls::problem`), not kept.
+pub async fn secrets(
     client: &kube::Client,
     secrets: &BTreeSet<(String, String)>,
-) -> BTreeSet<(String, String)> {
-    let mut out = BTreeSet::new();
+) -> BTreeMap<(String, String), SecretFound> {
+    let mut out = BTreeMap::new();
     for (ns, name) in secrets {
         let api: Api<Secret> = Api::namespaced(client.clone(), ns);
-        match api.get_metadata_opt(name).await {
-            Ok(Some(_)) => {
-                out.insert((ns.clone(), name.clone()));
-            }
-            Ok(None) => {}
+        let found = match api.get_opt(name).await {
+            Ok(Some(secret)) => match tls::problem(secret.data.as_ref()) {
+                None => SecretFound::Usable,
+                Some(why) => SecretFound::Unusable(why),
+            },
+            Ok(None) => SecretFound::Missing,
             Err(e) => {
-                debug!(secret = %format!("{ns}/{name}"), error = %e, "could not read a Secret")
+                debug!(secret = %format!("{ns}/{name}"), error = %e, "could not read a Secret");
+                SecretFound::Missing
             }
-        }
+        };
+        out.insert((ns.clone(), name.clone()), found);
     }
     out
 }

@@ -9,6 +9,7 @@
 //!   against it.
 //! - `rules`: a Gateway's loxilb rules from its addresses and listeners' endpoints (pure).
 //! - `status`: the conditions and route parent entries (pure).
+//! - `tls`: whether a Secret an HTTPS listener names holds a certificate and its key (pure).
 //! - `controller`: the watches and the loop; `pass`: one pass over every Gateway of ours,
 //!   the only place that calls the API server, IPAM and loxilb.
 //!
@@ -31,6 +32,7 @@ pub mod plan;
 pub mod replay;
 pub mod rules;
 pub mod status;
+pub mod tls;
 pub mod types;
 
 use std::sync::Arc;

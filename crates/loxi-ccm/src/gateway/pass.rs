@@ -254,6 +254,9 @@ impl Pass {
             .as_ref()
             .map(|s| s.conditions.clone())
             .unwrap_or_default();
+        // Before the rules: an HTTPS listener whose certificates do not resolve gets none.
+        let certificates = self.certificates(gw, verdicts, grants).await;
+        let certified = |i: usize| !matches!(certificates.get(i), Some(Some(Err(_))));
         let address = requested_address(gw);
         let (addresses, programmed) = match &address {
             Err(message) => (
@@ -272,7 +275,8 @@ impl Pass {
                 Ok(held) => {
                     let slices = self.stores.slices.state();
                     let slices: Vec<&EndpointSlice> = slices.iter().map(|s| &**s).collect();
-                    let listeners_eps = plan::endpoints(gw, &planned, services, &slices);
+                    let listeners_eps =
+                        plan::endpoints(gw, &planned, services, &slices, &certified);
                     let rules = gateway_rules(
                         &self.owner,
                         &ns,
@@ -332,7 +336,12 @@ impl Pass {
             ),
             Programmed::No { reason, message } => condition("Programmed", false, reason, message),
         };
-        let certificates = self.certificates(gw, verdicts, grants).await;
+        for (l, certs) in gw.spec.listeners.iter().zip(&certificates) {
+            if let Some(Err(p)) = certs {
+                let shown = listener_shown(gw, &l.name);
+                self.warn_once(gw.object_ref(&()), &shown, p.reason, &p.message);
+            }
+        }
         let outcome = ListenersOutcome {
             verdicts,
             attached,
@@ -363,12 +372,15 @@ impl Pass {
                 )
             })
             .collect();
-        let existing = ingress::existing_secrets(&self.h.kube, &wanted).await;
+        let found = ingress::secrets(&self.h.kube, &wanted).await;
         (0..gw.spec.listeners.len())
             .map(|i| {
                 https(i).then(|| {
                     http::certificates(&gw.spec.listeners[i], &ns, grants, |n, m| {
-                        existing.contains(&(n.to_string(), m.to_string()))
+                        found
+                            .get(&(n.to_string(), m.to_string()))
+                            .cloned()
+                            .unwrap_or(http::SecretFound::Missing)
                     })
                 })
             })
@@ -416,7 +428,9 @@ impl Pass {
         for &l in &http_listeners {
             let secrets = match &certificates[l] {
                 Some(Ok(s)) => s.clone(),
-                _ => Vec::new(),
+                // Not served: its hosts stay out of the routes' Ingresses.
+                Some(Err(_)) => continue,
+                None => Vec::new(),
             };
             for &r in &planned.attached_routes[l] {
                 per_route.entry(r).or_default().push(http::IngressListener {
@@ -519,12 +533,7 @@ impl Pass {
                 if let Some(Err(p)) = certs {
                     http::unresolved_certificates(&mut c, p);
                 }
-                let have = old
-                    .listeners
-                    .iter()
-                    .find(|s| s.name == l.name)
-                    .map(|s| s.conditions.clone())
-                    .unwrap_or_default();
+                let have = listener_shown(gw, &l.name);
                 stamp_all(&mut c, &have, generation, &now());
                 json!({
                     "name": l.name,
@@ -732,6 +741,16 @@ fn same_conditions(a: &[Condition], b: &[Condition]) -> bool {
         )
     };
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| key(x) == key(y))
+}
+
+/// The conditions the Gateway's status shows for its listener `name`.
+fn listener_shown(gw: &Gateway, name: &str) -> Vec<Condition> {
+    gw.status
+        .iter()
+        .flat_map(|s| &s.listeners)
+        .find(|l| l.name == name)
+        .map(|l| l.conditions.clone())
+        .unwrap_or_default()
 }
 
 /// Our conditions of the route's entry for `parent` (for their transition times).

@@ -118,7 +118,8 @@ pub fn backend_services(
 ) -> Services {
     let mut out = Services::new();
     for route in routes {
-        for b in route.spec.rules.iter().flat_map(|r| &r.backend_refs) {
+        let objects = route.spec.rules.iter().flat_map(|r| &r.backend_refs);
+        for b in objects.map(|b| &b.object) {
             let ns = b
                 .namespace
                 .clone()
@@ -238,11 +239,14 @@ pub fn plan(gw: &Gateway, inputs: &Inputs<'_>) -> GatewayPlan {
 /// The ready endpoints of each usable listener (one entry per port and protocol): a TCP or
 /// UDP listener's are its backends' (of the backend's port); an HTTP or HTTPS listener's are
 /// the loxilb-ingress pods behind the Gateway's ingress Service (`http`), of its port.
+/// `certified(i)`: listener `i`'s certificate references resolve (an HTTPS listener whose
+/// do not gets no rule; one port's rule stays while another listener on it is served).
 pub fn endpoints(
     gw: &Gateway,
     plan: &GatewayPlan,
     services: &Services,
     slices: &[&EndpointSlice],
+    certified: &dyn Fn(usize) -> bool,
 ) -> Vec<ListenerEndpoints> {
     let ready = |ns: &str, service: &str, port_name: &str, out: &mut Vec<(IpAddr, u16)>| {
         let of_service = slices.iter().copied().filter(|s| {
@@ -264,16 +268,20 @@ pub fn endpoints(
     let ns = gw.namespace().unwrap_or_default();
     let ingress_service = ingress_service_name(&gw.name_any());
     let mut out: Vec<ListenerEndpoints> = Vec::new();
-    for ((l, v), bs) in gw
+    for (i, ((l, v), bs)) in gw
         .spec
         .listeners
         .iter()
         .zip(&plan.verdicts)
         .zip(&plan.backends)
+        .enumerate()
     {
         let Some(kind) = v.protocol_kind.filter(|k| k.programmed_on_loxilb()) else {
             continue;
         };
+        if !certified(i) {
+            continue;
+        }
         let Some(port) = u16::try_from(l.port).ok().filter(|_| v.usable()) else {
             continue;
         };
@@ -319,7 +327,8 @@ pub fn port_name(protocol: &str, port: i32) -> String {
 }
 
 /// The rules the Gateway should have on `addresses` (its claim's): the whole decision, for
-/// the audit.
+/// the audit, which reads no Secrets: an HTTPS listener whose status shows its certificate
+/// references unresolved (`certificates_refused`) is taken as the controller judged it.
 pub fn desired_rules(
     owner: &ClusterId,
     gw: &Gateway,
@@ -329,7 +338,8 @@ pub fn desired_rules(
     style: RuleStyle,
 ) -> Vec<Rule> {
     let plan = plan(gw, inputs);
-    let listeners = endpoints(gw, &plan, inputs.services, slices);
+    let certified = |i: usize| !certificates_refused(gw, i);
+    let listeners = endpoints(gw, &plan, inputs.services, slices, &certified);
     gateway_rules(
         owner,
         &gw.namespace().unwrap_or_default(),
@@ -338,6 +348,27 @@ pub fn desired_rules(
         &listeners,
         style,
     )
+}
+
+/// The Gateway's status shows listener `i` as an HTTPS listener whose certificate
+/// references do not resolve (`ResolvedRefs=False` for a certificate reason).
+pub fn certificates_refused(gw: &Gateway, i: usize) -> bool {
+    let Some(l) = gw.spec.listeners.get(i).filter(|l| l.protocol == "HTTPS") else {
+        return false;
+    };
+    gw.status
+        .iter()
+        .flat_map(|s| &s.listeners)
+        .filter(|s| s.name == l.name)
+        .flat_map(|s| &s.conditions)
+        .any(|c| {
+            c.type_ == "ResolvedRefs"
+                && c.status == "False"
+                && matches!(
+                    c.reason.as_str(),
+                    "InvalidCertificateRef" | "RefNotPermitted"
+                )
+        })
 }
 
 /// The parentRef names the Gateway `ns/name`.
@@ -358,13 +389,14 @@ fn resolve_all(
     let mut problem = None;
     for b in route.spec.rules.iter().flat_map(|r| &r.backend_refs) {
         let backend = BackendIn {
-            group: b.group.clone(),
-            kind: b.kind.clone(),
+            group: b.object.group.clone(),
+            kind: b.object.kind.clone(),
             namespace: b
+                .object
                 .namespace
                 .clone()
                 .unwrap_or_else(|| route.namespace.clone()),
-            name: b.name.clone(),
+            name: b.object.name.clone(),
             port: b.port,
             weight: b.weight,
         };
@@ -441,5 +473,38 @@ fn listener_in(l: &Listener) -> ListenerIn {
             .iter()
             .map(|k| (k.group.clone(), k.kind.clone()))
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_audit_takes_an_https_listeners_refused_certificates_from_the_status() {
+        let gw: Gateway = serde_json::from_value(serde_json::json!({
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "Gateway",
+            "metadata": {"name": "gw", "namespace": "ns"},
+            "spec": {"gatewayClassName": "loxilb", "listeners": [
+                {"name": "bad", "port": 443, "protocol": "HTTPS"},
+                {"name": "good", "port": 8443, "protocol": "HTTPS"},
+                {"name": "kinds", "port": 80, "protocol": "HTTP"}
+            ]},
+            "status": {"listeners": [
+                {"name": "bad", "conditions": [{"type": "ResolvedRefs", "status": "False",
+                    "reason": "InvalidCertificateRef", "message": "",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z"}]},
+                {"name": "good", "conditions": [{"type": "ResolvedRefs", "status": "True",
+                    "reason": "ResolvedRefs", "message": "",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z"}]},
+                {"name": "kinds", "conditions": [{"type": "ResolvedRefs", "status": "False",
+                    "reason": "InvalidRouteKinds", "message": "",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
+            ]}
+        }))
+        .unwrap();
+        let refused: Vec<bool> = (0..4).map(|i| certificates_refused(&gw, i)).collect();
+        assert_eq!(refused, vec![true, false, false, false]);
     }
 }

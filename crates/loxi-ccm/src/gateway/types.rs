@@ -153,16 +153,12 @@ pub struct ParentRef {
     pub port: Option<i32>,
 }
 
+/// A route's backendRef: the object (a Service by default), its port and weight.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct BackendRef {
-    #[serde(default)]
-    pub group: Option<String>,
-    #[serde(default)]
-    pub kind: Option<String>,
-    pub name: String,
-    #[serde(default)]
-    pub namespace: Option<String>,
+    #[serde(flatten)]
+    pub object: ObjectReference,
     #[serde(default)]
     pub port: Option<i32>,
     #[serde(default)]
@@ -278,13 +274,15 @@ pub struct ListenerTls {
     #[serde(default)]
     pub mode: Option<String>,
     #[serde(default)]
-    pub certificate_refs: Vec<SecretObjectReference>,
+    pub certificate_refs: Vec<ObjectReference>,
 }
 
-/// A `SecretObjectReference` (group "" and kind `Secret` by default).
+/// An object named by group, kind, name and namespace: the fields of the spec's
+/// `SecretObjectReference` (a listener's certificate, group "" and kind `Secret` by
+/// default) and of a `BackendObjectReference` (group "" and kind `Service` by default).
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
-pub struct SecretObjectReference {
+pub struct ObjectReference {
     #[serde(default)]
     pub group: Option<String>,
     #[serde(default)]

@@ -2,6 +2,9 @@
 //! objects, their conditions, backends with EndpointSlices, a world whose controller serves
 //! the Gateway API.
 
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, PostParams};
 use serde_json::{Value, json};
@@ -42,6 +45,53 @@ pub async fn create(w: &World, ns: Option<&str>, kind: &str, body: Value) {
         .create(&PostParams::default(), &obj)
         .await
         .unwrap_or_else(|e| panic!("{kind} refused: {e}"));
+}
+
+/// Creates the GatewayClass `<prefix>-<pid>` of our controller and the Gateway `gw` of the
+/// world's namespace with `listeners` on it; returns the class's name.
+pub async fn class_and_gateway(w: &World, prefix: &str, listeners: Value) -> String {
+    let class = format!("{prefix}-{}", std::process::id());
+    create(
+        w,
+        None,
+        "GatewayClass",
+        json!({"metadata": {"name": class}, "spec": {"controllerName": CONTROLLER}}),
+    )
+    .await;
+    create(
+        w,
+        Some(&w.ns),
+        "Gateway",
+        json!({
+            "metadata": {"name": "gw"},
+            "spec": {"gatewayClassName": class, "listeners": listeners}
+        }),
+    )
+    .await;
+    class
+}
+
+/// A `kubernetes.io/tls` Secret `name` holding `cert` and `key` as written.
+pub fn tls_secret_of(name: &str, cert: &str, key: &str) -> Secret {
+    Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        type_: Some("kubernetes.io/tls".into()),
+        string_data: Some(BTreeMap::from([
+            ("tls.crt".to_string(), cert.to_string()),
+            ("tls.key".to_string(), key.to_string()),
+        ])),
+        ..Default::default()
+    }
+}
+
+/// A `kubernetes.io/tls` Secret `name` with a new certificate for `host` and its key.
+pub fn tls_secret(name: &str, host: &str) -> Secret {
+    let ca = testenv::certs::TestCa::new("gateway-tests").unwrap();
+    let c = ca.server_cert(&[host]).unwrap();
+    tls_secret_of(name, &c.cert_pem, &c.key_pem)
 }
 
 pub async fn get(w: &World, ns: Option<&str>, kind: &str, name: &str) -> Option<Value> {

@@ -704,3 +704,18 @@ impl World {
         }
     }
 }
+
+/// Asserts that the audit found, among its findings of `kind`, one whose line holds every
+/// one of `needles` (all the findings are shown when it did not).
+#[track_caller]
+pub fn assert_found(
+    found: &loxi_ccm::audit::Findings,
+    kind: loxi_ccm::audit::Kind,
+    needles: &[&str],
+) {
+    let has = found.of_kind(kind).iter().any(|v| {
+        let line = v.to_string();
+        needles.iter().all(|n| line.contains(n))
+    });
+    assert!(has, "{found}");
+}
