@@ -136,10 +136,6 @@ pub struct Metrics {
     egresses_not_programmed: Family<ReasonLabels, Gauge>,
     events_dropped: Counter,
     leader: Gauge,
-    /// loxilbs that left the fleet (`forget_loxilb`): their gauges are not set again by a
-    /// worker or a role post still finishing after they left (a series left behind would
-    /// keep saying it is up), until they join again (`loxilb_joined`).
-    departed: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
 
 impl Default for Metrics {
@@ -379,24 +375,7 @@ impl Metrics {
             egresses_programmed,
             egresses_not_programmed,
             events_dropped,
-            departed: std::sync::Arc::default(),
         }
-    }
-
-    /// Whether `instance` left the fleet (its gauges are not set).
-    fn departed(&self, instance: &str) -> bool {
-        self.departed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(instance)
-    }
-
-    /// A loxilb joined the fleet (again): its gauges are set from now on.
-    pub fn loxilb_joined(&self, instance: &str) {
-        self.departed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(instance);
     }
 
     /// One Service reconcile ended with `result`; `category` names what failed (empty: none).
@@ -431,9 +410,6 @@ impl Metrics {
     }
 
     pub fn set_up(&self, instance: &str, up: bool) {
-        if self.departed(instance) {
-            return;
-        }
         self.loxilb_up
             .get_or_create(&InstanceLabels {
                 instance: instance.to_string(),
@@ -442,9 +418,6 @@ impl Metrics {
     }
 
     pub fn set_rules(&self, instance: &str, n: usize) {
-        if self.departed(instance) {
-            return;
-        }
         self.loxilb_rules
             .get_or_create(&InstanceLabels {
                 instance: instance.to_string(),
@@ -453,9 +426,6 @@ impl Metrics {
     }
 
     pub fn set_capacity(&self, instance: &str, n: usize) {
-        if self.departed(instance) {
-            return;
-        }
         self.loxilb_capacity
             .get_or_create(&InstanceLabels {
                 instance: instance.to_string(),
@@ -513,9 +483,6 @@ impl Metrics {
         oldest: Option<Duration>,
         limit: usize,
     ) {
-        if self.departed(instance) {
-            return;
-        }
         let labels = InstanceLabels {
             instance: instance.to_string(),
         };
@@ -592,15 +559,11 @@ impl Metrics {
         }
     }
 
-    /// `loxilb` now holds `role` for `ha_instance` (its other role's series is removed).
     /// A loxilb left the fleet: its gauges go (a series left behind would keep saying it is
     /// up, or holds rules). Its counters stay: they are history, and Prometheus expects
-    /// counters not to vanish while the process runs.
-    pub fn forget_loxilb(&self, instance: &str, ha_instances: &[String]) {
-        self.departed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(instance.to_string());
+    /// counters not to vanish while the process runs. Called once nothing of it runs any
+    /// more (`crate::fleet::Fleet::set_source`), so nothing sets them again.
+    pub fn forget_loxilb(&self, instance: &str) {
         let labels = InstanceLabels {
             instance: instance.to_string(),
         };
@@ -610,21 +573,23 @@ impl Metrics {
         self.write_queue.remove(&labels);
         self.write_queue_oldest.remove(&labels);
         self.write_window.remove(&labels);
+    }
+
+    /// A loxilb that left a group: its role series for that group's HA instances go.
+    pub fn forget_ha_roles(&self, loxilb: &str, ha_instances: &[String]) {
         for ha in ha_instances {
             for role in ["MASTER", "BACKUP"] {
                 self.ha_roles.remove(&HaRoleLabels {
                     ha_instance: ha.clone(),
-                    loxilb: instance.to_string(),
+                    loxilb: loxilb.to_string(),
                     role: role.to_string(),
                 });
             }
         }
     }
 
+    /// `loxilb` now holds `role` for `ha_instance` (its other role's series is removed).
     pub fn set_ha_role(&self, ha_instance: &str, loxilb: &str, role: &str) {
-        if self.departed(loxilb) {
-            return;
-        }
         for r in ["MASTER", "BACKUP"] {
             let labels = HaRoleLabels {
                 ha_instance: ha_instance.to_string(),

@@ -164,6 +164,56 @@ spec:
     w.finish().await;
 }
 
+async fn wait_egress_gone(w: &World) {
+    wait_for("Egress gone", WAIT, || async {
+        egresses(w)
+            .get_opt("eg")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+}
+
+/// Pods `p1` (labelled `what=<selected>`, 10.244.<net>.5) and `p2` (not selected,
+/// 10.244.<net>.6), and the Egress `eg` selecting `p1` and 10.42.<net>.2 to 172.18.<v>.254
+/// (`v`: 0 for net 1, else net); waits for its SNAT sources and its `Programmed=True`
+/// condition (`what`), checks its finalizer and returns the condition's (instances, status,
+/// reason).
+async fn selected_egress(
+    w: &World,
+    net: u8,
+    selected: &str,
+    what: &str,
+) -> (String, String, String) {
+    let vip_net = if net == 1 { 0 } else { net };
+    let vip = format!("172.18.{vip_net}.254");
+    let (pod, extra) = (format!("10.244.{net}.5"), format!("10.42.{net}.2"));
+    running_pod(w, "p1", &[("what", selected)], &pod).await;
+    running_pod(w, "p2", &[("what", "other")], &format!("10.244.{net}.6")).await;
+    egresses(w)
+        .create(
+            &PostParams::default(),
+            &egress("eg", &[&extra], &vip, &[("what", selected)]),
+        )
+        .await
+        .unwrap();
+    wait_sources(w, &vip, &[&format!("{pod}/32"), &format!("{extra}/32")]).await;
+    let (n, status, reason, _) = wait_for(what, WAIT, || async {
+        programmed(w, "eg").await.filter(|p| p.1 == "True")
+    })
+    .await;
+    let e = egresses(w).get("eg").await.unwrap();
+    assert!(
+        e.metadata
+            .finalizers
+            .unwrap_or_default()
+            .contains(&loxi_ccm::egress::FINALIZER.to_string())
+    );
+    (n, status, reason)
+}
+
 #[tokio::test]
 async fn rules_follow_pods_in_and_out_of_the_selector_and_none_leak_after_delete() {
     let w = World::with("egress-follow", options()).await;
@@ -178,35 +228,10 @@ async fn rules_follow_pods_in_and_out_of_the_selector_and_none_leak_after_delete
         loxilb_client::LoxilbClient::new(loxilb_client::ClientConfig::new(&w.sim.url())).unwrap();
     client.add_firewall_rule(&foreign).await.unwrap();
 
-    running_pod(&w, "p1", &[("what", "egress-test")], "10.244.1.5").await;
-    running_pod(&w, "p2", &[("what", "other")], "10.244.1.6").await;
-    egresses(&w)
-        .create(
-            &PostParams::default(),
-            &egress(
-                "eg",
-                &["10.42.1.2"],
-                "172.18.0.254",
-                &[("what", "egress-test")],
-            ),
-        )
-        .await
-        .unwrap();
-    wait_sources(&w, "172.18.0.254", &["10.244.1.5/32", "10.42.1.2/32"]).await;
-    let (n, status, reason, _) = wait_for("Egress programmed", WAIT, || async {
-        programmed(&w, "eg").await.filter(|p| p.1 == "True")
-    })
-    .await;
+    let (n, status, reason) = selected_egress(&w, 1, "egress-test", "Egress programmed").await;
     assert_eq!(
         (n.as_str(), status.as_str(), reason.as_str()),
         ("1/1", "True", "Programmed")
-    );
-    let e = egresses(&w).get("eg").await.unwrap();
-    assert!(
-        e.metadata
-            .finalizers
-            .unwrap_or_default()
-            .contains(&loxi_ccm::egress::FINALIZER.to_string())
     );
 
     // p2 joins the selector, p1 leaves it: exactly their rules change.
@@ -242,15 +267,7 @@ async fn rules_follow_pods_in_and_out_of_the_selector_and_none_leak_after_delete
         .delete("eg", &DeleteParams::default())
         .await
         .unwrap();
-    wait_for("Egress gone", WAIT, || async {
-        egresses(&w)
-            .get_opt("eg")
-            .await
-            .unwrap()
-            .is_none()
-            .then_some(())
-    })
-    .await;
+    wait_egress_gone(&w).await;
     wait_for("no SNAT rule of ours", WAIT, || {
         let left: Vec<_> = snat_rules(&w).into_iter().filter(|r| r.2 != 7).collect();
         async move { left.is_empty().then_some(()) }
@@ -520,33 +537,8 @@ async fn the_shipped_rbac_is_all_the_egress_controller_needs() {
     w.stop_controller().await;
     w.controller = Some(w.spawn_controller_with(sa_client, &opts));
 
-    running_pod(&w, "p1", &[("what", "egress-rbac")], "10.244.3.5").await;
-    running_pod(&w, "p2", &[("what", "other")], "10.244.3.6").await;
-    egresses(&w)
-        .create(
-            &PostParams::default(),
-            &egress(
-                "eg",
-                &["10.42.3.2"],
-                "172.18.3.254",
-                &[("what", "egress-rbac")],
-            ),
-        )
-        .await
-        .unwrap();
-    wait_sources(&w, "172.18.3.254", &["10.244.3.5/32", "10.42.3.2/32"]).await;
-    let (n, _, reason, _) = wait_for("Egress status written", WAIT, || async {
-        programmed(&w, "eg").await.filter(|p| p.1 == "True")
-    })
-    .await;
+    let (n, _, reason) = selected_egress(&w, 3, "egress-rbac", "Egress status written").await;
     assert_eq!((n.as_str(), reason.as_str()), ("1/1", "Programmed"));
-    let e = egresses(&w).get("eg").await.unwrap();
-    assert!(
-        e.metadata
-            .finalizers
-            .unwrap_or_default()
-            .contains(&loxi_ccm::egress::FINALIZER.to_string())
-    );
     // Pods in and out of the selector.
     label(&w, "p2", json!({"what": "egress-rbac"})).await;
     label(&w, "p1", json!({"what": null})).await;
@@ -557,14 +549,6 @@ async fn the_shipped_rbac_is_all_the_egress_controller_needs() {
         .await
         .unwrap();
     wait_sources(&w, "172.18.3.254", &[]).await;
-    wait_for("Egress gone", WAIT, || async {
-        egresses(&w)
-            .get_opt("eg")
-            .await
-            .unwrap()
-            .is_none()
-            .then_some(())
-    })
-    .await;
+    wait_egress_gone(&w).await;
     w.finish().await;
 }

@@ -103,6 +103,7 @@ struct With {
 /// A started fleet and its records.
 struct Alone {
     fleet: Fleet,
+    metrics: Metrics,
     roles: Arc<MemoryRecord>,
     _running: Running,
 }
@@ -157,9 +158,10 @@ impl Alone {
             Instances::new(clients, &cluster()),
             gate,
         );
-        let running = fleet.start(replay(metrics));
+        let running = fleet.start(replay(metrics.clone()));
         Alone {
             fleet,
+            metrics,
             roles: roles_record,
             _running: running,
         }
@@ -172,6 +174,29 @@ impl Alone {
             .iter()
             .find(|i| i.url() == s.url())
             .cloned()
+    }
+
+    /// The gauge series of `s` on `/metrics`: up, rules, capacity, write window, HA roles.
+    fn gauges_of(&self, s: &Simulator) -> Vec<String> {
+        let (instance, loxilb) = (
+            format!("instance=\"{}\"", s.url()),
+            format!("loxilb=\"{}\"", s.url()),
+        );
+        let per_instance = [
+            "loxi_ccm_loxilb_up{",
+            "loxi_ccm_loxilb_rules{",
+            "loxi_ccm_loxilb_capacity{",
+            "loxi_ccm_loxilb_write_queue{",
+        ];
+        self.metrics
+            .encode()
+            .lines()
+            .filter(|l| {
+                (per_instance.iter().any(|p| l.starts_with(p)) && l.contains(&instance))
+                    || (l.starts_with("loxi_ccm_ha_roles{") && l.contains(&loxilb))
+            })
+            .map(str::to_string)
+            .collect()
     }
 }
 
@@ -335,6 +360,117 @@ async fn a_loxilb_that_leaves_is_told_backup() {
         .then_some(())
     })
     .await;
+}
+
+/// The fleet of the configured loxilb `a`, with HA roles, that the discovered loxilb `b`
+/// joins (in the default group).
+async fn b_joining_a() -> (Simulator, Simulator, Alone) {
+    let (a, b) = (sim(false).await, sim(false).await);
+    let with = With {
+        roles: true,
+        bgp: false,
+    };
+    let alone = Alone::start(&[&a], with);
+    alone
+        .fleet
+        .set_source(Source::Discovered, vec![Member::new("llb", &b.url())]);
+    (a, b, alone)
+}
+
+/// A loxilb that leaves while its worker's probe is in flight (answered 600 ms late): its
+/// gauges go, and stay gone once that probe would have been answered (its worker was
+/// stopped before they were forgotten, crates/loxi-ccm/src/fleet/mod.rs `Fleet::depart`).
+#[tokio::test]
+async fn a_loxilb_that_leaves_during_a_probe_has_its_gauges_gone_for_good() {
+    const LATE: Duration = Duration::from_millis(600);
+    let (a, b, alone) = b_joining_a().await;
+    wait_for("b serving, with its up, rules and role series", || {
+        let gauges = alone.gauges_of(&b);
+        let has = |p: &str| gauges.iter().any(|l| l.starts_with(p));
+        (alone.instance(&b)?.is_serving()
+            && has("loxi_ccm_loxilb_up{")
+            && has("loxi_ccm_loxilb_rules{")
+            && has("loxi_ccm_ha_roles{"))
+        .then_some(())
+    })
+    .await;
+
+    // Every answer of b late: the next request (its worker's probe) is then in flight.
+    b.set_latency(LATE);
+    let asked = b.request_count();
+    wait_for("a request of b's worker in flight", || {
+        (b.request_count() > asked).then_some(())
+    })
+    .await;
+    alone.fleet.set_source(Source::Discovered, vec![]);
+    let gone = std::time::Instant::now();
+    wait_for("b's gauges gone", || {
+        alone.gauges_of(&b).is_empty().then_some(())
+    })
+    .await;
+    // Watched until well after the probe in flight would have been answered.
+    while gone.elapsed() < LATE * 3 {
+        let left = alone.gauges_of(&b);
+        assert!(left.is_empty(), "set again after b left: {left:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(alone.instance(&b).is_none(), "no longer a member");
+    assert!(
+        alone
+            .gauges_of(&a)
+            .iter()
+            .any(|l| l.starts_with("loxi_ccm_loxilb_up{")),
+        "a's gauges stay"
+    );
+}
+
+/// A loxilb that leaves one group and joins another in the same change: its role series of
+/// the group it left go, and its gauges are set under the new group (not suppressed as
+/// those of a loxilb that left).
+#[tokio::test]
+async fn a_loxilb_that_moves_to_another_group_has_its_gauges_there() {
+    let (_a, b, alone) = b_joining_a().await;
+    let role_in = |group: &str, gauges: &[String]| {
+        let ha = format!("ha_instance=\"{group}-inst0\"");
+        gauges
+            .iter()
+            .any(|l| l.starts_with("loxi_ccm_ha_roles{") && l.contains(&ha))
+    };
+    wait_for("b serving in llb, with its role series there", || {
+        (alone.instance(&b)?.is_serving() && role_in("llb", &alone.gauges_of(&b))).then_some(())
+    })
+    .await;
+
+    alone
+        .fleet
+        .set_source(Source::Discovered, vec![Member::new("east", &b.url())]);
+    wait_for("b serving in east", || {
+        let inst = alone.instance(&b)?;
+        (inst.group() == "east" && inst.is_serving()).then_some(())
+    })
+    .await;
+    // It is east's only loxilb: MASTER there.
+    wait_for("b MASTER of east-inst0", || {
+        (b.cluster_state("east-inst0").as_deref() == Some("MASTER")).then_some(())
+    })
+    .await;
+    let gauges = wait_for("b's gauges under east only", || {
+        let gauges = alone.gauges_of(&b);
+        let has = |p: &str| gauges.iter().any(|l| l.starts_with(p));
+        (has("loxi_ccm_loxilb_up{")
+            && has("loxi_ccm_loxilb_rules{")
+            && role_in("east", &gauges)
+            && !role_in("llb", &gauges))
+        .then_some(gauges)
+    })
+    .await;
+    let master = gauges
+        .iter()
+        .find(|l| l.contains("ha_instance=\"east-inst0\"") && l.contains("role=\"MASTER\""));
+    assert!(
+        master.is_some_and(|l| l.ends_with(" 1")),
+        "MASTER of east-inst0: {gauges:?}"
+    );
 }
 
 fn group(name: &str, capacity: usize, serving: bool) -> GroupNow {

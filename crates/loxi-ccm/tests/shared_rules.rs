@@ -49,51 +49,8 @@ async fn two_controllers_share_a_rule_and_never_take_each_others_endpoints() {
     let a_port = node_ports(&a_svc)[0];
 
     // The other cluster: its own API server, Node and Service on the same address and port.
-    let cp2 = testenv::ControlPlane::start()
-        .await
-        .expect("second control plane");
-    let c2 = cp2.admin_client().await.unwrap();
-    install_crds(&c2).await;
-    Api::<Namespace>::all(c2.clone())
-        .create(
-            &PostParams::default(),
-            &Namespace {
-                metadata: ObjectMeta {
-                    name: Some(w.ns.clone()),
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-    let nodes2: Api<Node> = Api::all(c2.clone());
-    common::nodes::add_node(&nodes2, "node-b", "10.0.2.1").await;
-    let services2: Api<Service> = Api::namespaced(c2.clone(), &w.ns);
-    let b_svc = services2
-        .create(&PostParams::default(), &web())
-        .await
-        .unwrap();
-    let b_port = node_ports(&b_svc)[0];
-    let args = [
-        "loxi-ccm".to_string(),
-        "run".into(),
-        "--external-cidr=192.0.2.0/24".into(),
-        format!("--namespace={}", w.ns),
-        "--cluster-id=other".into(),
-        "--health-interval=200ms".into(),
-        "--drift-interval=1s".into(),
-        format!("--leader-elect-namespace={}", w.ns),
-        format!("--loxilb-url={}", w.sim.url()),
-        "--appendEPs=true".into(),
-    ];
-    let cli = <loxi_ccm::config::cli::Cli as clap::Parser>::try_parse_from(args).unwrap();
-    let loxi_ccm::config::cli::Command::Run(run) = cli.command;
-    let b_cfg = loxi_ccm::config::Config::from_args(&run).unwrap();
-    let (b_stop, b_stopped) = tokio::sync::oneshot::channel::<()>();
-    let b = tokio::spawn(loxi_ccm::runtime::run(c2.clone(), b_cfg, None, async {
-        let _ = b_stopped.await;
-    }));
+    let mut b = OtherCluster::start(&w).await;
+    let b_port = b.serve_web(&[("node-b", "10.0.2.1")]).await;
 
     let a_ep = |ip: &str| format!("{ip}:{a_port}");
     let b_ep = format!("10.0.2.1:{b_port}");
@@ -151,7 +108,7 @@ async fn two_controllers_share_a_rule_and_never_take_each_others_endpoints() {
     .await;
 
     // B's Service goes too: its detach takes the last endpoint, and loxilb the rule.
-    services2
+    b.services
         .delete("web", &DeleteParams::default())
         .await
         .unwrap();
@@ -159,10 +116,9 @@ async fn two_controllers_share_a_rule_and_never_take_each_others_endpoints() {
         w.rules_for(VIP).is_empty().then_some(())
     })
     .await;
-    let _ = b_stop.send(());
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), b).await;
+    b.stop_controller().await;
     w.finish().await;
-    cp2.stop();
+    b.finish().await;
 }
 
 /// The other cluster: its own API server, with the world's namespace, and its controller
@@ -224,6 +180,21 @@ impl OtherCluster {
             cp,
             controller: None,
         }
+    }
+
+    /// Its `nodes` (name, address) and its Service [`web`], then its controller; returns the
+    /// Service's node port.
+    async fn serve_web(&mut self, nodes: &[(&str, &str)]) -> i32 {
+        for (name, ip) in nodes {
+            common::nodes::add_node(&self.nodes, name, ip).await;
+        }
+        let svc = self
+            .services
+            .create(&PostParams::default(), &web())
+            .await
+            .unwrap();
+        self.start_controller();
+        node_ports(&svc)[0]
     }
 
     fn start_controller(&mut self) {
@@ -293,15 +264,9 @@ async fn restarts_of_either_controller_never_cost_the_others_endpoints() {
     w.add_node("node-a2", "10.0.1.2").await;
     let a_port = node_ports(&w.create(&web()).await)[0];
     let mut b = OtherCluster::start(&w).await;
-    common::nodes::add_node(&b.nodes, "node-b", "10.0.2.1").await;
-    common::nodes::add_node(&b.nodes, "node-b2", "10.0.2.2").await;
-    let b_svc = b
-        .services
-        .create(&PostParams::default(), &web())
-        .await
-        .unwrap();
-    let b_port = node_ports(&b_svc)[0];
-    b.start_controller();
+    let b_port = b
+        .serve_web(&[("node-b", "10.0.2.1"), ("node-b2", "10.0.2.2")])
+        .await;
     let a = |ip: &str| format!("{ip}:{a_port}");
     let bb = |ip: &str| format!("{ip}:{b_port}");
     wait_shared(

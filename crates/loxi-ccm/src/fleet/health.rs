@@ -27,13 +27,14 @@ pub(super) async fn run(fleet: Fleet, workers: Arc<Workers>) {
             changed = changes.changed() => if changed.is_err() { return },
         }
         let fleet_instances = fleet.instances();
-        let instances = fleet_instances.instances();
-        // The BGP-peer-only loxilbs get BGP settings only (`super::members`).
-        let peers: Arc<Vec<Arc<Instance>>> = match &settings.bgp {
-            Some(_) => fleet.peer_instances(),
-            None => Default::default(),
-        };
-        workers.follow(&instances, &peers);
+        let (instances, peers) = workers.follow(|| {
+            // The BGP-peer-only loxilbs get BGP settings only (`super::members`).
+            let peers: Arc<Vec<Arc<Instance>>> = match &settings.bgp {
+                Some(_) => fleet.peer_instances(),
+                None => Default::default(),
+            };
+            (fleet_instances.instances(), peers)
+        });
         publish_groups(&fleet_instances, &settings.metrics);
         // No plan while a BGP kind whose CRD was just installed is being listed: the workers
         // keep the last one.

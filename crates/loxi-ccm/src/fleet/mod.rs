@@ -22,7 +22,7 @@ pub mod record;
 pub mod roles;
 pub mod workers;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Service;
@@ -42,7 +42,7 @@ use self::roles::Roles;
 use self::workers::{Replay, Workers};
 use crate::bgp::Bgp;
 use crate::leader::Gate;
-use crate::loxilb::{Fleet as Instances, Member};
+use crate::loxilb::{Fleet as Instances, Instance, Member};
 use crate::metrics::Metrics;
 
 /// What the fleet is made with.
@@ -80,6 +80,9 @@ struct Inner {
     /// Counts the changes after which every served Service is planned again (a loxilb left,
     /// one changed state, the `LoxiURL` pools changed).
     replans: watch::Sender<u64>,
+    /// The workers of [`Fleet::start`] while they run: a loxilb that leaves has its worker
+    /// stopped there ([`Fleet::depart`]).
+    workers: Mutex<Weak<Workers>>,
 }
 
 impl Fleet {
@@ -101,6 +104,7 @@ impl Fleet {
                 settings,
                 gate,
                 replans: watch::Sender::new(0),
+                workers: Mutex::default(),
             }),
         }
     }
@@ -133,53 +137,72 @@ impl Fleet {
 
     /// `source` now names `members`: a loxilb that joins is programmed before it serves (its
     /// worker replays it at the next health tick); one that leaves is dropped with what the
-    /// controller knew of it, told `BACKUP` for the roles it held first (it may still run:
-    /// a Pod no longer ready), and every Service is planned again (their conditions count
-    /// the instances). A BGP-peer-only loxilb that leaves is removed from the others'
-    /// neighbours at the next tick.
+    /// controller knew of it ([`Fleet::depart`]), and every Service is planned again (their
+    /// conditions count the instances). A BGP-peer-only loxilb that leaves is removed from
+    /// the others' neighbours at the next tick.
     pub fn set_source(&self, source: Source, members: Vec<Member>) {
         let changed = self.inner.members.set(source, members);
-        let metrics = &self.inner.settings.metrics;
-        if source == Source::PeerOnly {
-            for url in &changed.joined {
-                info!(instance = %url, "BGP-peer-only loxilb joining (BGP settings only)");
-                metrics.loxilb_joined(url);
-            }
-            for old in &changed.left {
-                info!(
-                    instance = old.url(),
-                    "BGP-peer-only loxilb left: removed from the others' neighbours"
-                );
-                // It held no HA role; its `up` gauge goes with it.
-                metrics.forget_loxilb(old.url(), &[]);
-            }
-            return;
-        }
+        let peer_only = source == Source::PeerOnly;
         for url in &changed.joined {
-            info!(instance = %url, ?source, "loxilb joining (programmed before it serves)");
-            metrics.loxilb_joined(url);
+            if peer_only {
+                info!(instance = %url, "BGP-peer-only loxilb joining (BGP settings only)");
+            } else {
+                info!(instance = %url, ?source, "loxilb joining (programmed before it serves)");
+            }
         }
         let left = !changed.left.is_empty();
         for inst in changed.left {
-            info!(instance = inst.url(), "loxilb left the fleet: dropped");
-            // The roles it held move to the others at the next tick, so it must not go on
-            // answering as MASTER. Then its gauges go.
-            let roles = self.inner.settings.roles.clone();
-            let metrics = metrics.clone();
-            let ha = loxi_domain::roles::instance_names(
-                inst.group(),
-                self.inner.settings.zone_instances,
-            );
-            tokio::spawn(async move {
-                if let Some(roles) = &roles {
-                    roles.step_down(&inst, &metrics).await;
-                }
-                metrics.forget_loxilb(inst.url(), &ha);
-            });
+            if peer_only {
+                info!(
+                    instance = inst.url(),
+                    "BGP-peer-only loxilb left: removed from the others' neighbours"
+                );
+            } else {
+                info!(instance = inst.url(), "loxilb left the fleet: dropped");
+            }
+            tokio::spawn(self.clone().depart(inst, peer_only));
         }
-        if left {
+        if left && !peer_only {
             self.replan();
         }
+    }
+
+    /// A loxilb that left, in this order: its worker stopped (and waited for: no probe,
+    /// replay or post of it finishes later), told `BACKUP` for the roles it held (it may
+    /// still run: a Pod no longer ready; the roles move to the others at the next tick),
+    /// retired (nothing posts roles to it or sets its gauges any more), and then its gauges
+    /// forgotten, which therefore stay forgotten.
+    async fn depart(self, inst: Arc<Instance>, peer_only: bool) {
+        let workers = self
+            .inner
+            .workers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .upgrade();
+        if let Some(workers) = workers {
+            workers.stop_worker(&inst).await;
+        }
+        let settings = &self.inner.settings;
+        if let Some(roles) = &settings.roles {
+            roles.step_down(&inst, &settings.metrics).await;
+        }
+        inst.retire().await;
+        // The same URL may have joined again (another group, or the BGP-peer-only source):
+        // that member's worker sets those gauges now.
+        let members = self.inner.members.instances().instances();
+        let peers = self.inner.members.peer_instances();
+        let now = members
+            .iter()
+            .map(|i| (Some(i.group()), i.url()))
+            .chain(peers.iter().map(|i| (None, i.url())));
+        let group = (!peer_only).then(|| inst.group());
+        let forget = Forget::of(inst.url(), group, settings.zone_instances, now);
+        if forget.instance {
+            settings.metrics.forget_loxilb(inst.url());
+        }
+        settings
+            .metrics
+            .forget_ha_roles(inst.url(), &forget.ha_instances);
     }
 
     /// Starts the workers (each loxilb's replay made by `replay`), the health tick and, with
@@ -207,9 +230,53 @@ impl Fleet {
                 settings.interval,
             ));
         }
+        *self
+            .inner
+            .workers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Arc::downgrade(&workers);
         Running {
             workers,
             _tasks: tasks,
+        }
+    }
+}
+
+/// The gauges of a loxilb that left to forget (`Metrics::forget_loxilb`,
+/// `Metrics::forget_ha_roles`).
+#[derive(Debug, PartialEq, Eq)]
+struct Forget {
+    /// Those of its URL (up, rules, capacity, write window).
+    instance: bool,
+    /// Its role series for these HA instances.
+    ha_instances: Vec<String>,
+}
+
+impl Forget {
+    /// For the loxilb at `url` that left `group` (`None`: a BGP-peer-only one, which holds
+    /// no HA role), with the members now as (group, URL) (`None`: BGP-peer-only). The gauges
+    /// of its URL stay when the URL is a member again (it moved to another group in the same
+    /// change, or joined again since): that member sets them. Its role series in `group`
+    /// stay only when the URL is a member of `group` again.
+    fn of<'a>(
+        url: &str,
+        group: Option<&str>,
+        zone_instances: u16,
+        now: impl Iterator<Item = (Option<&'a str>, &'a str)>,
+    ) -> Forget {
+        let mut instance = true;
+        let mut ha = true;
+        for (g, _) in now.filter(|(_, u)| *u == url) {
+            instance = false;
+            ha &= g != group;
+        }
+        let ha_instances = match group {
+            Some(group) if ha => loxi_domain::roles::instance_names(group, zone_instances),
+            _ => Vec::new(),
+        };
+        Forget {
+            instance,
+            ha_instances,
         }
     }
 }
@@ -224,5 +291,60 @@ pub struct Running {
 impl Drop for Running {
     fn drop(&mut self) {
         self.workers.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Forget;
+
+    #[test]
+    fn a_loxilb_that_left_has_only_the_gauges_no_member_sets_now_forgotten() {
+        let ha = |g: &str| loxi_domain::roles::instance_names(g, 2);
+        let of = |group, now: &[(Option<&'static str>, &'static str)]| {
+            Forget::of("http://a", group, 2, now.iter().copied())
+        };
+        let other = (Some("llb"), "http://b");
+        // Gone for good: every gauge of it.
+        assert_eq!(
+            of(Some("llb"), &[other]),
+            Forget {
+                instance: true,
+                ha_instances: ha("llb")
+            }
+        );
+        // Moved to another group: its URL's gauges stay (the new member sets them), its
+        // roles in the group it left go.
+        assert_eq!(
+            of(Some("llb"), &[other, (Some("east"), "http://a")]),
+            Forget {
+                instance: false,
+                ha_instances: ha("llb")
+            }
+        );
+        // Back in the same group already: nothing goes.
+        assert_eq!(
+            of(Some("llb"), &[(Some("llb"), "http://a")]),
+            Forget {
+                instance: false,
+                ha_instances: vec![]
+            }
+        );
+        // Now BGP-peer-only: no role there, so its old roles go.
+        assert_eq!(
+            of(Some("llb"), &[(None, "http://a")]),
+            Forget {
+                instance: false,
+                ha_instances: ha("llb")
+            }
+        );
+        // A BGP-peer-only loxilb held no role.
+        assert_eq!(
+            of(None, &[other]),
+            Forget {
+                instance: true,
+                ha_instances: vec![]
+            }
+        );
     }
 }

@@ -66,22 +66,11 @@ impl Roles {
     }
 
     /// A loxilb that left the fleet: told `BACKUP` for every HA instance it was told
-    /// `MASTER` for (best effort: it may be gone already).
+    /// `MASTER` for (best effort: it may be gone already), and no role is posted to it from
+    /// then on (`Instance::step_down`).
     pub async fn step_down(&self, inst: &Instance, metrics: &Metrics) {
-        let wanted: BTreeMap<String, Role> = inst
-            .posted_roles()
-            .await
-            .into_iter()
-            .filter(|(_, role)| *role == Role::Master)
-            .map(|(instance, _)| (instance, Role::Backup))
-            .collect();
-        if wanted.is_empty() {
-            return;
-        }
-        match inst
-            .ensure_roles(&wanted, &self.settings.vip, metrics)
-            .await
-        {
+        match inst.step_down(&self.settings.vip, metrics).await {
+            Ok(0) => {}
             Ok(_) => info!(instance = inst.url(), "loxilb left the fleet: made BACKUP"),
             Err(e) => {
                 info!(instance = inst.url(), error = %e, "loxilb left the fleet: not made BACKUP (gone?)")

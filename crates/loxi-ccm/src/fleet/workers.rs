@@ -32,7 +32,7 @@ use futures::future::BoxFuture;
 use loxi_domain::ClusterId;
 use loxilb_client::ClientError;
 use tokio::sync::{mpsc, watch};
-use tokio::task::AbortHandle;
+use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use super::roles::Roles;
@@ -46,6 +46,9 @@ const DOWN_PROBE_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Brings one loxilb to every rule of its group's Services; true when it holds them all.
 pub type Replay = Arc<dyn Fn(Arc<Instance>) -> BoxFuture<'static, bool> + Send + Sync>;
+
+/// A snapshot of loxilbs (the fleet's members, or the BGP-peer-only ones).
+pub type Listed = Arc<Vec<Arc<Instance>>>;
 
 /// One BGP pass's outcome, shared with the health tick that publishes it.
 pub type PassResult = Arc<Result<BgpReport, ClientError>>;
@@ -77,7 +80,7 @@ pub struct Settings {
 }
 
 /// The workers of the fleet's loxilbs and of the BGP-peer-only ones: started for a loxilb
-/// that joins, stopped for one that leaves ([`Workers::follow`]).
+/// that joins ([`Workers::follow`]), stopped for one that leaves ([`Workers::stop_worker`]).
 pub struct Workers {
     settings: Settings,
     /// The BGP plan the workers bring their loxilbs to (replaced at every health tick).
@@ -97,12 +100,12 @@ pub struct Workers {
 
 struct Running {
     url: String,
-    abort: AbortHandle,
+    task: JoinHandle<()>,
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
-        self.abort.abort();
+        self.task.abort();
     }
 }
 
@@ -122,35 +125,57 @@ impl Workers {
         })
     }
 
-    /// Runs a worker for each of `members` and `peers`, and none for a loxilb no longer
-    /// listed (its worker stops at its next await; a call under way is dropped).
-    pub fn follow(self: &Arc<Self>, members: &[Arc<Instance>], peers: &[Arc<Instance>]) {
+    /// Runs a worker for each loxilb `listed` names (the fleet's members, the BGP-peer-only
+    /// ones) that has none, and returns them. `listed` is read under the lock that
+    /// [`Workers::stop_worker`] takes: a loxilb that left by then is not listed, so a
+    /// worker just stopped is never started again from a list read before it left.
+    /// A worker is never stopped here: a loxilb leaves through `Fleet::set_source`, which
+    /// stops its worker before its gauges are forgotten.
+    pub fn follow(self: &Arc<Self>, listed: impl FnOnce() -> (Listed, Listed)) -> (Listed, Listed) {
         let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
-        let wanted: Vec<(&Arc<Instance>, Kind)> = members
+        let (members, peers) = listed();
+        let wanted = members
             .iter()
             .map(|i| (i, Kind::Member))
-            .chain(peers.iter().map(|i| (i, Kind::PeerOnly)))
-            .collect();
-        running.retain(|k, _| wanted.iter().any(|(i, _)| key(i) == *k));
+            .chain(peers.iter().map(|i| (i, Kind::PeerOnly)));
         for (inst, kind) in wanted {
             if running.contains_key(&key(inst)) {
                 continue;
             }
-            let handle = tokio::spawn(self.clone().work(inst.clone(), kind));
+            let task = tokio::spawn(self.clone().work(inst.clone(), kind));
             running.insert(
                 key(inst),
                 Running {
                     url: inst.url().to_string(),
-                    abort: handle.abort_handle(),
+                    task,
                 },
             );
         }
-        let urls: Vec<String> = running.values().map(|r| r.url.clone()).collect();
-        drop(running);
-        self.passes
+        (members, peers)
+    }
+
+    /// Stops the worker of `inst` (a loxilb that left) and waits until it has stopped:
+    /// afterwards nothing of it runs (no probe, replay, role or BGP post finishing late),
+    /// so the gauges forgotten next are not set again. Its last BGP pass goes too, unless
+    /// another worker follows the same URL (it moved to another group).
+    pub async fn stop_worker(&self, inst: &Arc<Instance>) {
+        let stopped = self
+            .running
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .retain(|url, _| urls.contains(url));
+            .remove(&key(inst));
+        if let Some(mut worker) = stopped {
+            worker.task.abort();
+            // Cancelled (or ended): either way it no longer runs.
+            let _ = (&mut worker.task).await;
+        }
+        let running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        if !running.values().any(|r| r.url == inst.url()) {
+            self.passes
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(inst.url());
+        }
     }
 
     /// Whether each loxilb reaches the configured BGP peers (not the other loxilbs), from its

@@ -124,9 +124,9 @@ impl Sender {
         }
     }
 
-    fn owner(&self) -> Option<&str> {
+    fn owner(&self) -> &str {
         match self {
-            Sender::Service { owner, .. } | Sender::Whole { owner } => Some(owner),
+            Sender::Service { owner, .. } | Sender::Whole { owner } => owner,
         }
     }
 }
@@ -299,34 +299,47 @@ fn group_by_owner<T>(items: Vec<T>, rule: impl Fn(&T) -> &Rule) -> Vec<(String, 
     groups
 }
 
-/// A whole-instance pass's deletes and changes as one [`Work`] per Service.
+/// A whole-instance pass's deletes and changes as one [`Work`] per Service (its deletes
+/// first, each in the order given).
 fn works_by_owner(deletes: Vec<Rule>, changes: Vec<(Action, bool)>) -> Vec<Work> {
-    let mut works: Vec<Work> = Vec::new();
-    let mut index: HashMap<String, usize> = HashMap::new();
-    let mut work_of = |owner: String, works: &mut Vec<Work>| -> usize {
-        *index.entry(owner.clone()).or_insert_with(|| {
-            works.push(Work {
-                deletes: Vec::new(),
-                changes: Vec::new(),
-                creates: Vec::new(),
-                sender: Sender::Whole { owner },
-            });
-            works.len() - 1
-        })
-    };
-    for rule in deletes {
-        let i = work_of(owner_of(&rule), &mut works);
-        works[i].deletes.push(rule);
+    enum Part {
+        Delete(Rule),
+        Change(Action, bool),
     }
-    for change in changes {
-        let owner = match &change.0 {
-            Action::Update(r) | Action::Recreate(r) => owner_of(r),
-            _ => continue,
+    let parts = deletes.into_iter().map(Part::Delete).chain(
+        changes
+            .into_iter()
+            .filter(|(a, _)| matches!(a, Action::Update(_) | Action::Recreate(_)))
+            .map(|(a, bgp)| Part::Change(a, bgp)),
+    );
+    group_by_owner(parts.collect(), |part| match part {
+        Part::Delete(r)
+        | Part::Change(
+            Action::Create(r)
+            | Action::Update(r)
+            | Action::Recreate(r)
+            | Action::Delete(r)
+            | Action::Conflict { wanted: r, .. },
+            _,
+        ) => r,
+    })
+    .into_iter()
+    .map(|(owner, parts)| {
+        let mut work = Work {
+            deletes: Vec::new(),
+            changes: Vec::new(),
+            creates: Vec::new(),
+            sender: Sender::Whole { owner },
         };
-        let i = work_of(owner, &mut works);
-        works[i].changes.push(change);
-    }
-    works
+        for part in parts {
+            match part {
+                Part::Delete(r) => work.deletes.push(r),
+                Part::Change(a, bgp) => work.changes.push((a, bgp)),
+            }
+        }
+        work
+    })
+    .collect()
 }
 
 impl Instance {
@@ -540,8 +553,7 @@ impl Instance {
         if freed {
             h.room_freed();
         }
-        metrics.set_rules(self.url(), h.held());
-        metrics.set_capacity(self.url(), self.effective_capacity(h));
+        self.report_table(h, metrics);
         Ok(())
     }
 
@@ -587,6 +599,7 @@ impl Instance {
     async fn call(&self, work: Work, metrics: &Metrics) -> (Vec<CallResult>, Option<ClientError>) {
         let mut out = Vec::new();
         let sender = &work.sender;
+        let owner = Some(sender.owner());
         // The deletes side by side (at most `parallel_calls` at once, and what the write
         // window allows): they are independent (a Service's ports, a drift check's orphans),
         // and a deleted Service's rules should all be gone at once.
@@ -601,7 +614,7 @@ impl Instance {
                     &rule.key,
                     rule.bgp,
                     sender.urgency(&rule.key, true),
-                    sender.owner(),
+                    owner,
                     metrics,
                 )
             })
@@ -637,15 +650,7 @@ impl Instance {
             .collect();
         let calls: Vec<_> = updates
             .iter()
-            .map(|rule| {
-                self.post(
-                    rule,
-                    true,
-                    sender.urgency(&rule.key, false),
-                    sender.owner(),
-                    metrics,
-                )
-            })
+            .map(|rule| self.post(rule, true, sender.urgency(&rule.key, false), owner, metrics))
             .collect();
         let sent_posts: Vec<Sent> = futures::stream::iter(calls)
             .buffered(parallel)
@@ -669,7 +674,7 @@ impl Instance {
             let urgency = sender.urgency(&rule.key, false);
             // loxilb reuses the index just freed (LIFO), so this needs no new room.
             let sent = self
-                .delete(&rule.key, stored_bgp, urgency, sender.owner(), metrics)
+                .delete(&rule.key, stored_bgp, urgency, owner, metrics)
                 .await;
             match deleted(rule.key, sent) {
                 Err(e) => return (out, Some(e)),
@@ -679,9 +684,7 @@ impl Instance {
                     continue;
                 }
             }
-            let sent = self
-                .post(&rule, false, urgency, sender.owner(), metrics)
-                .await;
+            let sent = self.post(&rule, false, urgency, owner, metrics).await;
             match posted(rule, false, sent) {
                 Err(e) => return (out, Some(e)),
                 Ok(r) => out.push(r),
@@ -692,13 +695,7 @@ impl Instance {
         for rule in work.creates {
             let (key, bgp) = (rule.key, rule.bgp);
             let sent = self
-                .post(
-                    &rule,
-                    false,
-                    sender.urgency(&key, false),
-                    sender.owner(),
-                    metrics,
-                )
+                .post(&rule, false, sender.urgency(&key, false), owner, metrics)
                 .await;
             match posted(rule, false, sent) {
                 Err(e) => return (out, Some(e)),
@@ -718,7 +715,7 @@ impl Instance {
             // A Service is never half-programmed by a limit, and takes no room it cannot use.
             for (key, bgp) in created {
                 let sent = self
-                    .delete(&key, bgp, Urgency::Restore, sender.owner(), metrics)
+                    .delete(&key, bgp, Urgency::Restore, owner, metrics)
                     .await;
                 match deleted(key, sent) {
                     Err(e) => return (out, Some(e)),
@@ -895,7 +892,7 @@ impl Instance {
         let start = |work: Work| {
             let failed = &failed;
             async move {
-                let owner = work.sender.owner().unwrap_or_default().to_string();
+                let owner = work.sender.owner().to_string();
                 if failed.load(Ordering::SeqCst) {
                     return (owner, Vec::new(), None);
                 }

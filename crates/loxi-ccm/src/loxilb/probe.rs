@@ -230,7 +230,7 @@ impl Instance {
                 .count();
             h.rules = RuleTable::from_map(listed);
             h.uncounted = uncounted;
-            metrics.set_rules(self.url(), h.held());
+            self.report_table(&h, metrics);
             if missing == 0 {
                 if h.held() < before {
                     h.room_freed();

@@ -127,6 +127,9 @@ pub(super) struct Holdings {
     /// Keys whose last write got no answer in time: loxilb may or may not have applied it.
     /// Not written again until a listing shows what they hold (`Instance::check_unsure`).
     pub(super) unsure: HashSet<RuleKey>,
+    /// Its instance left the fleet (`Instance::retire`): its rule and capacity gauges are
+    /// gone and not set again.
+    pub(super) retired: bool,
 }
 
 /// A listing younger than this is current enough for a whole-instance pass (`converge_all`):
@@ -192,7 +195,25 @@ impl Instance {
             // Deleted by someone else, or a restart: room for those waiting.
             h.room_freed();
         }
-        metrics.set_rules(self.url(), h.held());
+        self.report_table(h, metrics);
         Ok(())
+    }
+
+    /// Its rule count and capacity as metrics. Set under the table's lock, so that nothing
+    /// is set once it left the fleet (`retire`).
+    pub(super) fn report_table(&self, h: &Holdings, metrics: &Metrics) {
+        if h.retired {
+            return;
+        }
+        metrics.set_rules(self.url(), h.held());
+        metrics.set_capacity(self.url(), self.effective_capacity(h));
+    }
+
+    /// It left the fleet (`crate::fleet::Fleet::set_source`, after its worker stopped):
+    /// no HA role is posted to it any more, and a Service's pass still under way there
+    /// sets none of its gauges, which the fleet forgets next.
+    pub async fn retire(&self) {
+        self.roles.lock().await.left = true;
+        self.holdings.lock().await.retired = true;
     }
 }
