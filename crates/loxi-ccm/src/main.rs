@@ -72,35 +72,41 @@ fn print_report(report: &Report) -> ExitCode {
     }
 }
 
+/// The configuration and the Kubernetes client `run` and `audit` start from. What fails is
+/// printed; the exit code is `EXIT_CONFIG` for the configuration, `client_failure` for the
+/// client (`run` was started and failed; `audit` could not run at all).
+async fn config_and_client(
+    loaded: &Loaded,
+    client_failure: ExitCode,
+) -> Result<(loxi_ccm::config::Config, kube::Client), ExitCode> {
+    let cfg = loaded.config().map_err(|e| {
+        eprintln!("error: {e}");
+        ExitCode::from(EXIT_CONFIG)
+    })?;
+    let kubeconfig = loaded.args.kube_api.kubeconfig.as_deref();
+    match loxi_ccm::k8s::api::client(kubeconfig, cfg.kube_api).await {
+        Ok(client) => Ok((cfg, client)),
+        Err(e) => {
+            let text = loxi_ccm::k8s::api::anyhow_text(&e);
+            eprintln!("error: Kubernetes client: {text}");
+            Err(client_failure)
+        }
+    }
+}
+
 async fn run(loaded: Loaded) -> ExitCode {
     init_logging(
         loaded.args.admin.log_format,
         &loaded.args.admin.log_level,
         LogTo::Stdout,
     );
-    let cfg = match loaded.config() {
-        Ok(cfg) => cfg,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(EXIT_CONFIG);
-        }
+    let (cfg, client) = match config_and_client(&loaded, ExitCode::FAILURE).await {
+        Ok(both) => both,
+        Err(code) => return code,
     };
     if let Some(path) = &loaded.config_file {
         tracing::info!(file = %path.display(), "configuration file read");
     }
-    let client =
-        match loxi_ccm::k8s::api::client(loaded.args.kube_api.kubeconfig.as_deref(), cfg.kube_api)
-            .await
-        {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!(
-                    "error: Kubernetes client: {}",
-                    loxi_ccm::k8s::api::anyhow_text(&e)
-                );
-                return ExitCode::FAILURE;
-            }
-        };
     match loxi_ccm::runtime::run(
         client,
         cfg,
@@ -120,26 +126,10 @@ async fn run(loaded: Loaded) -> ExitCode {
 /// `loxi-ccm audit`: the findings on standard output, the summary on standard error; exit 0
 /// when clean, 1 on any violation, 2 when the audit could not run (configuration, API).
 async fn audit(loaded: &Loaded) -> ExitCode {
-    let cfg = match loaded.config() {
-        Ok(cfg) => cfg,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(EXIT_CONFIG);
-        }
+    let (cfg, client) = match config_and_client(loaded, ExitCode::from(EXIT_CONFIG)).await {
+        Ok(both) => both,
+        Err(code) => return code,
     };
-    let client =
-        match loxi_ccm::k8s::api::client(loaded.args.kube_api.kubeconfig.as_deref(), cfg.kube_api)
-            .await
-        {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!(
-                    "error: Kubernetes client: {}",
-                    loxi_ccm::k8s::api::anyhow_text(&e)
-                );
-                return ExitCode::from(EXIT_CONFIG);
-            }
-        };
     match loxi_ccm::audit::audit(&client, &cfg).await {
         Ok(findings) => {
             print!("{findings}");

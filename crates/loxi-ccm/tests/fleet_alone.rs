@@ -473,6 +473,71 @@ async fn a_loxilb_that_moves_to_another_group_has_its_gauges_there() {
     );
 }
 
+/// A BGP loxilb that leaves: its session series go with it and its sessions are forgotten.
+/// Back at the same URL with its session not ESTABLISHED (yet), that is a new session, not
+/// one that dropped: no drop counted, no Event (crates/loxi-ccm/src/bgp/mod.rs
+/// `Bgp::loxilb_left`; before it, the session it had when it left was remembered).
+#[tokio::test]
+async fn a_bgp_loxilb_that_leaves_and_returns_starts_its_sessions_afresh() {
+    const PEER: &str = "192.0.2.250";
+    let (a, b) = (sim(true).await, sim(true).await);
+    let with = With {
+        roles: false,
+        bgp: true,
+    };
+    let alone = Alone::start(&[&a], with);
+    let b_member = || vec![Member::new("llb", &b.url())];
+    let of_b = format!("loxilb=\"{}\"", b.url());
+    let lines_of_b = |metric: &str| -> Vec<String> {
+        alone
+            .metrics
+            .encode()
+            .lines()
+            .filter(|l| l.starts_with(metric) && l.contains(&of_b))
+            .map(str::to_string)
+            .collect()
+    };
+    let session_is = |state: &str| {
+        let state = format!("state=\"{state}\"");
+        lines_of_b("loxi_ccm_bgp_sessions{")
+            .iter()
+            .any(|l| l.contains(&state) && l.ends_with(" 1"))
+    };
+
+    alone.fleet.set_source(Source::Discovered, b_member());
+    wait_for("the peer configured on b, its session ESTABLISHED", || {
+        b.set_bgp_peer_state(PEER, "ESTABLISHED", None)
+            .then_some(())
+    })
+    .await;
+    wait_for("b's session ESTABLISHED in the metric", || {
+        session_is("ESTABLISHED").then_some(())
+    })
+    .await;
+
+    alone.fleet.set_source(Source::Discovered, vec![]);
+    wait_for("b's session series gone", || {
+        lines_of_b("loxi_ccm_bgp_sessions{")
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+
+    // Returns with its session still being set up (the simulator keeps the peer: the
+    // controller's BGP pass finds it and adds nothing).
+    b.set_bgp_peer_state(PEER, "ACTIVE", None);
+    alone.fleet.set_source(Source::Discovered, b_member());
+    wait_for("b's session ACTIVE in the metric", || {
+        session_is("ACTIVE").then_some(())
+    })
+    .await;
+    let drops = lines_of_b("loxi_ccm_bgp_session_drops");
+    assert!(
+        drops.iter().all(|l| l.ends_with(" 0")),
+        "a returning loxilb's new session counted as a dropped one: {drops:?}"
+    );
+}
+
 fn group(name: &str, capacity: usize, serving: bool) -> GroupNow {
     GroupNow {
         name: name.into(),

@@ -371,6 +371,22 @@ impl Bgp {
         self.state().unreachable.remove(url);
     }
 
+    /// The loxilb at `url` left the fleet (its worker is stopped): its sessions leave the
+    /// metric now, not at the next publish, and are forgotten, so a loxilb joining later at
+    /// the same URL starts afresh. No Event: the sessions did not drop, their loxilb left.
+    pub fn loxilb_left(&self, url: &str) {
+        let mut state = self.state();
+        state.unreachable.remove(url);
+        state.sessions.retain(|(loxilb, _), _| loxilb != url);
+        let (gone, kept): (BTreeSet<_>, BTreeSet<_>) = std::mem::take(&mut state.shown)
+            .into_iter()
+            .partition(|(loxilb, _, _)| loxilb == url);
+        state.shown = kept;
+        for (l, p, s) in &gone {
+            self.metrics.set_bgp_session(l, p, s, false);
+        }
+    }
+
     /// One pass on a reachable loxilb: every loxilb's configuration plus its own mesh
     /// neighbours.
     pub async fn sync(&self, inst: &Instance, plan: &Plan) -> Result<BgpReport, ClientError> {

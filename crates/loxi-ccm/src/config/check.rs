@@ -894,17 +894,27 @@ fn group_line(group: &str, rules: &[Option<usize>], capacity: usize) -> CheckLin
     }
 }
 
-/// The BGP line of one loxilb: each neighbour it holds with its session state, and the
-/// configured peers it does not hold (yet).
-async fn one_loxilb_bgp(mut c: ClientConfig, bgp: &loxi_domain::bgp::BgpSettings) -> CheckLine {
-    let name = format!("loxilb {} BGP", c.url);
-    c.retry.attempts = 1;
-    let line = |ok: bool, detail: String| CheckLine {
+/// Makes the lines of one check, all under `name`.
+fn line_named(name: String) -> impl Fn(bool, String) -> CheckLine {
+    move |ok, detail| CheckLine {
         ok,
         name: name.clone(),
         detail,
-    };
-    let client = match LoxilbClient::new(c) {
+    }
+}
+
+/// A loxilb client making one attempt per call: the report should say what happens now,
+/// quickly.
+fn client_trying_once(mut c: ClientConfig) -> Result<LoxilbClient, loxilb_client::ClientError> {
+    c.retry.attempts = 1;
+    LoxilbClient::new(c)
+}
+
+/// The BGP line of one loxilb: each neighbour it holds with its session state, and the
+/// configured peers it does not hold (yet).
+async fn one_loxilb_bgp(c: ClientConfig, bgp: &loxi_domain::bgp::BgpSettings) -> CheckLine {
+    let line = line_named(format!("loxilb {} BGP", c.url));
+    let client = match client_trying_once(c) {
         Ok(client) => client,
         Err(e) => return line(false, e.to_string()),
     };
@@ -951,16 +961,9 @@ async fn one_loxilb_bgp(mut c: ClientConfig, bgp: &loxi_domain::bgp::BgpSettings
 }
 
 /// One loxilb's line, and the rules it holds when it could be listed.
-async fn one_loxilb(mut c: ClientConfig) -> (CheckLine, Option<usize>) {
-    let name = format!("loxilb {}", c.url);
-    // One attempt: the report should say what happens now, quickly.
-    c.retry.attempts = 1;
-    let line = |ok: bool, detail: String| CheckLine {
-        ok,
-        name: name.clone(),
-        detail,
-    };
-    let client = match LoxilbClient::new(c) {
+async fn one_loxilb(c: ClientConfig) -> (CheckLine, Option<usize>) {
+    let line = line_named(format!("loxilb {}", c.url));
+    let client = match client_trying_once(c) {
         Ok(client) => client,
         Err(e) => return (line(false, e.to_string()), None),
     };

@@ -171,7 +171,7 @@ impl Fleet {
     /// replay or post of it finishes later), told `BACKUP` for the roles it held (it may
     /// still run: a Pod no longer ready; the roles move to the others at the next tick),
     /// retired (nothing posts roles to it or sets its gauges any more), and then its gauges
-    /// forgotten, which therefore stay forgotten.
+    /// (BGP sessions included) forgotten, which therefore stay forgotten.
     async fn depart(self, inst: Arc<Instance>, peer_only: bool) {
         let workers = self
             .inner
@@ -199,6 +199,9 @@ impl Fleet {
         let forget = Forget::of(inst.url(), group, settings.zone_instances, now);
         if forget.instance {
             settings.metrics.forget_loxilb(inst.url());
+            if let Some(bgp) = &settings.bgp {
+                bgp.loxilb_left(inst.url());
+            }
         }
         settings
             .metrics

@@ -374,13 +374,7 @@ impl Instance {
         let mut report = ApplyReport::default();
         let (work, freed_before) = {
             let mut h = self.holdings.lock().await;
-            if !h.known
-                && let Err(e) = self.refresh(&mut h, metrics).await
-            {
-                let result = Err(e);
-                self.note_failure(&mut h, &result);
-                return result;
-            }
+            self.ensure_listed(&mut h, metrics).await?;
             let (deletes, changes, creates) = self.decide(
                 &h,
                 cluster,

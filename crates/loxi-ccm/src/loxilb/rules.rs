@@ -167,6 +167,21 @@ impl Instance {
         Ok((rules, uncounted))
     }
 
+    /// Lists the instance unless what it holds is known; a failed listing is noted
+    /// (a transport error takes the instance for down until it answers again).
+    pub(super) async fn ensure_listed(
+        &self,
+        h: &mut Holdings,
+        metrics: &Metrics,
+    ) -> Result<(), ClientError> {
+        if h.known {
+            return Ok(());
+        }
+        let result = self.refresh(h, metrics).await;
+        self.note_failure(h, &result);
+        result
+    }
+
     pub(super) async fn refresh(
         &self,
         h: &mut Holdings,

@@ -125,13 +125,7 @@ impl Instance {
         let mut report = ApplyReport::default();
         let (actions, reserved, freed_before) = {
             let mut h = self.holdings.lock().await;
-            if !h.known
-                && let Err(e) = self.refresh(&mut h, metrics).await
-            {
-                let result = Err(e);
-                self.note_failure(&mut h, &result);
-                return result;
-            }
+            self.ensure_listed(&mut h, metrics).await?;
             self.shared
                 .adopt(&owner, recognised(desired, |k| h.rules.get(k)));
             let attached = self.shared.of(&owner);
@@ -181,13 +175,7 @@ impl Instance {
             return Ok(());
         }
         let mut h = self.holdings.lock().await;
-        if !h.known
-            && let Err(e) = self.refresh(&mut h, metrics).await
-        {
-            let result = Err(e);
-            self.note_failure(&mut h, &result);
-            return result;
-        }
+        self.ensure_listed(&mut h, metrics).await?;
         let owner = super::window::owner_key(namespace, name);
         self.shared
             .adopt(&owner, recognised(rules, |k| h.rules.get(k)));

@@ -74,33 +74,40 @@ impl Instance {
                 .client
                 .delete_firewall_rule(&entry.rule_arguments)
                 .await;
-            metrics.loxilb_call(
-                self.url(),
+            self.tally(
+                &mut report,
+                rule,
                 "firewall_delete",
-                started.elapsed(),
-                result.as_ref().err(),
-            );
-            match result {
-                Ok(_) => report.changes += 1,
-                Err(e) if e.is_transport() => return Err(e),
-                Err(e) => report.refused.push((rule.source.to_string(), e)),
-            }
+                started,
+                result,
+                metrics,
+            )?;
         }
         for rule in &create {
             let started = Instant::now();
             let result = self.client.add_firewall_rule(&to_snat_entry(rule)).await;
-            metrics.loxilb_call(
-                self.url(),
-                "firewall_add",
-                started.elapsed(),
-                result.as_ref().err(),
-            );
-            match result {
-                Ok(_) => report.changes += 1,
-                Err(e) if e.is_transport() => return Err(e),
-                Err(e) => report.refused.push((rule.source.to_string(), e)),
-            }
+            self.tally(&mut report, rule, "firewall_add", started, result, metrics)?;
         }
         Ok(report)
+    }
+
+    /// Counts one SNAT call in the metrics and the report: a transport error is returned
+    /// (it stops the pass), a refusal is noted for `rule` and the pass goes on.
+    fn tally<T>(
+        &self,
+        report: &mut SnatReport,
+        rule: &SnatRule,
+        call: &'static str,
+        started: Instant,
+        result: Result<T, ClientError>,
+        metrics: &Metrics,
+    ) -> Result<(), ClientError> {
+        metrics.loxilb_call(self.url(), call, started.elapsed(), result.as_ref().err());
+        match result {
+            Ok(_) => report.changes += 1,
+            Err(e) if e.is_transport() => return Err(e),
+            Err(e) => report.refused.push((rule.source.to_string(), e)),
+        }
+        Ok(())
     }
 }
