@@ -22,6 +22,7 @@ use crate::config::Config;
 use crate::egress::crds::Egress;
 use crate::ipam::address_pools::{AddressPool, cidrpool_spec, to_spec, with_cidrpools};
 use crate::ipam::claims::AddressClaim;
+use crate::k8s::pod::PodView;
 use crate::k8s::view::{NETWORK_STATUS_ANNOTATION, Selection, multus_networks, node_view};
 use crate::service::Settings;
 
@@ -131,7 +132,7 @@ pub async fn snapshot(client: &kube::Client, cfg: &Config) -> anyhow::Result<Sna
     let egresses = if cfg.egress {
         match scoped::<Egress>(client, cfg).list(&lp).await {
             Ok(list) => {
-                let pods = scoped::<Pod>(client, cfg)
+                let pods = scoped::<PodView>(client, cfg)
                     .list(&lp)
                     .await
                     .context("listing Pods")?

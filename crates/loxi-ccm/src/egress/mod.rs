@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use futures::future::BoxFuture;
-use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
@@ -42,6 +42,7 @@ use tracing::{info, warn};
 
 use crate::k8s::conditions::StatusCondition;
 use crate::k8s::events::EventRecorder;
+use crate::k8s::pod::PodView;
 use crate::loxilb::Instance;
 use crate::metrics::Metrics;
 use crds::{Egress, EgressStatus};
@@ -84,7 +85,7 @@ struct State {
 pub struct Egresses {
     client: kube::Client,
     store: Store<Egress>,
-    pods: Store<Pod>,
+    pods: Store<PodView>,
     phase: watch::Sender<Phase>,
     pods_listed: watch::Sender<bool>,
     /// Counts the changes of Egresses and pods: a pass follows each.
@@ -95,36 +96,27 @@ pub struct Egresses {
     state: Mutex<State>,
 }
 
-/// A pod as egress keeps it: labels, addresses, Multus' network-status, liveness.
-fn trim_pod(pod: &mut Pod) {
+/// A pod as egress keeps it: labels, addresses, Multus' network-status, liveness (the spec,
+/// its Node, is not read here).
+fn trim_pod(pod: &mut PodView) {
     let meta = &mut pod.metadata;
     meta.managed_fields = None;
     meta.owner_references = None;
     if let Some(a) = meta.annotations.as_mut() {
         a.retain(|k, _| k == crate::k8s::view::NETWORK_STATUS_ANNOTATION);
     }
-    pod.spec = None;
-    if let Some(s) = pod.status.as_mut() {
-        *s = k8s_openapi::api::core::v1::PodStatus {
-            phase: s.phase.take(),
-            pod_ips: s.pod_ips.take(),
-            ..Default::default()
-        };
-    }
+    pod.spec = Default::default();
+    pod.status.pod_ip = None;
 }
 
 /// What egress needs of a pod (`loxi_domain::egress::PodSource`).
-pub fn pod_source(pod: &Pod) -> PodSource {
-    let status = pod.status.as_ref();
-    let finished = status
-        .and_then(|s| s.phase.as_deref())
-        .is_some_and(|p| p == "Succeeded" || p == "Failed");
+pub fn pod_source(pod: &PodView) -> PodSource {
     PodSource {
         labels: pod.labels().clone(),
-        ips: status
-            .and_then(|s| s.pod_ips.as_ref())
-            .into_iter()
-            .flatten()
+        ips: pod
+            .status
+            .pod_ips
+            .iter()
             .filter_map(|ip| ip.ip.parse().ok())
             .collect(),
         networks: pod
@@ -132,7 +124,7 @@ pub fn pod_source(pod: &Pod) -> PodSource {
             .get(crate::k8s::view::NETWORK_STATUS_ANNOTATION)
             .map(|a| crate::k8s::view::multus_networks(a))
             .unwrap_or_default(),
-        live: pod.metadata.deletion_timestamp.is_none() && !finished,
+        live: pod.metadata.deletion_timestamp.is_none() && !pod.finished(),
     }
 }
 
@@ -174,12 +166,12 @@ impl Egresses {
             Some(ns) => Api::namespaced(client.clone(), ns),
             None => Api::all(client.clone()),
         };
-        let pods_api: Api<Pod> = match namespace {
+        let pods_api: Api<PodView> = match namespace {
             Some(ns) => Api::namespaced(client.clone(), ns),
             None => Api::all(client.clone()),
         };
         let (store, writer) = reflector::store::<Egress>();
-        let (pods, pod_writer) = reflector::store::<Pod>();
+        let (pods, pod_writer) = reflector::store::<PodView>();
         let served = crate::k8s::served::probe(&api).await.is_ok();
         let egresses = Arc::new(Egresses {
             client: client.clone(),
@@ -505,7 +497,7 @@ impl Egresses {
 /// same (`crate::audit`).
 pub fn inputs<'a>(
     egresses: impl Iterator<Item = &'a Egress>,
-    pods: impl Iterator<Item = &'a Pod>,
+    pods: impl Iterator<Item = &'a PodView>,
 ) -> Vec<EgressInput> {
     let mut pods_by_ns: BTreeMap<String, Vec<PodSource>> = BTreeMap::new();
     for pod in pods {
@@ -568,13 +560,13 @@ fn condition((type_, status, reason, message): ConditionText) -> StatusCondition
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{PodIP, PodStatus};
+    use crate::k8s::pod::{PodAddress, PodViewSpec, PodViewStatus};
     use kube::api::ObjectMeta;
     use std::net::IpAddr;
 
     #[test]
     fn a_pod_is_read_and_trimmed_to_what_egress_needs() {
-        let mut pod = Pod {
+        let mut pod = PodView {
             metadata: ObjectMeta {
                 labels: Some(BTreeMap::from([("app".into(), "web".into())])),
                 annotations: Some(BTreeMap::from([
@@ -586,25 +578,26 @@ mod tests {
                 ])),
                 ..ObjectMeta::default()
             },
-            spec: Some(Default::default()),
-            status: Some(PodStatus {
+            spec: PodViewSpec {
+                node_name: Some("n1".into()),
+            },
+            status: PodViewStatus {
                 phase: Some("Running".into()),
-                pod_ips: Some(vec![PodIP {
+                pod_ip: Some("10.244.0.7".into()),
+                pod_ips: vec![PodAddress {
                     ip: "10.244.0.7".into(),
-                }]),
-                host_ip: Some("10.0.0.1".into()),
-                ..PodStatus::default()
-            }),
+                }],
+            },
         };
         trim_pod(&mut pod);
-        assert!(pod.spec.is_none());
+        assert_eq!(pod.spec, PodViewSpec::default());
         assert_eq!(pod.annotations().len(), 1);
-        assert!(pod.status.as_ref().unwrap().host_ip.is_none());
+        assert!(pod.status.pod_ip.is_none());
         let s = pod_source(&pod);
         assert!(s.live);
         assert_eq!(s.ips, vec!["10.244.0.7".parse::<IpAddr>().unwrap()]);
         assert_eq!(s.networks["ns/m1"].len(), 1);
-        pod.status.as_mut().unwrap().phase = Some("Succeeded".into());
+        pod.status.phase = Some("Succeeded".into());
         assert!(
             !pod_source(&pod).live,
             "a finished pod's address is not its own"

@@ -7,6 +7,7 @@ pub mod api;
 pub mod conditions;
 pub mod events;
 pub mod passes;
+pub mod pod;
 pub mod schema;
 pub mod served;
 pub mod triggers;

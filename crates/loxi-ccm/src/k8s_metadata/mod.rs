@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use futures::future::BoxFuture;
-use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, PodStatus, Service};
+use k8s_openapi::api::core::v1::{Node, Service};
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::reflector::{self, Store, reflector};
@@ -29,6 +29,7 @@ use loxi_domain::k8s_metadata::{
 use tokio::sync::watch;
 use tracing::{debug, warn};
 
+use crate::k8s::pod::PodView;
 use crate::k8s::view::Selection;
 use crate::loxilb::Instance;
 use crate::metrics::Metrics;
@@ -49,7 +50,7 @@ struct Sent(BTreeMap<String, (u64, Option<Arc<Snapshot>>)>);
 pub struct K8sMetadata {
     services: Store<Service>,
     nodes: Store<Node>,
-    pods: Store<Pod>,
+    pods: Store<PodView>,
     pods_listed: watch::Sender<bool>,
     /// Counts pod changes (and restarts): a pass follows each.
     changes: watch::Sender<u64>,
@@ -59,36 +60,22 @@ pub struct K8sMetadata {
 }
 
 /// A pod as kept here: what is sent of it and nothing else.
-fn trim_pod(pod: &mut Pod) {
+fn trim_pod(pod: &mut PodView) {
     let meta = &mut pod.metadata;
     meta.managed_fields = None;
     meta.owner_references = None;
     meta.annotations = None;
-    pod.spec = Some(PodSpec {
-        node_name: pod.spec.as_mut().and_then(|s| s.node_name.take()),
-        ..PodSpec::default()
-    });
-    pod.status = Some(PodStatus {
-        pod_ip: pod.status.as_mut().and_then(|s| s.pod_ip.take()),
-        ..PodStatus::default()
-    });
+    pod.status.phase = None;
+    pod.status.pod_ips = Vec::new();
 }
 
 /// What loxilb is told about a pod.
-pub fn pod_meta(pod: &Pod) -> PodMeta {
+pub fn pod_meta(pod: &PodView) -> PodMeta {
     PodMeta {
         name: pod.name_any(),
         namespace: pod.namespace().unwrap_or_default(),
-        ip: pod
-            .status
-            .as_ref()
-            .and_then(|s| s.pod_ip.clone())
-            .unwrap_or_default(),
-        node_name: pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.node_name.clone())
-            .unwrap_or_default(),
+        ip: pod.status.pod_ip.clone().unwrap_or_default(),
+        node_name: pod.spec.node_name.clone().unwrap_or_default(),
         labels: pod.labels().clone(),
     }
 }
@@ -173,11 +160,11 @@ impl K8sMetadata {
         selection: Selection,
         metrics: Metrics,
     ) -> (Arc<K8sMetadata>, BoxFuture<'static, ()>) {
-        let pods_api: Api<Pod> = match namespace {
+        let pods_api: Api<PodView> = match namespace {
             Some(ns) => Api::namespaced(client.clone(), ns),
             None => Api::all(client.clone()),
         };
-        let (pods, writer) = reflector::store::<Pod>();
+        let (pods, writer) = reflector::store::<PodView>();
         let me = Arc::new(K8sMetadata {
             services,
             nodes,
@@ -355,9 +342,11 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
     use kube::api::ObjectMeta;
 
+    use crate::k8s::pod::{PodAddress, PodViewSpec, PodViewStatus};
+
     #[test]
     fn a_pod_is_trimmed_to_what_is_sent() {
-        let mut pod = Pod {
+        let mut pod = PodView {
             metadata: ObjectMeta {
                 name: Some("web-1".into()),
                 namespace: Some("a".into()),
@@ -365,21 +354,21 @@ mod tests {
                 annotations: Some(BTreeMap::from([("big".into(), "x".repeat(100))])),
                 ..ObjectMeta::default()
             },
-            spec: Some(PodSpec {
+            spec: PodViewSpec {
                 node_name: Some("n1".into()),
-                hostname: Some("h".into()),
-                ..PodSpec::default()
-            }),
-            status: Some(PodStatus {
+            },
+            status: PodViewStatus {
+                phase: Some("Running".into()),
                 pod_ip: Some("10.244.0.7".into()),
-                host_ip: Some("10.0.0.1".into()),
-                ..PodStatus::default()
-            }),
+                pod_ips: vec![PodAddress {
+                    ip: "10.244.0.7".into(),
+                }],
+            },
         };
         let before = pod_meta(&pod);
         trim_pod(&mut pod);
         assert!(pod.metadata.annotations.is_none());
-        assert!(pod.status.as_ref().unwrap().host_ip.is_none());
+        assert!(pod.status.pod_ips.is_empty());
         assert_eq!(pod_meta(&pod), before);
         assert_eq!(before.ip, "10.244.0.7");
         assert_eq!(before.node_name, "n1");
