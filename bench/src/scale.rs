@@ -325,6 +325,21 @@ pub(crate) async fn run_n(env: &Env, n: usize, flips: usize, run: &mut Value) ->
         rules_changed.push(before_count.abs_diff(target));
     }
     let u = ccm.usage()?;
+    // An odd count leaves the last flipped Node not ready: ready again (not measured) before
+    // the Node deletions, whose targets are the counts taken with every Node ready. With more
+    // Nodes than a rule's endpoint limit, which Nodes a rule picks depends on the whole set.
+    if flips % 2 == 1 {
+        let node = candidates[((flips - 1) / 2) % candidates.len()];
+        let ip = node.ip.to_string();
+        cluster::set_node_ready(client, &node.name, true).await?;
+        let t0 = Instant::now();
+        while env.sim.rules_with_endpoint(&ip) != base[&ip] {
+            if t0.elapsed() > Duration::from_secs(120) {
+                bail!("{} ready again: rules never followed", node.name);
+            }
+            tokio::time::sleep(Duration::from_millis(args.churn_poll_ms)).await;
+        }
+    }
     let churn = summarize(&all_samples);
     #[allow(clippy::cast_precision_loss)]
     let mean_changed =

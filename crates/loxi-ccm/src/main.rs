@@ -72,9 +72,9 @@ fn print_report(report: &Report) -> ExitCode {
     }
 }
 
-/// The configuration and the Kubernetes client `run` and `audit` start from. What fails is
-/// printed; the exit code is `EXIT_CONFIG` for the configuration, `client_failure` for the
-/// client (`run` was started and failed; `audit` could not run at all).
+/// The configuration and the Kubernetes client `run` and `audit` start from (the file read is
+/// logged). What fails is printed; the exit code is `EXIT_CONFIG` for the configuration,
+/// `client_failure` for the client (`run` was started and failed; `audit` could not run at all).
 async fn config_and_client(
     loaded: &Loaded,
     client_failure: ExitCode,
@@ -83,6 +83,10 @@ async fn config_and_client(
         eprintln!("error: {e}");
         ExitCode::from(EXIT_CONFIG)
     })?;
+    // Logged before the client is made: a client that fails still shows which file was used.
+    if let Some(path) = &loaded.config_file {
+        tracing::info!(file = %path.display(), "configuration file read");
+    }
     let kubeconfig = loaded.args.kube_api.kubeconfig.as_deref();
     match loxi_ccm::k8s::api::client(kubeconfig, cfg.kube_api).await {
         Ok(client) => Ok((cfg, client)),
@@ -104,9 +108,6 @@ async fn run(loaded: Loaded) -> ExitCode {
         Ok(both) => both,
         Err(code) => return code,
     };
-    if let Some(path) = &loaded.config_file {
-        tracing::info!(file = %path.display(), "configuration file read");
-    }
     match loxi_ccm::runtime::run(
         client,
         cfg,
