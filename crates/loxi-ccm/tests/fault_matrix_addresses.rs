@@ -229,14 +229,102 @@ async fn watch_connections_cut() {
     load.create(&world, services()).await;
     world.settle_programmed(&opts, SETTLE).await;
     for _ in 0..3 {
-        let cut = proxy.cut();
-        assert!(cut > 0, "the controller's watches go through the proxy");
+        // The controller has connected again since the last cut (its watches back off
+        // after an error, and a quick churn round can end before they are back).
+        wait_for(
+            "the controller's connections through the proxy",
+            SETTLE,
+            || async { (proxy.open() > 0).then_some(()) },
+        )
+        .await;
+        proxy.cut();
         load.churn(&world, round()).await;
     }
     report(
         "watch connections cut (3x)",
         world.settle_programmed(&opts, SETTLE).await,
     );
+    world.finish().await;
+}
+
+/// `watch_connections_cut`'s rare failure, made certain: a claim watch that resumes after a
+/// broken connection (from its last resourceVersion: no re-list, no `InitDone`) delivers
+/// the claim versions it missed only then. A Service whose ports change and change back
+/// meanwhile has its second pass read the claim of before the first change, which lists it
+/// as it is: the pass writes nothing and the claim keeps the first change. The claim event
+/// that arrives late must give the Service a pass that writes the claim again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ports_changed_back_while_the_claim_watch_resumes() {
+    let opts = opts();
+    let upstream = control_plane()
+        .server()
+        .trim_start_matches("https://")
+        .to_string();
+    let proxy = CutProxy::start(upstream).await;
+    let hold = Hold::new(hold::claim_watch);
+    let mut world = World::with("fm-resume", opts.clone()).await;
+    world.stop_controller().await;
+    world.controller =
+        Some(world.spawn_controller_with(hold.client_with(proxy.config().await), &opts));
+    world.add_node("fm-resume-n1", "10.0.0.1").await;
+    let address = world.serve_one_port("svc", 1080).await;
+    world.settle_programmed(&opts, SETTLE).await;
+    let claims: Api<AddressClaim> = Api::all(world.client.clone());
+    let recorded = |port: i32| {
+        let claims = claims.clone();
+        let address = address.clone();
+        async move {
+            let c = claims.get_opt(&address).await.ok()??;
+            serde_json::to_string(&c.spec)
+                .ok()?
+                .contains(&format!("\"{port}/TCP\""))
+                .then_some(())
+        }
+    };
+    let set_port = |port: i32| {
+        let services = world.services.clone();
+        async move {
+            services
+                .patch(
+                    "svc",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"ports": [{"name": "p0", "port": port, "protocol": "TCP"}]}})),
+                )
+                .await
+                .unwrap();
+        }
+    };
+    let ruled = |port: u16| {
+        let world = &world;
+        let address = address.clone();
+        async move {
+            world
+                .rules_for(&address)
+                .iter()
+                .any(|r| r.0 == port)
+                .then_some(())
+        }
+    };
+
+    // The claim watch breaks and its resumption waits: the claim store stays at 1080.
+    hold.hold();
+    assert!(
+        proxy.cut() > 0,
+        "the controller's watches go through the proxy"
+    );
+    set_port(11080).await;
+    wait_for("the claim records 11080", SETTLE, || recorded(11080)).await;
+    set_port(1080).await;
+    // The pass of the change back has run: the rule is on 1080 again.
+    wait_for("the rule back on 1080", SETTLE, || ruled(1080)).await;
+    hold.release();
+    let started = Instant::now();
+    wait_for("the claim records 1080 again", SETTLE, || recorded(1080)).await;
+    report(
+        "ports changed back while the claim watch resumes",
+        started.elapsed(),
+    );
+    world.settle_programmed(&opts, SETTLE).await;
     world.finish().await;
 }
 

@@ -253,19 +253,37 @@ impl Ipam {
                 // a Service could keep showing an address whose claim no longer lists it, and
                 // the drift check would never program it again (the soak's bugs,
                 // docs/RELIABILITY.md).
+                //
+                // Owners the claim records otherwise than the index (other ports, key or
+                // group) get a pass too. A watch that resumes after a broken connection
+                // (no re-list, so no `InitDone`) delivers the claim versions it missed only
+                // now: a Service whose ports changed and changed back meanwhile had its
+                // second pass read the claim of before the first change from the store,
+                // find it listing the Service as it is, and write nothing, while the real
+                // claim kept the first change (the fault matrix's `watch_connections_cut`,
+                // docs/RELIABILITY.md). Its pass now finds the store as it is and rewrites
+                // the claim.
                 if let Some(ip) = c.ip() {
                     let owners = self.indexed_owners(c);
                     let listed: Vec<String> = owners.iter().map(|(k, _)| k.clone()).collect();
-                    let unlisted: Vec<ObjectRef<Service>> = {
+                    let passes: Vec<ObjectRef<Service>> = {
                         let mut state = self.state();
-                        let before: Vec<String> = state
+                        let mut due: Vec<String> = state
                             .index
                             .owners_of(&ip)
                             .into_iter()
                             .map(str::to_string)
+                            .filter(|k| !listed.contains(k))
                             .collect();
                         if self.ours(c) {
                             for (key, sharing) in owners {
+                                if state
+                                    .index
+                                    .sharing_of(&ip, &key)
+                                    .is_some_and(|indexed| *indexed != sharing)
+                                {
+                                    due.push(key.clone());
+                                }
                                 let _ = state.index.assign_shared(ip, &key, sharing);
                             }
                         } else {
@@ -274,13 +292,9 @@ impl Ipam {
                             // index had there gets a pass (below) to move or let go.
                             state.index.set_owners(ip, owners);
                         }
-                        before
-                            .iter()
-                            .filter(|k| !listed.iter().any(|l| l == *k))
-                            .filter_map(|k| service_of_key(k))
-                            .collect()
+                        due.iter().filter_map(|k| service_of_key(k)).collect()
                     };
-                    for svc in unlisted {
+                    for svc in passes {
                         let _ = self.requeue.send(svc);
                     }
                 }

@@ -34,6 +34,15 @@ pub fn control_plane() -> &'static ControlPlane {
     })
 }
 
+/// The shared control plane's admin configuration, read from its kubeconfig (for clients
+/// with something of a test's own in between: a proxy, a hold).
+pub async fn admin_config() -> kube::Config {
+    let kc = kube::config::Kubeconfig::read_from(control_plane().kubeconfig_path()).unwrap();
+    kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap()
+}
+
 /// Held for a whole test: the tests of one binary run one at a time, as they share
 /// cluster-scoped objects (Nodes, CRDs, pools).
 pub async fn serial() -> MutexGuard<'static, ()> {

@@ -45,11 +45,11 @@ impl Hold {
 
     /// An admin client of the shared control plane with this hold in its stack.
     pub async fn client(&self) -> kube::Client {
-        let path = super::control_plane().kubeconfig_path();
-        let kc = kube::config::Kubeconfig::read_from(path).unwrap();
-        let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-            .await
-            .unwrap();
+        self.client_with(super::admin_config().await)
+    }
+
+    /// A client of `cfg` with this hold in its stack.
+    pub fn client_with(&self, cfg: kube::Config) -> kube::Client {
         kube::client::ClientBuilder::try_from(cfg)
             .unwrap()
             .with_layer(self)

@@ -18,9 +18,9 @@ pub mod wait;
 // Re-exported so that tests name them `common::x`; each test binary uses some.
 #[allow(unused_imports)]
 pub use cluster::{
-    control_plane, delete_crds, host_address, host_address_v6, install_crd, install_crds,
-    install_gateway_api_crds, install_shipped_crds, kubectl_apply_strict, kubectl_as_admin, serial,
-    shipped_service_account_kubeconfig, store_in_etcd, test_namespace,
+    admin_config, control_plane, delete_crds, host_address, host_address_v6, install_crd,
+    install_crds, install_gateway_api_crds, install_shipped_crds, kubectl_apply_strict,
+    kubectl_as_admin, serial, shipped_service_account_kubeconfig, store_in_etcd, test_namespace,
 };
 #[allow(unused_imports)]
 pub use services::{COND_ADDRESS, COND_PROGRAMMED, annotated, node_ports};
@@ -437,7 +437,6 @@ impl World {
         .await
     }
 
-    /// The simulator's rules for `ip`, as (port, protocol, sorted "ip:port" endpoints).
     /// Creates a one-port LoadBalancer Service of our class and waits until it shows an
     /// address and its rule is in the simulator; returns the address.
     pub async fn serve_one_port(&self, name: &str, port: i32) -> String {
@@ -451,6 +450,7 @@ impl World {
         ip
     }
 
+    /// The simulator's rules for `ip`, as (port, protocol, sorted "ip:port" endpoints).
     pub fn rules_for(&self, ip: &str) -> Vec<(u16, String, Vec<String>)> {
         let mut rules: Vec<_> = self
             .sim

@@ -42,6 +42,12 @@ impl CutProxy {
         }
     }
 
+    /// How many connections are open now.
+    pub fn open(&self) -> usize {
+        let conns = self.conns.lock().unwrap();
+        conns.iter().filter(|c| !c.is_finished()).count()
+    }
+
     /// Drops every connection open now (both sides see it closed); returns how many.
     pub fn cut(&self) -> usize {
         let mut conns = self.conns.lock().unwrap();
@@ -55,13 +61,14 @@ impl CutProxy {
     /// A client of the shared control plane's admin that goes through this proxy (TLS is
     /// end to end: the serving certificate is for 127.0.0.1).
     pub async fn client(&self) -> kube::Client {
-        let path = super::control_plane().kubeconfig_path();
-        let kc = kube::config::Kubeconfig::read_from(path).unwrap();
-        let mut cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-            .await
-            .unwrap();
+        kube::Client::try_from(self.config().await).unwrap()
+    }
+
+    /// The shared control plane's admin configuration, pointed at this proxy.
+    pub async fn config(&self) -> kube::Config {
+        let mut cfg = super::admin_config().await;
         cfg.cluster_url = format!("https://127.0.0.1:{}", self.port).parse().unwrap();
-        kube::Client::try_from(cfg).unwrap()
+        cfg
     }
 }
 
