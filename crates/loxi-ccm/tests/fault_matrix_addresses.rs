@@ -136,30 +136,8 @@ async fn ports_changed_twice_while_the_claim_store_lags() {
     let address = world.wait_for_ip("first").await;
     world.settle_programmed(&opts, SETTLE).await;
     let claims: Api<AddressClaim> = Api::all(world.client.clone());
-    let set_port = |name: &'static str, port: i32| {
-        let services = world.services.clone();
-        async move {
-            services
-                .patch(
-                    name,
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"spec": {"ports": [{"name": "p0", "port": port, "protocol": "TCP"}]}})),
-                )
-                .await
-                .unwrap();
-        }
-    };
-    let recorded = |port: i32| {
-        let claims = claims.clone();
-        let address = address.clone();
-        async move {
-            let c = claims.get_opt(&address).await.ok()??;
-            serde_json::to_string(&c.spec)
-                .ok()?
-                .contains(&format!("\"{port}/TCP\""))
-                .then_some(c)
-        }
-    };
+    let set_port = |name: &'static str, port: i32| set_only_port(&world.services, name, port);
+    let recorded = |port: i32| claim_recording(&claims, &address, port);
 
     // From here the controller's claim store keeps the claim as it is now: first, port 80.
     hold.hold();
@@ -215,11 +193,7 @@ async fn ports_changed_twice_while_the_claim_store_lags() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_connections_cut() {
     let opts = opts();
-    let upstream = control_plane()
-        .server()
-        .trim_start_matches("https://")
-        .to_string();
-    let proxy = CutProxy::start(upstream).await;
+    let proxy = CutProxy::to_control_plane().await;
     let mut world = World::with("fm-cut", opts.clone()).await;
     // The controller talks to the API server through the proxy.
     world.stop_controller().await;
@@ -256,11 +230,7 @@ async fn watch_connections_cut() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ports_changed_back_while_the_claim_watch_resumes() {
     let opts = opts();
-    let upstream = control_plane()
-        .server()
-        .trim_start_matches("https://")
-        .to_string();
-    let proxy = CutProxy::start(upstream).await;
+    let proxy = CutProxy::to_control_plane().await;
     let hold = Hold::new(hold::claim_watch);
     let mut world = World::with("fm-resume", opts.clone()).await;
     world.stop_controller().await;
@@ -270,30 +240,8 @@ async fn ports_changed_back_while_the_claim_watch_resumes() {
     let address = world.serve_one_port("svc", 1080).await;
     world.settle_programmed(&opts, SETTLE).await;
     let claims: Api<AddressClaim> = Api::all(world.client.clone());
-    let recorded = |port: i32| {
-        let claims = claims.clone();
-        let address = address.clone();
-        async move {
-            let c = claims.get_opt(&address).await.ok()??;
-            serde_json::to_string(&c.spec)
-                .ok()?
-                .contains(&format!("\"{port}/TCP\""))
-                .then_some(())
-        }
-    };
-    let set_port = |port: i32| {
-        let services = world.services.clone();
-        async move {
-            services
-                .patch(
-                    "svc",
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"spec": {"ports": [{"name": "p0", "port": port, "protocol": "TCP"}]}})),
-                )
-                .await
-                .unwrap();
-        }
-    };
+    let recorded = |port: i32| claim_recording(&claims, &address, port);
+    let set_port = |port: i32| set_only_port(&world.services, "svc", port);
     let ruled = |port: u16| {
         let world = &world;
         let address = address.clone();
@@ -359,6 +307,34 @@ async fn foreign_actor_rewrites_service_status() {
         }
     }
     world.finish().await;
+}
+
+/// Makes `port`/TCP the only port of the Service `name`.
+async fn set_only_port(services: &Api<Service>, name: &str, port: i32) {
+    services
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"spec": {"ports": [{"name": "p0", "port": port, "protocol": "TCP"}]}}),
+            ),
+        )
+        .await
+        .unwrap();
+}
+
+/// The claim of `address`, read from the API server, when it records an owner on
+/// `port`/TCP.
+async fn claim_recording(
+    claims: &Api<AddressClaim>,
+    address: &str,
+    port: i32,
+) -> Option<AddressClaim> {
+    let c = claims.get_opt(address).await.ok()??;
+    serde_json::to_string(&c.spec)
+        .ok()?
+        .contains(&format!("\"{port}/TCP\""))
+        .then_some(c)
 }
 
 async fn create_pool(client: &kube::Client, name: &str, addresses: &[&str]) -> Api<AddressPool> {

@@ -48,6 +48,15 @@ impl CutProxy {
         conns.iter().filter(|c| !c.is_finished()).count()
     }
 
+    /// A proxy in front of the shared control plane's API server.
+    pub async fn to_control_plane() -> CutProxy {
+        let upstream = super::control_plane()
+            .server()
+            .trim_start_matches("https://")
+            .to_string();
+        CutProxy::start(upstream).await
+    }
+
     /// Drops every connection open now (both sides see it closed); returns how many.
     pub fn cut(&self) -> usize {
         let mut conns = self.conns.lock().unwrap();
